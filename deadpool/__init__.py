@@ -1,0 +1,29 @@
+"""DeadPool: keep distributed PyTorch training alive when ranks die.
+
+A spare process takes a dead rank's seat while the job runs, the dead rank's
+state comes back from an in-memory snapshot held by a peer, and the process
+group is rebuilt in place.  See README.md for the tour and DESIGN for the
+protocol.
+
+    rt = deadpool.init()
+    rt.track(model=model, optimizer=opt, sched=sched)
+    ddp = rt.ddp(model)
+    for step in rt.steps(max_steps):
+        ...
+    rt.finish()
+"""
+
+from deadpool.errors import DeadPoolError, FencedError, JobStopped, MisuseError, PeerFailure, WaitTimeout
+from deadpool.runtime import Runtime, init
+
+__all__ = [
+    "DeadPoolError",
+    "FencedError",
+    "JobStopped",
+    "MisuseError",
+    "PeerFailure",
+    "Runtime",
+    "WaitTimeout",
+    "init",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,126 @@
+"""Failure injection declared as data: ``kill:rank=2:step=20``, ``stop:rank=1:step=35:at=allreduce``.
+
+Grammar: ``ACTION:KEY=VALUE[:KEY=VALUE...]`` with
+
+- ACTION: ``kill`` (SIGKILL) or ``stop`` (SIGSTOP; the member hangs, as a
+  wedged host would)
+- target: ``rank=R`` (the member that starts in seat R) or ``spare=J`` (the
+  J-th spare started by the launcher)
+- when: ``step=N`` for ranks (the step at which it fires) and ``after=SECONDS``
+  for spares
+- ``at=`` where inside the step: ``boundary`` (default: before step N starts),
+  ``backward`` (during step N's backward pass) or ``allreduce`` (after step N's
+  gradient all-reduce was issued, while it is in flight)
+
+Each spec fires once, in the member it names, by the member signalling itself:
+a real SIGKILL or SIGSTOP from the kernel, at a precise point in the step.
+A spec names the member that *starts* in a seat, so the spare that takes the
+seat over does not fire it again when it replays the step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+from deadpool.errors import MisuseError
+
+ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
+POINTS = ("boundary", "backward", "allreduce")
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosSpec:
+    """One declared failure."""
+
+    action: str  # kill or stop
+    rank: int = -1  # seat of the member at launch, or -1
+    spare: int = -1  # index of the spare at launch, or -1
+    step: int = -1  # step at which a rank's spec fires
+    after: float = -1.0  # seconds after start at which a spare's spec fires
+    at: str = "boundary"  # point inside the step
+
+    def __str__(self) -> str:
+        target = f"rank={self.rank}:step={self.step}" if self.rank >= 0 else f"spare={self.spare}:after={self.after}"
+        suffix = f":at={self.at}" if self.at != "boundary" else ""
+        return f"{self.action}:{target}{suffix}"
+
+
+def parse(spec: str) -> ChaosSpec:
+    """Parse one spec.
+
+    Raises:
+        MisuseError: with what is wrong and an example of a valid spec.
+    """
+    example = "e.g. kill:rank=2:step=20, stop:rank=1:step=35:at=allreduce, kill:spare=0:after=3"
+    action, _, rest = spec.partition(":")
+    if action not in ACTIONS:
+        raise MisuseError(f"chaos spec {spec!r}: action must be one of {', '.join(ACTIONS)} ({example})")
+    fields: dict[str, str] = {}
+    for part in rest.split(":") if rest else []:
+        key, sep, value = part.partition("=")
+        if not sep or key not in ("rank", "spare", "step", "after", "at") or key in fields:
+            raise MisuseError(f"chaos spec {spec!r}: bad or repeated field {part!r} ({example})")
+        fields[key] = value
+    try:
+        parsed = ChaosSpec(
+            action=action,
+            rank=int(fields.get("rank", -1)),
+            spare=int(fields.get("spare", -1)),
+            step=int(fields.get("step", -1)),
+            after=float(fields.get("after", -1.0)),
+            at=fields.get("at", "boundary"),
+        )
+    except ValueError:
+        raise MisuseError(f"chaos spec {spec!r}: rank, spare and step take integers, after takes seconds") from None
+    if (parsed.rank >= 0) == (parsed.spare >= 0):
+        raise MisuseError(f"chaos spec {spec!r}: name exactly one target, rank=R or spare=J ({example})")
+    if parsed.rank >= 0 and parsed.step < 0:
+        raise MisuseError(f"chaos spec {spec!r}: a rank's failure needs step=N ({example})")
+    if parsed.spare >= 0 and parsed.after < 0:
+        raise MisuseError(f"chaos spec {spec!r}: a spare's failure needs after=SECONDS ({example})")
+    if parsed.at not in POINTS:
+        raise MisuseError(f"chaos spec {spec!r}: at= must be one of {', '.join(POINTS)}")
+    return parsed
+
+
+def parse_all(text: str) -> list[ChaosSpec]:
+    """Parse a comma-separated list (the form carried in DEADPOOL_CHAOS)."""
+    return [parse(item) for item in text.split(",") if item.strip()]
+
+
+class ChaosPlan:
+    """The specs that apply to this process, each fired at most once."""
+
+    def __init__(self, specs: list[ChaosSpec], initial_rank: int, spare_index: int) -> None:
+        self._specs = [
+            s for s in specs
+            if (s.rank >= 0 and s.rank == initial_rank) or (s.spare >= 0 and s.spare == spare_index)
+        ]
+        self._fired: set[ChaosSpec] = set()
+
+    def due(self, point: str, step: int) -> ChaosSpec | None:
+        """The rank spec due at (point, step), if any, marked as fired."""
+        for spec in self._specs:
+            if spec.rank >= 0 and spec.at == point and spec.step == step and spec not in self._fired:
+                self._fired.add(spec)
+                return spec
+        return None
+
+    def spare_due(self, elapsed: float) -> ChaosSpec | None:
+        """The spare spec due after `elapsed` seconds, if any, marked as fired."""
+        for spec in self._specs:
+            if spec.spare >= 0 and elapsed >= spec.after and spec not in self._fired:
+                self._fired.add(spec)
+                return spec
+        return None
+
+    def next_spare_deadline(self) -> float | None:
+        pending = [s.after for s in self._specs if s.spare >= 0 and s not in self._fired]
+        return min(pending) if pending else None
+
+
+def inject(spec: ChaosSpec) -> None:
+    """Deliver the spec's signal to this very process (returns only after a SIGSTOP is continued)."""
+    os.kill(os.getpid(), ACTIONS[spec.action])

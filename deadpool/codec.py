@@ -1,0 +1,221 @@
+"""The one place where messages become bytes and bytes become messages.
+
+Frame layout (all integers big-endian)::
+
+    b"DP" | version:u8 | flags:u8 | msgpack([tag, [field, ...]]) | hmac-sha256 (32 bytes, if flags & 1)
+
+Decoding never raises for bad input: it returns a :class:`DecodeError` that
+says what was wrong, which the caller logs (as a ``rejected`` event) and drops.
+Every field is checked against the dataclass annotation, sizes are bounded
+before msgpack sees the bytes, and no pickle is ever involved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Union
+
+import msgpack
+
+from deadpool.messages import PROTOCOL_VERSION, REGISTRY, TAGS, Message
+
+MAGIC = b"DP"
+FLAG_HMAC = 0x01
+HEADER_BYTES = 4
+MAC_BYTES = 32
+DEFAULT_MAX_FRAME_BYTES = 1 << 20  # control messages are small; snapshots travel as raw frames
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeError:
+    """Why a frame was refused; never raised, returned for the caller to log."""
+
+    reason: str  # short machine-readable kind: too_large, bad_magic, bad_version, bad_mac, ...
+    detail: str  # human-readable explanation
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}"
+
+
+class _FieldError(Exception):
+    """Internal: a field failed validation (turned into a DecodeError at the top)."""
+
+
+Checker = Callable[[Any], Any]
+
+
+def _checker_for(annotation: Any) -> Checker:
+    """Build a function that validates (and converts) a decoded value for `annotation`."""
+    origin = typing.get_origin(annotation)
+    if annotation is int:
+        def check_int(value: Any) -> int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _FieldError(f"expected int, got {type(value).__name__}")
+            return value
+        return check_int
+    if annotation is float:
+        def check_float(value: Any) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise _FieldError(f"expected float, got {type(value).__name__}")
+            return float(value)
+        return check_float
+    if annotation in (str, bool, bytes):
+        def check_exact(value: Any) -> Any:
+            if type(value) is not annotation:
+                raise _FieldError(f"expected {annotation.__name__}, got {type(value).__name__}")
+            return value
+        return check_exact
+    if annotation is type(None):
+        def check_none(value: Any) -> None:
+            if value is not None:
+                raise _FieldError(f"expected None, got {type(value).__name__}")
+        return check_none
+    if origin in (Union, types.UnionType):
+        options = [_checker_for(arg) for arg in typing.get_args(annotation)]
+
+        def check_union(value: Any) -> Any:
+            for option in options:
+                try:
+                    return option(value)
+                except _FieldError:
+                    continue
+            raise _FieldError(f"value of type {type(value).__name__} matches no option of {annotation}")
+        return check_union
+    if origin is list:
+        (item_type,) = typing.get_args(annotation)
+        check_item = _checker_for(item_type)
+
+        def check_list(value: Any) -> list[Any]:
+            if not isinstance(value, list):
+                raise _FieldError(f"expected list, got {type(value).__name__}")
+            return [check_item(item) for item in value]
+        return check_list
+    if origin is dict:
+        key_type, value_type = typing.get_args(annotation)
+        check_key, check_value = _checker_for(key_type), _checker_for(value_type)
+
+        def check_dict(value: Any) -> dict[Any, Any]:
+            if not isinstance(value, dict):
+                raise _FieldError(f"expected map, got {type(value).__name__}")
+            return {check_key(k): check_value(v) for k, v in value.items()}
+        return check_dict
+    if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
+        return _struct_checker(annotation)
+    raise TypeError(f"codec cannot validate annotation {annotation!r}")
+
+
+def _struct_checker(cls: type[Any]) -> Checker:
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)
+    checks = [_checker_for(hints[f.name]) for f in fields]
+    required = sum(
+        1 for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+    name = cls.__name__
+
+    def check_struct(value: Any) -> Any:
+        if not isinstance(value, list):
+            raise _FieldError(f"{name}: expected a field list, got {type(value).__name__}")
+        if not required <= len(value) <= len(checks):
+            raise _FieldError(f"{name}: expected {required}..{len(checks)} fields, got {len(value)}")
+        kwargs = {}
+        for f, check, item in zip(fields, checks, value):
+            try:
+                kwargs[f.name] = check(item)
+            except _FieldError as err:
+                raise _FieldError(f"{name}.{f.name}: {err}") from None
+        return cls(**kwargs)
+    return check_struct
+
+
+_CHECKERS: dict[int, Checker] = {tag: _struct_checker(cls) for tag, cls in REGISTRY.items()}
+
+
+def _to_wire(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [_to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)]
+    if isinstance(value, list):
+        return [_to_wire(item) for item in value]
+    if isinstance(value, dict):
+        return {k: _to_wire(v) for k, v in value.items()}
+    return value
+
+
+def encode(message: Message, secret: bytes | None = None) -> bytes:
+    """Encode a message into one frame, authenticated when a secret is given.
+
+    Raises:
+        TypeError: `message` is not a registered message type (a programming error).
+    """
+    tag = TAGS.get(type(message))
+    if tag is None:
+        raise TypeError(f"{type(message).__name__} is not a registered message type")
+    flags = FLAG_HMAC if secret else 0
+    body = MAGIC + bytes((PROTOCOL_VERSION, flags)) + msgpack.packb([tag, _to_wire(message)], use_bin_type=True)
+    if secret:
+        body += hmac.new(secret, body, hashlib.sha256).digest()
+    return body
+
+
+def decode(
+    frame: bytes | memoryview, secret: bytes | None = None, max_bytes: int = DEFAULT_MAX_FRAME_BYTES
+) -> Message | DecodeError:
+    """Decode and validate one frame; bad input gives a DecodeError, never an exception."""
+    size = len(frame)
+    if size > max_bytes:
+        return DecodeError("too_large", f"frame of {size} bytes exceeds the limit of {max_bytes}")
+    data = bytes(frame)
+    if size < HEADER_BYTES + 1:
+        return DecodeError("truncated", f"frame of {size} bytes is shorter than a header")
+    if data[:2] != MAGIC:
+        return DecodeError("bad_magic", f"frame starts with {data[:2]!r}, not {MAGIC!r}")
+    if data[2] != PROTOCOL_VERSION:
+        return DecodeError("bad_version", f"protocol version {data[2]}, this build speaks {PROTOCOL_VERSION}")
+    flags = data[3]
+    if flags & ~FLAG_HMAC:
+        return DecodeError("bad_flags", f"unknown flag bits {flags:#04x}")
+    if secret:
+        if not flags & FLAG_HMAC:
+            return DecodeError("unauthenticated", "frame carries no HMAC but this endpoint requires one")
+        if size < HEADER_BYTES + MAC_BYTES + 1:
+            return DecodeError("truncated", "frame too short to hold its HMAC")
+        expected = hmac.new(secret, data[:-MAC_BYTES], hashlib.sha256).digest()
+        if not hmac.compare_digest(expected, data[-MAC_BYTES:]):
+            return DecodeError("bad_mac", "HMAC does not match: wrong shared secret or tampered frame")
+        payload = data[HEADER_BYTES:-MAC_BYTES]
+    elif flags & FLAG_HMAC:
+        return DecodeError("unexpected_mac", "frame is authenticated but this endpoint has no secret to check it")
+    else:
+        payload = data[HEADER_BYTES:]
+    try:
+        decoded = msgpack.unpackb(
+            payload,
+            raw=False,
+            strict_map_key=False,
+            use_list=True,
+        )
+    except msgpack.StackError:  # its message is empty; say what it means
+        return DecodeError("malformed", "payload nests deeper than msgpack's stack limit")
+    except (ValueError, TypeError, OverflowError, msgpack.ExtraData, msgpack.FormatError) as err:
+        return DecodeError("malformed", f"not valid msgpack: {err}")
+    if not isinstance(decoded, list) or len(decoded) != 2:
+        return DecodeError("malformed", "payload is not a [tag, fields] pair")
+    tag, fields = decoded
+    if isinstance(tag, bool) or not isinstance(tag, int):
+        return DecodeError("malformed", f"tag is a {type(tag).__name__}, not an int")
+    checker = _CHECKERS.get(tag)
+    if checker is None:
+        return DecodeError("unknown_tag", f"message tag {tag} is not known to protocol version {PROTOCOL_VERSION}")
+    try:
+        message: Message = checker(fields)
+    except _FieldError as err:
+        return DecodeError("bad_field", str(err))
+    except RecursionError:
+        return DecodeError("malformed", "payload nests too deeply")
+    return message

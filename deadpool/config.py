@@ -1,0 +1,87 @@
+"""Job configuration: every bound and interval, in one frozen object.
+
+Values come from the environment that ``deadpool launch`` sets (``DEADPOOL_*``)
+so that workers, the coordinator and the launcher agree.  Derived bounds (the
+process-group timeout) are computed here, once.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from deadpool.errors import MisuseError
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Timeouts in seconds; every wait in DeadPool is bounded by one of these."""
+
+    heartbeat_interval: float = 0.1  # worker -> coordinator liveness period
+    failure_timeout: float = 2.0  # missed heartbeats for this long: the member is dead
+    prepare_timeout: float = 10.0  # survivors must acknowledge a Prepare within this
+    view_timeout: float = 60.0  # a paused worker waits this long for a committed view
+    startup_timeout: float = 120.0  # actives wait this long for the first view
+    restore_timeout: float = 30.0  # an adopted spare waits this long for its snapshot
+    copy_timeout: float = 60.0  # a local snapshot copy must finish within this
+    spare_wait_timeout: float = 60.0  # policy "wait": how long to wait for a new spare
+    no_spare_policy: str = "stop"  # "stop" the job, or "wait" for a spare to join
+    snapshot_every: int = 1  # take a snapshot every this many steps
+    send_timeout: float = 2.0  # one control message must be queued within this
+    fence_by_kill: bool = True  # ask the dead member's host agent to SIGKILL it
+    secret: str = ""  # shared secret for HMAC on every frame ("" = open, loopback only)
+
+    @property
+    def pg_timeout(self) -> float:
+        """Collective timeout: the bound when a hung peer cannot be killed."""
+        return max(10.0, 5 * self.failure_timeout)
+
+    def validate(self) -> Config:
+        """Check the values for sense.
+
+        Raises:
+            MisuseError: a value is out of range, with the name of the setting.
+        """
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not value > 0:
+                raise MisuseError(f"{f.name} must be positive, got {value}")
+        if self.snapshot_every < 1:
+            raise MisuseError(f"snapshot_every must be at least 1, got {self.snapshot_every}")
+        if self.no_spare_policy not in ("stop", "wait"):
+            raise MisuseError(f"no_spare_policy must be 'stop' or 'wait', got {self.no_spare_policy!r}")
+        if self.failure_timeout <= 2 * self.heartbeat_interval:
+            raise MisuseError(
+                f"failure_timeout ({self.failure_timeout}s) must exceed two heartbeat intervals "
+                f"({self.heartbeat_interval}s each), or healthy members would be declared dead"
+            )
+        return self
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that carries this config to child processes."""
+        return {f"DEADPOOL_{f.name.upper()}": str(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Config:
+        """Read ``DEADPOOL_*`` variables; unset ones keep their defaults.
+
+        Raises:
+            MisuseError: a variable does not parse as its setting's type.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        defaults = cls()
+        for f in fields(cls):
+            raw = env.get(f"DEADPOOL_{f.name.upper()}")
+            if raw is None:
+                continue
+            kind = type(getattr(defaults, f.name))
+            try:
+                if kind is bool:
+                    values[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
+                else:
+                    values[f.name] = kind(raw)
+            except ValueError:
+                raise MisuseError(f"DEADPOOL_{f.name.upper()}={raw!r} is not a valid {kind.__name__}") from None
+        return replace(defaults, **values, **overrides).validate()

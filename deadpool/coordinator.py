@@ -1,0 +1,558 @@
+"""The membership service (consensus-lite): heartbeats in, numbered views out.
+
+One process per job, never a worker (a worker can die).  It also hosts the
+TCPStore on which every view's process group rendezvouses, under the prefix
+``epoch-{E}``.
+
+A swap, as the coordinator drives it:
+
+1. **Detect**: a member's heartbeats stop for ``failure_timeout``, its host
+   agent reports the process exited, or a worker reports a failed collective
+   (then, if nobody is found dead within a short grace, the group is rebuilt
+   anyway).  The dead member is fenced forever and, where its agent is
+   reachable, killed (a hang becomes a crash, releasing blocked peers).
+2. **Prepare**: pick a spare per lost seat, send ``Prepare(E+1)`` to every
+   survivor; each answers with the snapshots it holds.  Another failure before
+   the commit restarts this phase with a higher epoch.
+3. **Commit**: ``resume_step`` is the newest step every seat can restore; the
+   view is committed to every member of it.
+4. The adopted spare reports its first finished step: ``swap_completed``.
+
+Decisions are the pure functions of ``decisions.py``; this module is the I/O
+around them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from deadpool import codec, decisions
+from deadpool.config import Config
+from deadpool.events import EventLog
+from deadpool.messages import (
+    AgentHello,
+    ChaosInjected,
+    CollectiveFailed,
+    CommitView,
+    FenceKill,
+    Fenced,
+    Finished,
+    Heartbeat,
+    Join,
+    Message,
+    Prepare,
+    PrepareAck,
+    ProcessExited,
+    Recovered,
+    StatusReply,
+    StatusRequest,
+    StepReport,
+    Stop,
+    Welcome,
+)
+from deadpool.runtime_thread import CONTROL_LIMITS, new_event_loop
+from deadpool.transport import Transport, TransportError, open_transport
+from deadpool.view import View
+
+log = logging.getLogger("deadpool.coordinator")
+
+
+@dataclass
+class MemberRecord:
+    """What the coordinator knows of one member."""
+
+    member: str
+    role: str
+    host: str
+    pid: int
+    control_addr: str
+    bulk_addr: str
+    seat_hint: int
+    joined: float
+    last_seen: float
+    step: int = -1
+    snapshot_step: int = -2
+    confirmed_step: int = -2
+    stall_p99_s: float = 0.0
+    epoch: int = 0
+    exited: bool = False
+
+
+@dataclass
+class Round:
+    """A view change in progress (between Prepare and Commit)."""
+
+    epoch: int
+    failed: dict[int, str]  # seat -> dead member
+    replacements: dict[int, str]  # seat -> spare chosen
+    acks: dict[str, decisions.Snapshots]
+    deadline: float
+    reason: str
+
+
+@dataclass
+class PendingSwap:
+    seat: int
+    old_member: str
+    new_member: str
+    failed_at: float  # wall clock of the first evidence of the failure
+    epoch: int
+
+
+@dataclass
+class Agent:
+    agent_id: str
+    host: str
+    control_addr: str
+    members: dict[str, int] = field(default_factory=dict)
+
+
+class Coordinator:
+    """State and message handling of the membership service."""
+
+    def __init__(self, transport: Transport, config: Config, world_size: int, store_addr: str, events: EventLog):
+        self._transport = transport
+        self._config = config
+        self._secret = config.secret.encode() or None
+        self._world_size = world_size
+        self._store_addr = store_addr
+        self.events = events
+        self.members: dict[str, MemberRecord] = {}
+        self.agents: dict[str, Agent] = {}
+        self.fenced: dict[str, str] = {}  # member -> reason
+        self.view: View | None = None
+        self.round: Round | None = None
+        self._swaps: list[PendingSwap] = []
+        self._failure_wall: dict[str, float] = {}
+        self._suspect_since: float | None = None
+        self._finished: dict[int, Finished] = {}
+        self._chaos_ts: dict[str, float] = {}
+        self.outcome: tuple[bool, str] | None = None  # (ok, reason) once the job ended
+        self._done = asyncio.Event()
+        self._senders: asyncio.TaskGroup | None = None
+
+    # -- main loop ----------------------------------------------------------------------------
+
+    async def serve(self) -> tuple[bool, str]:
+        """Handle messages and time until the job ends; sends run as tasks owned here."""
+        tick = min(0.05, self._config.heartbeat_interval / 2)
+        async with asyncio.TaskGroup() as senders:
+            self._senders = senders
+            while not self._done.is_set():
+                try:
+                    frames: list[memoryview] | None = await asyncio.wait_for(self._transport.recv(), tick)
+                except asyncio.TimeoutError:
+                    frames = None
+                while frames is not None:
+                    await self._on_frames(frames)
+                    # Drain what is queued before judging silence: a heartbeat waiting in our own
+                    # inbox is not a missed heartbeat.
+                    frames = await self._transport.recv() if self._transport.pending() else None
+                await self.tick(time.monotonic())
+            await asyncio.sleep(0.2)  # let the last sends (Stop) leave
+        assert self.outcome is not None
+        return self.outcome
+
+    async def _on_frames(self, frames: list[memoryview]) -> None:
+        decoded = codec.decode(frames[0], self._secret, CONTROL_LIMITS.max_frame_bytes)
+        if isinstance(decoded, codec.DecodeError):
+            self.events.emit("rejected", reason=decoded.reason, detail=decoded.detail)
+        elif len(frames) != 1:
+            self.events.emit("rejected", reason="unexpected_frames", detail=type(decoded).__name__)
+        else:
+            await self.handle(decoded)
+
+    async def _send(self, addr: str, message: Message) -> None:
+        """Queue a send; it never blocks the coordinator (a dead peer costs a timed-out task, not a stall)."""
+        frame = codec.encode(message, self._secret)
+
+        async def deliver() -> None:
+            try:
+                await self._transport.send(addr, [frame], self._config.send_timeout)
+            except TransportError as err:
+                log.info("could not send %s to %s: %s", type(message).__name__, addr, err)
+
+        if self._senders is None:
+            await deliver()
+        else:
+            self._senders.create_task(deliver())
+
+    async def _broadcast(self, members: list[str], message: Message) -> None:
+        for member in members:
+            if member in self.members:
+                await self._send(self.members[member].control_addr, message)
+
+    # -- message handling ---------------------------------------------------------------------
+
+    async def handle(self, message: Message) -> None:
+        now = time.monotonic()
+        if isinstance(message, Join):
+            await self._on_join(message, now)
+        elif isinstance(message, AgentHello):
+            self.agents[message.sender] = Agent(message.sender, message.host, message.control_addr,
+                                                dict(message.members))
+            await self._send(message.control_addr, Welcome(self.view.epoch if self.view else 0, message.sender,
+                                                           self._world_size))
+        elif isinstance(message, StatusRequest):
+            await self._send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status())))
+        elif isinstance(message, ProcessExited):
+            if message.sender not in self.agents:
+                self.events.emit("rejected", reason="unknown_agent", peer=message.sender)
+                return
+            record = self.members.get(message.member)
+            if record is not None:
+                record.exited = True
+            if message.member in self.members and not self._seat_finished(message.member):
+                how = f"signal {-message.returncode}" if message.returncode < 0 else f"exit code {message.returncode}"
+                await self.declare_dead(message.member, "exit", f"process ended ({how})")
+        else:
+            sender = getattr(message, "sender", None)
+            if not isinstance(sender, str) or sender not in self.members:
+                self.events.emit("rejected", reason="unknown_peer", detail=f"{type(message).__name__} from {sender}")
+                return
+            if sender in self.fenced:
+                self.events.emit("rejected", reason="fenced_peer", peer=sender, kind=type(message).__name__)
+                await self._send(self.members[sender].control_addr,
+                                 Fenced(sender, self.view.epoch if self.view else 0, self.fenced[sender]))
+                return
+            self.members[sender].last_seen = now
+            await self._on_member_message(message, now)
+
+    async def _on_member_message(self, message: Message, now: float) -> None:
+        record = self.members[getattr(message, "sender")]
+        if isinstance(message, Heartbeat):
+            record.step, record.epoch = message.step, message.epoch
+            record.snapshot_step, record.confirmed_step = message.snapshot_step, message.confirmed_step
+            record.stall_p99_s = message.stall_p99_s
+        elif isinstance(message, PrepareAck):
+            rnd = self.round
+            if rnd is None or message.epoch != rnd.epoch:
+                self.events.emit("rejected", reason="stale_ack", peer=message.sender, ack_epoch=message.epoch)
+                return
+            rnd.acks[message.sender] = decisions.Snapshots(message.local_steps, message.ward_steps)
+            await self._maybe_commit()
+        elif isinstance(message, CollectiveFailed):
+            self.events.emit("collective_error_reported", member=message.sender, step=message.step,
+                             error=message.error[:300])
+            if self.round is None and self._suspect_since is None:
+                self._suspect_since = now
+        elif isinstance(message, Recovered):
+            await self._on_recovered(message)
+        elif isinstance(message, Finished):
+            await self._on_finished(message)
+        elif isinstance(message, ChaosInjected):
+            self._chaos_ts[message.sender] = message.ts
+        elif isinstance(message, StepReport):
+            record.step = message.step
+        else:
+            self.events.emit("rejected", reason="unexpected_type", detail=type(message).__name__)
+
+    async def _on_join(self, join: Join, now: float) -> None:
+        if join.sender in self.fenced:
+            await self._send(join.control_addr, Fenced(join.sender, self.view.epoch if self.view else 0,
+                                                       self.fenced[join.sender]))
+            return
+        if join.world_size != self._world_size:
+            self.events.emit("rejected", reason="wrong_world_size", peer=join.sender,
+                             detail=f"member has WORLD_SIZE={join.world_size}, job has {self._world_size}")
+            return
+        known = join.sender in self.members
+        self.members[join.sender] = MemberRecord(
+            join.sender, join.role, join.host, join.pid, join.control_addr, join.bulk_addr, join.seat_hint,
+            now, now,
+        )
+        await self._send(join.control_addr, Welcome(self.view.epoch if self.view else 0, join.sender,
+                                                    self._world_size))
+        if known:
+            return
+        self.events.emit("member_joined", member=join.sender, role=join.role, host=join.host, pid=join.pid,
+                         seat_hint=join.seat_hint)
+        if self.view is None:
+            await self._maybe_first_view()
+        elif join.role == "spare" or join.seat_hint in range(self._world_size):
+            await self._add_spare(join.sender)
+
+    async def _maybe_first_view(self) -> None:
+        seat_members = {r.seat_hint: r.member for r in self.members.values()
+                        if r.role == "active" and r.member not in self.fenced}
+        spares = [r.member for r in self.members.values() if r.role == "spare" and r.member not in self.fenced]
+        view, reason = decisions.first_view(seat_members, self._world_size, spares, self._store_addr,
+                                            self._hosts(), self._bulk_addrs())
+        if view is not None:
+            await self._commit(view, reason, failed={})
+
+    async def _add_spare(self, member: str) -> None:
+        assert self.view is not None
+        spares = [*self.view.spares, member]
+        if self.round is not None:
+            return  # picked up when the round commits (it reads the pool then)
+        view = decisions.next_view(self.view, self.view.epoch + 1, {}, spares, self.view.resume_step,
+                                   self._hosts(), self._bulk_addrs(), rebuild=False)
+        await self._commit(view, f"spare {member} joined the pool", failed={})
+
+    # -- failures and rounds ------------------------------------------------------------------
+
+    async def declare_dead(self, member: str, detected_by: str, detail: str) -> None:
+        """Fence `member` forever and start (or extend) the view change that replaces it."""
+        if member in self.fenced or self.outcome is not None:
+            return
+        self.fenced[member] = f"{detected_by}: {detail}"
+        record = self.members.get(member)
+        seat = self.view.seat_of(member) if self.view else None
+        self._failure_wall[member] = min(time.time(), self._chaos_ts.get(member, float("inf")))
+        self.events.emit("member_failed", member=member, failed_member=member, rank=-1 if seat is None else seat,
+                         failed_rank=-1 if seat is None else seat, detected_by=detected_by, reason=detail,
+                         epoch=self.view.epoch if self.view else 0)
+        if record is not None:
+            await self._fence(record, detected_by)
+        if self.view is None:
+            if record is not None and record.role == "active":
+                await self._fail_job(f"member {member} (rank {record.seat_hint}) failed before training started "
+                                     f"({detail}); relaunch the job")
+            return
+        if self.round is not None and member in self.round.replacements.values():
+            await self._start_round({}, f"spare {member} chosen for the swap failed; choosing again")
+            return
+        if member in self.view.spares:
+            spares = [s for s in self.view.spares if s != member]
+            self.events.emit("spare_lost", member=member, lost_member=member, spares_left=len(spares))
+            if self.round is None:
+                view = decisions.next_view(self.view, self.view.epoch + 1, {}, spares, self.view.resume_step,
+                                           self._hosts(), self._bulk_addrs(), rebuild=False)
+                await self._commit(view, f"spare {member} lost", failed={})
+            return
+        if seat is not None:
+            await self._start_round({seat: member}, f"seat {seat} lost ({detected_by}: {detail})")
+
+    async def _fence(self, record: MemberRecord, detected_by: str) -> None:
+        """Tell the member it is out (a zombie that wakes up exits), and kill it through its agent."""
+        epoch = self.view.epoch if self.view else 0
+        await self._send(record.control_addr, Fenced(record.member, epoch, self.fenced[record.member]))
+        if not self._config.fence_by_kill or record.exited:
+            return
+        for agent in self.agents.values():
+            if record.member in agent.members:
+                await self._send(agent.control_addr, FenceKill(record.member, epoch, detected_by))
+
+    async def _start_round(self, newly_failed: dict[int, str], reason: str) -> None:
+        assert self.view is not None
+        failed = dict(self.round.failed) if self.round else {}
+        failed.update(newly_failed)
+        pool = [s for s in self.view.spares if s not in self.fenced]
+        replacements, why = decisions.pick_spares(sorted(failed), self.view, pool, self._hosts())
+        if replacements is None:
+            lost = ", ".join(f"rank {seat} ({member})" for seat, member in sorted(failed.items()))
+            await self._fail_job(
+                f"{lost} failed and no spare is left to take the seat ({why}). "
+                f"The other ranks' state is intact in memory but the job cannot continue at world size "
+                f"{self._world_size}. Relaunch with more --spares (or from a disk checkpoint)."
+            )
+            return
+        epoch = max(self.view.epoch, self.round.epoch if self.round else 0) + 1
+        self.round = Round(epoch, failed, replacements, {}, time.monotonic() + self._config.prepare_timeout,
+                           f"{reason}; {why}")
+        self._suspect_since = None
+        survivors = self._survivors()
+        self.events.emit("view_prepared", epoch=epoch, failed_seats=sorted(failed), reason=self.round.reason,
+                         replacements={str(k): v for k, v in replacements.items()})
+        await self._broadcast(survivors, Prepare(epoch, sorted(failed), self.round.reason))
+        await self._maybe_commit()
+
+    def _survivors(self) -> list[str]:
+        assert self.view is not None
+        failed = set(self.round.failed) if self.round else set()
+        return [m for seat, m in enumerate(self.view.seats) if seat not in failed and m not in self.fenced]
+
+    async def _maybe_commit(self) -> None:
+        rnd, view = self.round, self.view
+        if rnd is None or view is None:
+            return
+        survivors = self._survivors()
+        if any(member not in rnd.acks for member in survivors):
+            return
+        resume, why = decisions.resume_step(view, sorted(rnd.failed), rnd.acks)
+        if resume is None:
+            await self._fail_job(f"cannot restore the job in memory: {why}. Relaunch from a disk checkpoint.")
+            return
+        spares = [s for s in view.spares if s not in rnd.replacements.values() and s not in self.fenced]
+        new_view = decisions.next_view(view, rnd.epoch, rnd.replacements, spares, resume, self._hosts(),
+                                       self._bulk_addrs(), rebuild=True)
+        failed_at = {seat: self._failure_wall.get(member, time.time()) for seat, member in rnd.failed.items()}
+        for seat, member in rnd.failed.items():
+            self._swaps.append(PendingSwap(seat, member, rnd.replacements[seat], failed_at[seat], rnd.epoch))
+        self.round = None
+        await self._commit(new_view, f"{rnd.reason}; resume: {why}", failed=rnd.failed)
+
+    async def _commit(self, view: View, reason: str, failed: dict[int, str]) -> None:
+        self.view = view
+        self.events.epoch = view.epoch
+        self.events.emit("view_committed", epoch=view.epoch, resume_step=view.resume_step, seats=view.seats,
+                         spares=view.spares, store_prefix=view.store_prefix, reason=reason,
+                         failed_seats=sorted(failed), buddies=view.buddies)
+        await self._broadcast([*view.seats, *view.spares], CommitView(view))
+
+    async def _on_recovered(self, message: Recovered) -> None:
+        for swap in [s for s in self._swaps if s.new_member == message.sender and message.epoch >= s.epoch]:
+            self._swaps.remove(swap)
+            recovery = message.ts - swap.failed_at
+            self.events.emit("swap_completed", rank=swap.seat, old_member=swap.old_member,
+                             new_member=swap.new_member, recovery_s=round(recovery, 4), step=message.step,
+                             epoch=message.epoch, member=message.sender)
+
+    async def _on_finished(self, message: Finished) -> None:
+        if self.view is None or self.view.seat_of(message.sender) != message.seat:
+            return
+        self._finished[message.seat] = message
+        if len(self._finished) < self._world_size:
+            return
+        digests = {f.digest for f in self._finished.values()}
+        if len(digests) != 1:
+            await self._fail_job(f"seats disagree on the final state digest: {sorted(digests)}")
+            return
+        digest = digests.pop()
+        self.events.emit("training_finished", step=message.step, state_digest=digest, epoch=self.view.epoch)
+        await self._end(True, f"training finished at step {message.step}; final state digest {digest}")
+
+    def _seat_finished(self, member: str) -> bool:
+        return any(f.sender == member for f in self._finished.values())
+
+    async def _fail_job(self, reason: str) -> None:
+        self.events.emit("job_failed", reason=reason)
+        log.error("%s", reason)
+        await self._end(False, reason)
+
+    async def _end(self, ok: bool, reason: str) -> None:
+        if self.outcome is not None:
+            return
+        self.outcome = (ok, reason)
+        live = [m for m in self.members if m not in self.fenced and not self._seat_finished(m)]
+        await self._broadcast(live, Stop(ok, reason))
+        for agent in self.agents.values():
+            await self._send(agent.control_addr, Stop(ok, reason))
+        self._done.set()
+
+    # -- time ---------------------------------------------------------------------------------
+
+    async def tick(self, now: float) -> None:
+        """Periodic checks: silent members, round deadlines, unexplained collective failures."""
+        if self.outcome is not None:
+            return
+        watched = {m: r.last_seen for m, r in self.members.items()
+                   if m not in self.fenced and not self._seat_finished(m)}
+        for member, why in decisions.silent_members(now, watched, self._config.failure_timeout):
+            await self.declare_dead(member, "heartbeat", why)
+        rnd = self.round
+        if rnd is not None and now > rnd.deadline:
+            for member in self._survivors():
+                if member not in rnd.acks:
+                    await self.declare_dead(member, "prepare_timeout",
+                                            f"no answer to Prepare({rnd.epoch}) within {self._config.prepare_timeout}s")
+        grace = min(1.0, self._config.failure_timeout / 2)
+        if self._suspect_since is not None and self.round is None and now - self._suspect_since > grace:
+            self._suspect_since = None
+            if self.view is not None:
+                await self._start_round({}, "a collective failed but no member was found dead: rebuilding the group")
+
+    # -- views for operators ------------------------------------------------------------------
+
+    def _hosts(self) -> dict[str, str]:
+        return {m: r.host for m, r in self.members.items()}
+
+    def _bulk_addrs(self) -> dict[str, str]:
+        return {m: r.bulk_addr for m, r in self.members.items()}
+
+    def status(self) -> dict[str, Any]:
+        """The live state as a JSON-able document (``deadpool status``)."""
+        now = time.monotonic()
+        view = self.view
+        seats = []
+        if view is not None:
+            for seat, member in enumerate(view.seats):
+                r = self.members.get(member)
+                buddy = view.buddy_member(seat) if view.world_size > 1 else ""
+                seats.append({
+                    "rank": seat, "member": member, "host": r.host if r else "", "pid": r.pid if r else 0,
+                    "state": "dead" if member in self.fenced else "active",
+                    "step": r.step if r else -1, "snapshot_step": r.snapshot_step if r else -2,
+                    "confirmed_step": r.confirmed_step if r else -2, "copy_on": buddy,
+                    "heartbeat_age_s": round(now - r.last_seen, 3) if r else None,
+                    "stall_p99_s": r.stall_p99_s if r else 0.0,
+                })
+        spares = [{"member": m, "host": self.members[m].host, "pid": self.members[m].pid,
+                   "heartbeat_age_s": round(now - self.members[m].last_seen, 3)}
+                  for m in (view.spares if view else []) if m in self.members]
+        return {
+            "epoch": view.epoch if view else 0, "world_size": self._world_size,
+            "resume_step": view.resume_step if view else -1, "store_prefix": view.store_prefix if view else "",
+            "seats": seats, "spares": spares, "fenced": sorted(self.fenced),
+            "round": None if self.round is None else {"epoch": self.round.epoch,
+                                                       "failed_seats": sorted(self.round.failed)},
+            "outcome": None if self.outcome is None else {"ok": self.outcome[0], "reason": self.outcome[1]},
+        }
+
+
+# -- process entry point ------------------------------------------------------------------------
+
+def _start_store(host: str, port: int) -> dist.TCPStore:
+    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300))
+
+
+async def _amain(args: argparse.Namespace) -> int:
+    config = Config.from_env()
+    host = args.bind.split("://", 1)[1].rsplit(":", 1)[0] if "://" in args.bind else "127.0.0.1"
+    if args.bind.startswith("tcp://") and host not in ("127.0.0.1", "localhost", "::1") and not config.secret:
+        print("deadpool coordinator: refusing to bind a non-loopback address without a shared secret; "
+              "set DEADPOOL_SECRET (the same value on every host) and retry.", file=sys.stderr)
+        return 2
+    store = _start_store(host if host != "0.0.0.0" else "", args.store_port)
+    store_host = args.advertise or (host if host not in ("0.0.0.0", "") else socket.gethostname())
+    transport = open_transport(args.bind, CONTROL_LIMITS)
+    events = EventLog(args.events or None, member="coordinator", source="coordinator")
+    coordinator = Coordinator(transport, config, args.world_size, f"{store_host}:{store.port}", events)
+    address = transport.address
+    events.emit("coordinator_started", address=address, store=f"{store_host}:{store.port}",
+                world_size=args.world_size)
+    print(json.dumps({"control": address, "store": f"{store_host}:{store.port}"}), flush=True)
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            reader = tasks.create_task(transport.run())
+            ok, reason = await coordinator.serve()
+            await transport.close()
+            reader.cancel()
+    finally:
+        events.close()
+    del store
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="deadpool coordinator", description="DeadPool's membership service")
+    parser.add_argument("--bind", default="tcp://127.0.0.1:0", help="control address (port 0: pick a free one)")
+    parser.add_argument("--world-size", type=int, required=True, help="number of seats in the job")
+    parser.add_argument("--store-port", type=int, default=0, help="TCPStore port (0: pick a free one)")
+    parser.add_argument("--advertise", default="", help="host name workers use to reach the store")
+    parser.add_argument("--events", default="", help="append JSON-lines events to this file")
+    args = parser.parse_args(argv)
+    if args.world_size < 1:
+        parser.error("--world-size must be at least 1")
+    logging.basicConfig(level=logging.WARNING, format="[coordinator] %(levelname)s %(message)s")
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(_amain(args))
+    finally:
+        loop.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The one meeting point of the compute thread and the runtime thread.
+
+Nothing else is shared between them.  The runtime thread (actors on an
+asyncio loop) *delivers* commands and publishes snapshot bookkeeping; the
+compute thread (the user's training loop) *takes* commands at step boundaries,
+*waits* on conditions with bounds, and *posts* messages for the actors.  All
+state below is guarded by one condition variable, which also serves as the
+wake-up for collective waits (see ``collective.Waiter``), so a Prepare that
+arrives while the compute thread is blocked in an all-reduce wakes it at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from deadpool.errors import WaitTimeout
+from deadpool.messages import CommitView, Fenced, Prepare, Stop
+
+Command = Prepare | CommitView | Stop | Fenced
+MAX_COMMANDS = 64
+
+
+class Handoff:
+    """Thread-safe mailbox between the runtime (producer) and compute (consumer) threads."""
+
+    def __init__(self) -> None:
+        self.condition = threading.Condition()
+        self._commands: deque[Command] = deque()
+        self._prepare_epoch = 0  # newest epoch a Prepare asked for
+        self._terminal: Stop | Fenced | None = None  # a command after which nothing else matters
+        self._confirmed: set[tuple[str, int]] = set()  # (generation, step) copies confirmed by the buddy
+        self._ward_steps: dict[int, list[int]] = {}  # seat -> complete copies held for it
+        self._post: Callable[[Any], None] | None = None
+        self.dropped_commands = 0
+
+    # -- runtime side -------------------------------------------------------------------------
+
+    def bind(self, post: Callable[[Any], None]) -> None:
+        """Install the runtime's thread-safe entry point (``loop.call_soon_threadsafe`` wrapper)."""
+        self._post = post
+
+    def deliver(self, command: Command) -> None:
+        """Queue a command for the compute thread and wake it wherever it waits."""
+        with self.condition:
+            if isinstance(command, (Stop, Fenced)):
+                self._terminal = command
+            elif isinstance(command, Prepare):
+                self._prepare_epoch = max(self._prepare_epoch, command.epoch)
+            if len(self._commands) >= MAX_COMMANDS:
+                self._commands.popleft()  # the newest view supersedes the oldest; terminal state is kept above
+                self.dropped_commands += 1
+            self._commands.append(command)
+            self.condition.notify_all()
+
+    def confirm(self, generation: str, step: int) -> None:
+        """The buddy holds a complete copy of our snapshot of `step` (in group `generation`)."""
+        with self.condition:
+            self._confirmed.add((generation, step))
+            if len(self._confirmed) > 8:
+                self._confirmed = {item for item in self._confirmed if item[1] >= step - 4}
+            self.condition.notify_all()
+
+    def set_ward_steps(self, ward_steps: dict[int, list[int]]) -> None:
+        """Publish which buddy copies this member holds (read by the compute thread for PrepareAck)."""
+        with self.condition:
+            self._ward_steps = {seat: list(steps) for seat, steps in ward_steps.items()}
+
+    def wake(self) -> None:
+        with self.condition:
+            self.condition.notify_all()
+
+    # -- compute side -------------------------------------------------------------------------
+
+    def post(self, message: Any) -> None:
+        """Hand a message to the runtime thread (never blocks the compute thread)."""
+        if self._post is None:
+            raise RuntimeError("runtime thread is not running")
+        self._post(message)
+
+    def interrupted(self, epoch: int) -> bool:
+        """True when the compute thread must stop its step: a newer view is being prepared, or the end."""
+        return self._prepare_epoch > epoch or self._terminal is not None
+
+    @property
+    def terminal(self) -> Stop | Fenced | None:
+        return self._terminal
+
+    def is_confirmed(self, generation: str, step: int) -> bool:
+        with self.condition:
+            return (generation, step) in self._confirmed
+
+    def ward_steps(self) -> dict[int, list[int]]:
+        with self.condition:
+            return {seat: list(steps) for seat, steps in self._ward_steps.items()}
+
+    def take(self, timeout: float, what: str) -> Command:
+        """Next command, waiting at most `timeout` seconds.
+
+        Raises:
+            WaitTimeout: nothing arrived in time; `what` names the wait in the message.
+        """
+        deadline = time.monotonic() + timeout
+        with self.condition:
+            while not self._commands:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise WaitTimeout(f"no word from the coordinator within {timeout:.0f}s while {what}")
+                self.condition.wait(min(remaining, 1.0))
+            return self._commands.popleft()
+
+    def poll(self) -> Command | None:
+        """Next command if one is queued, without waiting."""
+        with self.condition:
+            return self._commands.popleft() if self._commands else None
+
+    def wait_until(self, predicate: Callable[[], bool], epoch: int, timeout: float) -> bool:
+        """Wait for `predicate` (checked under the lock); False if interrupted first.
+
+        Raises:
+            WaitTimeout: neither happened within `timeout`.
+        """
+        deadline = time.monotonic() + timeout
+        with self.condition:
+            while not predicate():
+                if self.interrupted(epoch):
+                    return False
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise WaitTimeout(f"condition not met within {timeout:.0f}s")
+                self.condition.wait(min(remaining, 0.5))
+            return True

@@ -1,0 +1,77 @@
+"""HeartbeatActor: tells the coordinator, every interval, that this member lives and how far it got.
+
+Liveness only needs the loop to keep running; the compute thread's progress
+rides along (read from ``Progress``, written by the compute thread with plain
+attribute stores, which are atomic under the GIL).  A missed send (the
+coordinator is down or slow) is logged once per outage and never blocks the
+next beat: training goes on without the coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from deadpool import codec
+from deadpool.messages import Heartbeat
+from deadpool.transport import Transport, TransportError
+
+log = logging.getLogger("deadpool.heartbeat")
+
+
+@dataclass
+class Progress:
+    """Written by the compute thread, read by the heartbeat actor (single writer, GIL-atomic fields)."""
+
+    epoch: int = 0
+    step: int = -1
+    snapshot_step: int = -2
+    confirmed_step: int = -2
+    stall_p99_s: float = 0.0
+
+
+class HeartbeatActor:
+    """Sends a Heartbeat every `interval` seconds until cancelled by its owner."""
+
+    def __init__(
+        self,
+        member: str,
+        coordinator: str,
+        transport: Transport,
+        progress: Progress,
+        interval: float,
+        secret: bytes | None,
+    ) -> None:
+        self._member = member
+        self._coordinator = coordinator
+        self._transport = transport
+        self._progress = progress
+        self._interval = interval
+        self._secret = secret
+        self.sent = 0
+        self.joined = asyncio.Event()  # set by the membership actor on Welcome: beats before that are noise
+
+    def retarget(self, coordinator: str) -> None:
+        """Send to a restarted coordinator from now on."""
+        self._coordinator = coordinator
+
+    async def run(self) -> None:
+        await self.joined.wait()
+        outage = False
+        while True:
+            p = self._progress
+            beat = Heartbeat(self._member, p.epoch, p.step, p.snapshot_step, p.confirmed_step, p.stall_p99_s)
+            try:
+                await self._transport.send(self._coordinator, [codec.encode(beat, self._secret)], self._interval)
+                self.sent += 1
+                if outage:
+                    log.info("coordinator reachable again")
+                outage = False
+            except TransportError as err:
+                if "closed" in str(err):
+                    return  # shutting down
+                if not outage:
+                    log.warning("heartbeat not sent (%s); training goes on, retrying every beat", err)
+                outage = True
+            await asyncio.sleep(self._interval)

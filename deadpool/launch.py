@@ -1,0 +1,314 @@
+"""``deadpool launch``: the per-host agent.
+
+It starts the coordinator (on the first host, unless one is given), then this
+host's workers (``--nproc`` actives and ``--spares`` spares) with torchrun's
+environment contract (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``) plus DeadPool's own variables.  Unlike
+torchrun's agent it does **not** stop the other workers when one dies: it
+reports the exit to the coordinator (the fastest failure detector there is)
+and keeps going, so a spare can take the seat.  It also carries out the
+coordinator's fence-by-kill for members declared dead on this host, forwards
+every worker's output with a prefix, and exits non-zero if the job failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deadpool import codec
+from deadpool.chaos import parse as parse_chaos
+from deadpool.config import Config
+from deadpool.errors import MisuseError
+from deadpool.events import read_events
+from deadpool.messages import AgentHello, FenceKill, ProcessExited, Stop, Welcome
+from deadpool.runtime_thread import CONTROL_LIMITS
+from deadpool.transport import Transport, TransportError, open_transport
+
+COORDINATOR_START_TIMEOUT = 60.0
+WORKER_EXIT_GRACE = 30.0
+
+
+@dataclass
+class Worker:
+    label: str
+    member: str
+    role: str
+    proc: asyncio.subprocess.Process
+    returncode: int | None = None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """torchrun-style arguments, plus DeadPool's."""
+    parser.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int, default=1,
+                        help="active workers on this host")
+    parser.add_argument("--spares", type=int, default=0, help="spare workers on this host")
+    parser.add_argument("--nnodes", type=int, default=1, help="number of hosts (one launch per host)")
+    parser.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
+                        help="this host's index, 0..nnodes-1 (host 0 runs the coordinator)")
+    parser.add_argument("--coordinator", default="", help="coordinator address tcp://HOST:PORT (hosts other than 0)")
+    parser.add_argument("--master-addr", "--master_addr", dest="master_addr", default="",
+                        help="address to bind and advertise the coordinator and store on (host 0)")
+    parser.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=0,
+                        help="TCPStore port on host 0 (0: pick a free one)")
+    parser.add_argument("--events", default="", help="append JSON-lines events here (default: a temp file)")
+    parser.add_argument("--chaos", action="append", default=[], metavar="SPEC",
+                        help="inject a failure, e.g. kill:rank=2:step=20 (repeatable)")
+    parser.add_argument("--failure-timeout", type=float, default=None, help="seconds of silence before death")
+    parser.add_argument("--heartbeat-interval", type=float, default=None, help="seconds between heartbeats")
+    parser.add_argument("--snapshot-every", type=int, default=None, help="snapshot every N steps (default 1)")
+    parser.add_argument("--no-fence-kill", action="store_true",
+                        help="do not kill members declared dead (testing zombies)")
+    parser.add_argument("--host-name", default="", help="failure-domain name of this host (default: hostname)")
+    parser.add_argument("script", help="training script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Refuse bad arguments with a clear message before anything starts.
+
+    Raises:
+        MisuseError: what is wrong and how to fix it.
+    """
+    if args.nproc < 1:
+        raise MisuseError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.spares < 0:
+        raise MisuseError(f"--spares must be >= 0, got {args.spares}")
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        raise MisuseError(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
+    if args.node_rank > 0 and not args.coordinator:
+        raise MisuseError("hosts other than --node-rank 0 need --coordinator tcp://HOST:PORT of host 0's coordinator")
+    if not Path(args.script).is_file():
+        raise MisuseError(f"training script {args.script!r} does not exist")
+    for spec in args.chaos:
+        parse_chaos(spec)
+
+
+async def _start_coordinator(args: argparse.Namespace, world: int, events: str, env: dict[str, str]) -> tuple[
+        asyncio.subprocess.Process, str, str]:
+    host = args.master_addr or "127.0.0.1"
+    command = [sys.executable, "-m", "deadpool.coordinator", "--world-size", str(world), "--events", events,
+               "--bind", f"tcp://{host}:0", "--store-port", str(args.master_port)]
+    proc = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, env=env)
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), COORDINATOR_START_TIMEOUT)
+        ready = json.loads(line)
+        return proc, ready["control"], ready["store"]
+    except (asyncio.TimeoutError, json.JSONDecodeError, KeyError):
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        raise MisuseError("the coordinator did not start (see its error above)") from None
+
+
+async def _forward(worker: Worker) -> None:
+    stream = worker.proc.stdout
+    assert stream is not None
+    while line := await stream.readline():
+        sys.stdout.write(f"[{worker.label}] {line.decode(errors='replace')}")
+        sys.stdout.flush()
+
+
+class Launcher:
+    """One host's agent: owns the worker processes it starts."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.world = args.nnodes * args.nproc
+        self.host = args.host_name or socket.gethostname()
+        self.agent_id = f"agent-{self.host}-{os.getpid()}-{secrets.token_hex(2)}"
+        self.workers: list[Worker] = []
+        self.stop: Stop | None = None
+        self.stop_event = asyncio.Event()
+        self.transport: Transport | None = None
+        self.secret = b""
+        self.coordinator_addr = ""
+        self.events_path = ""
+        self.welcomed = False
+
+    def _config_env(self) -> dict[str, str]:
+        overrides: dict[str, Any] = {}
+        if self.args.failure_timeout is not None:
+            overrides["failure_timeout"] = self.args.failure_timeout
+        if self.args.heartbeat_interval is not None:
+            overrides["heartbeat_interval"] = self.args.heartbeat_interval
+        if self.args.snapshot_every is not None:
+            overrides["snapshot_every"] = self.args.snapshot_every
+        if self.args.no_fence_kill:
+            overrides["fence_by_kill"] = False
+        secret = os.environ.get("DEADPOOL_SECRET") or secrets.token_hex(16)
+        config = Config.from_env(**overrides, secret=secret)
+        self.secret = config.secret.encode()
+        return config.to_env()
+
+    async def run(self) -> int:
+        args = self.args
+        events = args.events or str(Path(tempfile.mkdtemp(prefix="deadpool-")) / "events.jsonl")
+        self.events_path = events
+        env = {**os.environ, **self._config_env()}
+        coordinator_proc = None
+        if args.node_rank == 0 and not args.coordinator:
+            coordinator_proc, self.coordinator_addr, store = await _start_coordinator(args, self.world, events, env)
+        else:
+            self.coordinator_addr = args.coordinator
+            store = f"{args.master_addr or args.coordinator.split('://')[-1].rsplit(':', 1)[0]}:{args.master_port}"
+        bind = args.master_addr or "127.0.0.1"
+        self.transport = open_transport(f"tcp://{bind}:0", CONTROL_LIMITS)
+        store_host, store_port = store.rsplit(":", 1)
+        spec = ",".join(args.chaos)
+        base = {**env, "DEADPOOL_COORDINATOR": self.coordinator_addr, "DEADPOOL_EVENTS": events,
+                "DEADPOOL_CHAOS": spec, "DEADPOOL_HOST": self.host, "DEADPOOL_BIND_HOST": bind,
+                "WORLD_SIZE": str(self.world), "MASTER_ADDR": store_host, "MASTER_PORT": store_port,
+                "LOCAL_WORLD_SIZE": str(args.nproc), "PYTHONUNBUFFERED": "1"}
+        for local in range(args.nproc + args.spares):
+            spare = local >= args.nproc
+            rank = -1 if spare else args.node_rank * args.nproc + local
+            label = f"spare{local - args.nproc}" if spare else f"rank{rank}"
+            member = f"{self.host}:{label}:{secrets.token_hex(3)}"
+            worker_env = {**base, "RANK": str(rank), "LOCAL_RANK": str(local), "DEADPOOL_MEMBER_ID": member,
+                          "DEADPOOL_ROLE": "spare" if spare else "active",
+                          "DEADPOOL_SPARE_INDEX": str(local - args.nproc if spare else -1)}
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-u", args.script, *args.script_args, env=worker_env,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            )
+            self.workers.append(Worker(label, member, "spare" if spare else "active", proc))
+        try:
+            return await self._supervise(coordinator_proc)
+        finally:
+            await self._terminate_all()
+            await self.transport.close()
+
+    async def _supervise(self, coordinator_proc: asyncio.subprocess.Process | None) -> int:
+        assert self.transport is not None
+        async with asyncio.TaskGroup() as tasks:
+            background = [tasks.create_task(self.transport.run()), tasks.create_task(self._inbox())]
+            background.append(tasks.create_task(self._hello()))
+            forwards = [tasks.create_task(_forward(w)) for w in self.workers]
+            watches = [tasks.create_task(self._watch(w)) for w in self.workers]
+            if coordinator_proc is not None:
+                code = await coordinator_proc.wait()
+            else:
+                await self.stop_event.wait()
+                code = 0 if self.stop and self.stop.ok else 1
+            ok = code == 0
+            grace = WORKER_EXIT_GRACE if ok else 2.0
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*watches, return_exceptions=True), grace)
+            await self._terminate_all()
+            await asyncio.gather(*forwards, return_exceptions=True)
+            for task in background:
+                task.cancel()
+        return 0 if ok else 1
+
+    async def _hello(self) -> None:
+        """Register with the coordinator until it answers (it may still be starting)."""
+        assert self.transport is not None
+        hello = AgentHello(self.agent_id, self.host, self.transport.address,
+                           {w.member: w.proc.pid for w in self.workers})
+        for _ in range(600):
+            with contextlib.suppress(TransportError):
+                await self.transport.send(self.coordinator_addr, [codec.encode(hello, self.secret)], 1.0)
+            if self.welcomed:
+                return
+            await asyncio.sleep(0.1)
+
+    async def _inbox(self) -> None:
+        assert self.transport is not None
+        while True:
+            frames = await self.transport.recv()
+            message = codec.decode(frames[0], self.secret)
+            if isinstance(message, Welcome):
+                self.welcomed = True
+            elif isinstance(message, FenceKill):
+                self._fence_kill(message.member)
+            elif isinstance(message, Stop):
+                self.stop = message
+                self.stop_event.set()
+                if not message.ok:
+                    print(f"deadpool: job stopped: {message.reason}", file=sys.stderr, flush=True)
+
+    def _fence_kill(self, member: str) -> None:
+        for worker in self.workers:
+            if worker.member == member and worker.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.proc.pid, signal.SIGKILL)
+                    os.kill(worker.proc.pid, signal.SIGCONT)
+
+    async def _watch(self, worker: Worker) -> None:
+        """Report a worker's exit to the coordinator at once: the fastest failure signal."""
+        code = await worker.proc.wait()
+        worker.returncode = code
+        if self.transport is None:
+            return
+        with contextlib.suppress(TransportError):
+            await self.transport.send(self.coordinator_addr,
+                                      [codec.encode(ProcessExited(self.agent_id, worker.member, code), self.secret)],
+                                      2.0)
+
+    async def _terminate_all(self) -> None:
+        alive = [w for w in self.workers if w.proc.returncode is None]
+        for worker in alive:
+            with contextlib.suppress(ProcessLookupError):
+                worker.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 3.0
+        for worker in alive:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(worker.proc.wait(), max(0.1, deadline - time.monotonic()))
+            if worker.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    worker.proc.kill()
+                    os.kill(worker.proc.pid, signal.SIGCONT)
+                await worker.proc.wait()
+
+
+def summarize(events_path: str) -> list[str]:
+    """The closing lines: failures, swaps with their recovery time, and the final digest."""
+    lines: list[str] = []
+    records = list(read_events(events_path)) if Path(events_path).exists() else []
+    for record in records:
+        kind = record.get("event")
+        if kind == "member_failed":
+            lines.append(f"  failure: rank {record.get('failed_rank')} ({record.get('failed_member')}) "
+                         f"detected by {record.get('detected_by')}: {record.get('reason')}")
+        elif kind == "view_committed" and record.get("failed_seats"):
+            lines.append(f"  view {record.get('epoch')}: seats {record.get('failed_seats')} refilled, "
+                         f"resume after step {record.get('resume_step')}")
+        elif kind == "restored" and record.get("source") == "buddy":
+            lines.append(f"  restored rank {record.get('rank')} from its buddy: {record.get('bytes', 0) / 1e6:.1f} MB "
+                         f"in {record.get('s', 0):.3f} s")
+        elif kind == "swap_completed":
+            lines.append(f"  swap: rank {record.get('rank')} back in {record.get('recovery_s')} s "
+                         f"(failure to first finished step; {record.get('old_member')} -> {record.get('new_member')})")
+        elif kind == "job_failed":
+            lines.append(f"  job failed: {record.get('reason')}")
+    finished = [r for r in records if r.get("event") == "training_finished"]
+    if finished:
+        lines.append(f"final state digest: {finished[-1].get('state_digest')}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``deadpool launch``; returns the process exit code."""
+    validate(args)
+    launcher = Launcher(args)
+    code = asyncio.run(launcher.run())
+    summary = summarize(launcher.events_path)
+    print("deadpool: " + ("training finished" if code == 0 else "job FAILED") + f" (events: {launcher.events_path})",
+          flush=True)
+    for line in summary:
+        print(line, flush=True)
+    return code
+

@@ -1,0 +1,132 @@
+"""MembershipActor: the worker's side of the membership protocol.
+
+It holds the newest view this member has heard of, accepts only views with a
+higher epoch, drops (and logs) stale or foreign messages, and turns the
+coordinator's Prepare / CommitView / Stop / Fenced into commands for the
+compute thread (through the Handoff).  Messages the compute thread wants to
+send to the coordinator (acks, failure reports, recoveries, the final digest)
+pass through here too, so one place owns the control connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from deadpool import codec
+from deadpool.events import EventLog
+from deadpool.handoff import Handoff
+from deadpool.messages import CommitView, Fenced, Join, Message, Prepare, Stop, Welcome
+from deadpool.transport import Transport, TransportError
+from deadpool.view import View
+
+log = logging.getLogger("deadpool.membership")
+
+
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """A message the compute thread asks to send to the coordinator."""
+
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """A decoded message that arrived from the coordinator."""
+
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class ViewChanged:
+    """Sent to the SnapshotActor when a newer view is adopted."""
+
+    view: View
+
+
+class MembershipActor:
+    """Owns this member's copy of the view and the control channel to the coordinator."""
+
+    def __init__(
+        self,
+        member: str,
+        coordinator: str,
+        transport: Transport,
+        handoff: Handoff,
+        events: EventLog,
+        snapshot_inbox: asyncio.Queue[object],
+        secret: bytes | None,
+        send_timeout: float,
+        joined: asyncio.Event,
+    ) -> None:
+        self.inbox: asyncio.Queue[Inbound | Outbound] = asyncio.Queue(maxsize=256)
+        self._member = member
+        self._coordinator = coordinator
+        self._transport = transport
+        self._handoff = handoff
+        self._events = events
+        self._snapshot_inbox = snapshot_inbox
+        self._secret = secret
+        self._send_timeout = send_timeout
+        self.view: View | None = None
+        self._fenced = False
+        self._joined = joined
+        self._join: Join | None = None
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._rejoin_until_welcomed())
+            while True:
+                item = await self.inbox.get()
+                if isinstance(item, Outbound):
+                    if isinstance(item.message, Join):
+                        self._join = item.message
+                    await self._send(item.message)
+                else:
+                    await self._on_message(item.message)
+
+    async def _rejoin_until_welcomed(self) -> None:
+        """The coordinator may start after us or drop a Join: repeat it until Welcome arrives."""
+        while not self._joined.is_set():
+            await asyncio.sleep(0.5)
+            if self._join is not None and not self._joined.is_set():
+                await self._send(self._join)
+
+    async def _send(self, message: Message) -> None:
+        if self._fenced:
+            return  # a fenced member changes nothing
+        try:
+            await self._transport.send(self._coordinator, [codec.encode(message, self._secret)], self._send_timeout)
+        except TransportError as err:
+            log.warning("could not send %s to the coordinator: %s", type(message).__name__, err)
+
+    async def _on_message(self, message: Message) -> None:
+        epoch = self.view.epoch if self.view else 0
+        if isinstance(message, CommitView):
+            view = message.view
+            if view.epoch <= epoch:
+                self._events.emit("rejected", reason="stale_view", detail=f"view {view.epoch} <= held {epoch}")
+                return
+            self.view = view
+            await self._snapshot_inbox.put(ViewChanged(view))
+            self._handoff.deliver(message)
+        elif isinstance(message, Prepare):
+            if message.epoch <= epoch:
+                self._events.emit("rejected", reason="stale_prepare", detail=f"prepare {message.epoch} <= {epoch}")
+                return
+            self._handoff.deliver(message)
+        elif isinstance(message, Fenced):
+            if message.member != self._member:
+                self._events.emit("rejected", reason="misaddressed", detail=f"fence for {message.member}")
+                return
+            self._fenced = True
+            self._events.emit("fenced", reason=message.reason, fenced_epoch=message.epoch)
+            self._handoff.deliver(message)
+        elif isinstance(message, Stop):
+            self._handoff.deliver(message)
+        elif isinstance(message, Welcome):
+            self._joined.set()
+            log.info("welcomed by the coordinator at epoch %d (world size %d)", message.epoch, message.world_size)
+        else:
+            self._events.emit("rejected", reason="unexpected_type", detail=type(message).__name__)

@@ -1,0 +1,320 @@
+"""Every message DeadPool puts on the wire, as frozen dataclasses.
+
+Actors never exchange anything else: the codec (``codec.py``) turns these into
+bytes and back, validating every field against the annotations below.  Each
+class has a small integer tag in ``REGISTRY``; tags are append-only and never
+renumbered, so an old peer meeting a new message gets a clean "unknown tag"
+error instead of a misparse.
+
+Identity fields (``sender``, ``epoch``) are on every message that can change
+shared state, so that receivers can drop messages from zombies (fenced
+members) and from superseded views.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from deadpool.view import View
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """A worker (active or spare) announces itself to the coordinator."""
+
+    sender: str  # member id, never reused
+    role: str  # "active" or "spare"
+    seat_hint: int  # RANK from the environment for actives, -1 for spares
+    world_size: int  # WORLD_SIZE the worker was started with
+    pid: int  # process id on its host, for fence-by-kill and status
+    host: str  # host name, the failure domain for buddy placement
+    control_addr: str  # where the coordinator sends views and commands
+    bulk_addr: str  # where peers send snapshot data and restore requests
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Periodic liveness from a worker; also carries its progress for status."""
+
+    sender: str  # member id
+    epoch: int  # the newest view the worker holds
+    step: int  # last finished step (-1 before the first)
+    snapshot_step: int  # newest complete local snapshot (-2 if none)
+    confirmed_step: int  # newest snapshot the buddy has confirmed (-2 if none)
+    stall_p99_s: float  # p99 of the pre-step snapshot stall over recent steps
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """The coordinator's answer to Join: the job's shape, so a worker can check it."""
+
+    epoch: int  # the coordinator's current epoch (0 before the first view)
+    member: str  # the member id this welcome is for
+    world_size: int  # number of seats in the job
+
+
+@dataclass(frozen=True, slots=True)
+class CommitView:
+    """A committed view; members adopt it only if its epoch is newer than theirs."""
+
+    view: View  # the whole view, self-contained
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    """Phase one of a view change: stop at a step boundary and report snapshots."""
+
+    epoch: int  # the epoch being prepared (current + 1 or more)
+    failed_seats: list[int]  # seats whose members were declared dead
+    reason: str  # human-readable reason, logged by every member
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareAck:
+    """A survivor's answer to Prepare: which snapshots it can restore from."""
+
+    sender: str  # member id
+    epoch: int  # the epoch being acknowledged
+    step: int  # last finished step of the live state
+    local_steps: list[int]  # complete local snapshots held
+    ward_steps: dict[int, list[int]]  # seat -> complete buddy copies held for that seat
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveFailed:
+    """A worker saw a collective fail (fast failure path: a peer's socket closed)."""
+
+    sender: str  # member id
+    epoch: int  # the view the collective ran under
+    step: int  # the step that failed
+    error: str  # the backend's message, for the event log
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """A worker finished its first step after a committed view change."""
+
+    sender: str  # member id
+    epoch: int  # the view it is running under
+    step: int  # the step it finished
+    ts: float  # wall-clock time the step finished
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A seat finished training; carries the job-wide state digest."""
+
+    sender: str  # member id
+    epoch: int  # the view it finished under
+    seat: int  # its seat
+    step: int  # the last step it ran
+    digest: str  # SHA-256 hex over every seat's final tracked state
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The coordinator ends the job (finished, or failed with a reason)."""
+
+    ok: bool  # True when training finished, False when the job failed
+    reason: str  # what happened, what is safe, what to do next
+
+
+@dataclass(frozen=True, slots=True)
+class Fenced:
+    """Tells a member it was declared dead; it must exit without touching anything."""
+
+    member: str  # the fenced member id
+    epoch: int  # the epoch in which it was removed
+    reason: str  # why it was declared dead
+
+
+@dataclass(frozen=True, slots=True)
+class AgentHello:
+    """A host's launcher (agent) registers the worker processes it owns."""
+
+    sender: str  # agent id
+    host: str  # host name
+    control_addr: str  # where the coordinator sends fence and stop commands
+    members: dict[str, int]  # member id -> pid of the processes this agent started
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessExited:
+    """The agent saw one of its worker processes exit."""
+
+    sender: str  # agent id
+    member: str  # member id of the exited process
+    returncode: int  # exit status; negative is the signal that ended it
+
+
+@dataclass(frozen=True, slots=True)
+class FenceKill:
+    """The coordinator asks a host's agent to kill a member declared dead."""
+
+    member: str  # member id to kill
+    epoch: int  # epoch that declared it dead
+    reason: str  # why
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotHeader:
+    """First frame of a snapshot transfer; payload frames follow in the same message."""
+
+    sender: str  # member id of the sender
+    epoch: int  # sender's view epoch
+    seat: int  # seat whose state this is
+    step: int  # the step the state belongs to (state after that step)
+    nbytes: int  # total payload bytes across the following frames
+    manifest: bytes  # encoded layout of the tensors and the non-tensor state
+    digest: bytes = b""  # optional BLAKE2b of the payload, checked when present
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotAck:
+    """The buddy confirms it holds a complete copy of (seat, step)."""
+
+    sender: str  # member id of the buddy
+    epoch: int  # buddy's view epoch
+    seat: int  # seat of the copy
+    step: int  # step of the copy
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreRequest:
+    """An adopted spare asks the buddy of its seat for a snapshot."""
+
+    sender: str  # member id of the requester
+    epoch: int  # the view under which the request is valid
+    seat: int  # seat to restore
+    step: int  # step to restore
+    reply_to: str  # bulk address for the reply
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreReply:
+    """Answer to RestoreRequest; on success a SnapshotHeader-shaped payload follows."""
+
+    sender: str  # member id of the buddy
+    epoch: int  # the epoch of the request
+    seat: int  # seat served
+    step: int  # step served
+    ok: bool  # False when the copy is not held
+    error: str  # why not, when ok is False
+    header: SnapshotHeader | None = None  # layout of the payload frames that follow
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosInjected:
+    """A worker is about to inject a failure into itself (logged for recovery timing)."""
+
+    sender: str  # member id
+    action: str  # kill, stop
+    seat: int  # its seat
+    step: int  # step at which it fired
+    ts: float  # wall-clock time just before the signal
+
+
+@dataclass(frozen=True, slots=True)
+class StatusRequest:
+    """Asks the coordinator for the live view and member table (operator tools)."""
+
+    reply_to: str  # control address of the asker
+    nonce: int  # echoed in the reply
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReply:
+    """The coordinator's live state, encoded as JSON text for operator tools."""
+
+    nonce: int  # echoed from the request
+    json: str  # JSON document (view, members, recent events)
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosCommand:
+    """An operator asks the coordinator to inject a failure into a member."""
+
+    action: str  # kill, stop or cont
+    seat: int  # target seat, or -1 when member is given
+    member: str  # target member id, or "" when seat is given
+    at_step: int  # fire when the target finishes this step; -1 for now
+    reply_to: str  # control address for the ChaosResult
+    nonce: int  # echoed in the result
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosResult:
+    """The coordinator's answer to a ChaosCommand."""
+
+    nonce: int  # echoed from the command
+    ok: bool  # whether the action was armed or done
+    detail: str  # what happened, for the operator
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """A worker finished a step; sent only while someone waits on steps (chaos at-step)."""
+
+    sender: str  # member id
+    epoch: int  # current epoch
+    step: int  # finished step
+    loss: float = field(default=float("nan"))  # the step's loss, when the script reports it
+
+
+Message = (
+    Join
+    | Heartbeat
+    | Welcome
+    | CommitView
+    | Prepare
+    | PrepareAck
+    | CollectiveFailed
+    | Recovered
+    | Finished
+    | Stop
+    | Fenced
+    | AgentHello
+    | ProcessExited
+    | FenceKill
+    | SnapshotHeader
+    | SnapshotAck
+    | RestoreRequest
+    | RestoreReply
+    | ChaosInjected
+    | StatusRequest
+    | StatusReply
+    | ChaosCommand
+    | ChaosResult
+    | StepReport
+)
+
+# Append-only: a tag, once given, is never reused or renumbered.
+REGISTRY: dict[int, type[Message]] = {
+    1: Join,
+    2: Heartbeat,
+    3: Welcome,
+    4: CommitView,
+    5: Prepare,
+    6: PrepareAck,
+    7: CollectiveFailed,
+    8: Recovered,
+    9: Finished,
+    10: Stop,
+    11: Fenced,
+    12: AgentHello,
+    13: ProcessExited,
+    14: FenceKill,
+    15: SnapshotHeader,
+    16: SnapshotAck,
+    17: RestoreRequest,
+    18: RestoreReply,
+    19: ChaosInjected,
+    20: StatusRequest,
+    21: StatusReply,
+    22: ChaosCommand,
+    23: ChaosResult,
+    24: StepReport,
+}
+TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}

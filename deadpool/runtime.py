@@ -1,0 +1,631 @@
+"""The compute-side runtime: ``deadpool.init()``, ``rt.track``, ``rt.ddp``, ``rt.steps``, ``rt.finish``.
+
+The training loop stays the user's.  ``rt.steps()`` is where the runtime gets
+control between steps: it captures snapshots, takes commands from the
+membership service, and, after a failure, rolls back, rebuilds the process
+group and resumes at the right step.  A spare waits inside ``rt.steps()``
+until it is adopted, then continues exactly where the dead seat's snapshot
+left off.
+
+Within a step the runtime acts at two points only: the end of backward
+(``DataParallel`` asks it to average gradients) and the optimizer pre-step
+hook (it waits for the previous snapshot's copy and the buddy's confirmation;
+the only possible stall, measured).  When a collective fails or a view change
+is announced, the step is *poisoned*: it runs to its end without effect that
+matters (its results are rolled back), and the step boundary starts recovery.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import hashlib
+import logging
+import os
+import random
+import socket
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from deadpool import chaos as chaos_mod
+from deadpool.collective import CollectiveAborted, Waiter, connect_store, create_group
+from deadpool.config import Config
+from deadpool.ddp import DataParallel
+from deadpool.errors import FencedError, JobStopped, MisuseError, WaitTimeout
+from deadpool.events import EventLog
+from deadpool.handoff import Command, Handoff
+from deadpool.heartbeat import Progress
+from deadpool.messages import (
+    ChaosInjected,
+    CollectiveFailed,
+    CommitView,
+    Fenced,
+    Finished,
+    Join,
+    Prepare,
+    PrepareAck,
+    Recovered,
+    Stop,
+)
+from deadpool.runtime_thread import RuntimeThread
+from deadpool.snapshot import SnapshotStore
+from deadpool.snapshot_actor import Fetch, LocalReady
+from deadpool.statetree import Manifest, flatten, materialize
+from deadpool.view import View
+
+log = logging.getLogger("deadpool")
+
+_RUNTIME: Runtime | None = None
+_RETIRED_GROUPS: list[Any] = []  # old groups are never destroyed (that can block or abort), see _exit_guard
+_EXIT_STATUS = [0]
+
+
+def init() -> Runtime:
+    """Start (once per process) the runtime of a worker started by ``deadpool launch``.
+
+    Raises:
+        MisuseError: the process was not started by ``deadpool launch`` (no coordinator address).
+    """
+    global _RUNTIME
+    if _RUNTIME is None:
+        _RUNTIME = Runtime(os.environ)
+    return _RUNTIME
+
+
+class Runtime:
+    """One worker's runtime; see the module docstring for the shape of a step."""
+
+    def __init__(self, environ: os._Environ[str] | dict[str, str]) -> None:
+        coordinator = environ.get("DEADPOOL_COORDINATOR")
+        if not coordinator:
+            raise MisuseError(
+                "deadpool.init(): DEADPOOL_COORDINATOR is not set. Start the script with "
+                "`deadpool launch --nproc N --spares S SCRIPT`, which starts the coordinator and the workers."
+            )
+        self.config = Config.from_env(dict(environ))
+        self.member = environ.get("DEADPOOL_MEMBER_ID") or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+        self.role = environ.get("DEADPOOL_ROLE", "active")
+        if self.role not in ("active", "spare"):
+            raise MisuseError(f"DEADPOOL_ROLE must be 'active' or 'spare', got {self.role!r}")
+        self.world_size = int(environ.get("WORLD_SIZE", "1"))
+        self.initial_rank = int(environ.get("RANK", "-1")) if self.role == "active" else -1
+        self.host = environ.get("DEADPOOL_HOST") or socket.gethostname()
+        self.rank = -1
+        self.events = EventLog(environ.get("DEADPOOL_EVENTS") or None, member=self.member, source="worker")
+        self._chaos = chaos_mod.ChaosPlan(
+            chaos_mod.parse_all(environ.get("DEADPOOL_CHAOS", "")),
+            self.initial_rank,
+            int(environ.get("DEADPOOL_SPARE_INDEX", "-1")),
+        )
+        self._handoff = Handoff()
+        self._progress = Progress()
+        self._thread = RuntimeThread(
+            self.member, coordinator, environ.get("DEADPOOL_BIND_HOST", "127.0.0.1"), self.config,
+            self._handoff, self._progress, self.events,
+        )
+        self._thread.start()
+        self._snapshots = SnapshotStore(on_complete=self._on_snapshot_copied)
+        self._tracked: dict[str, Any] = {}
+        self._optimizers: list[torch.optim.Optimizer] = []
+        self._view: View | None = None
+        self._store: dist.TCPStore | None = None
+        self._store_addr = ""
+        self._group: Any = None
+        self._waiter = Waiter(self._handoff.condition, self._is_interrupted)
+        self._step = -1  # the step in progress
+        self._gated_step = -2
+        self._poison: str | None = None
+        self._recovering_epoch = 0  # epoch whose first finished step is reported as Recovered
+        self._stalls: deque[float] = deque(maxlen=200)
+        self._report: dict[str, float] = {}
+        self._step_started = time.perf_counter()
+        self.final_digest = ""
+        self._finished = False
+        atexit.register(_exit_guard)
+        _install_excepthook()
+        self._handoff.post(Join(
+            self.member, self.role, self.initial_rank, self.world_size, os.getpid(), self.host,
+            self._thread.control_addr, self._thread.bulk_addr,
+        ))
+        self.events.emit("member_joined", role=self.role, pid=os.getpid(), host=self.host)
+
+    # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def is_spare(self) -> bool:
+        """True while this member waits in the spare pool."""
+        return self.rank < 0
+
+    def track(self, **objects: Any) -> None:
+        """Register everything a snapshot must hold (anything with ``state_dict``/``load_state_dict``).
+
+        Optimizers also get a pre-step hook: it waits for the previous snapshot's copy
+        before parameters change (the measured stall).
+
+        Raises:
+            MisuseError: an object cannot be snapshotted, or tracking started after training.
+        """
+        if self._step >= 0:
+            raise MisuseError("rt.track() must be called before the first step")
+        for name, obj in objects.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise MisuseError(f"rt.track({name}=...): {type(obj).__name__} has no state_dict()/load_state_dict()")
+            if name.startswith("__"):
+                raise MisuseError(f"rt.track(): names starting with '__' are reserved, got {name!r}")
+            self._tracked[name] = obj
+            if isinstance(obj, torch.optim.Optimizer):
+                self._optimizers.append(obj)
+                obj.register_step_pre_hook(self._optimizer_pre_step)
+
+    def ddp(self, model: torch.nn.Module) -> DataParallel:
+        """Wrap `model` for data-parallel training across the seats (rebuilds itself after swaps)."""
+        return DataParallel(model, self)
+
+    def report(self, **metrics: float) -> None:
+        """Attach metrics (e.g. ``loss=``, ``tokens=``) to the current step's ``step_finished`` event."""
+        self._report.update({k: float(v) for k, v in metrics.items()})
+
+    def steps(self, max_steps: int) -> Iterator[int]:
+        """Yield the steps this seat must run, from 0 (or the resume point) to `max_steps - 1`.
+
+        Spares block here until adopted.  After a failure anywhere in the job,
+        the step sequence rewinds to the last step every seat can restore.
+
+        Raises:
+            JobStopped: the coordinator ended the job (an unrecoverable failure elsewhere).
+            WaitTimeout: a bounded wait expired (the message names it).
+        """
+        if max_steps < 0:
+            raise MisuseError(f"rt.steps(max_steps): must be >= 0, got {max_steps}")
+        step = self._wait_for_seat()
+        if step is None:
+            return  # a spare never needed: the job finished
+        while True:
+            if step >= max_steps:
+                if self._finalize(max_steps):
+                    return
+                step = self._recover()
+                continue
+            self._begin_step(step)
+            yield step
+            if self._poison is not None or self._handoff.interrupted(self._epoch):
+                step = self._recover()
+                continue
+            pending = self._end_step(step)
+            step = self._recover(pending) if pending is not None else step + 1
+
+    def finish(self) -> str:
+        """Stop the runtime; returns (and logs) the job-wide final state digest ("" on a spare)."""
+        if self.final_digest and self.rank == 0:
+            print(f"final state digest: {self.final_digest}", flush=True)
+        self._shutdown()
+        return self.final_digest
+
+    # -- step lifecycle -----------------------------------------------------------------------
+
+    @property
+    def _epoch(self) -> int:
+        return self._view.epoch if self._view else 0
+
+    def _is_interrupted(self) -> bool:
+        return self._handoff.interrupted(self._epoch)
+
+    def _begin_step(self, step: int) -> None:
+        self._step = step
+        self._poison = None
+        self._report = {}
+        self._step_started = time.perf_counter()
+        self._chaos_point("boundary")
+
+    def _end_step(self, step: int) -> Command | None:
+        """Bookkeeping after a good step; returns a command that needs recovery, if one came."""
+        elapsed = time.perf_counter() - self._step_started
+        if (step + 1) % self.config.snapshot_every == 0:
+            self._capture(step)
+        self._progress.step = step
+        fields: dict[str, Any] = {"step_s": round(elapsed, 6)}
+        fields.update(self._report)
+        if "tokens" in self._report and elapsed > 0:
+            fields["tokens_per_s"] = round(self._report["tokens"] / elapsed, 1)
+        self.events.emit("step_finished", epoch=self._epoch, rank=self.rank, step=step, **fields)
+        if self._recovering_epoch == self._epoch:
+            self._recovering_epoch = 0
+            self._handoff.post(Recovered(self.member, self._epoch, step, time.time()))
+        return self._drain_commands()
+
+    def _drain_commands(self) -> Command | None:
+        """Apply views that need no pause; return the first command that does."""
+        while (command := self._handoff.poll()) is not None:
+            if isinstance(command, CommitView):
+                if command.view.epoch <= self._epoch:
+                    continue
+                if self._view is not None and command.view.store_prefix == self._view.store_prefix:
+                    self._set_view(command.view)
+                    continue
+            if isinstance(command, (CommitView, Prepare, Stop, Fenced)):
+                return command
+        return None
+
+    def _capture(self, step: int) -> None:
+        if self._view is None:
+            return
+        self._snapshots.capture(step, self._view.store_prefix, self._state(), self._background_pointers())
+
+    def _state(self) -> dict[str, Any]:
+        state = {name: obj.state_dict() for name, obj in self._tracked.items()}
+        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        state["__rng__"] = rng
+        return state
+
+    def _load(self, state: dict[str, Any]) -> None:
+        rng = state.pop("__rng__")
+        for name, obj in self._tracked.items():
+            obj.load_state_dict(state[name])
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if "cuda" in rng:
+            torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def _background_pointers(self) -> set[int]:
+        """Storages that change only inside optimizer.step(): safe to copy while the next step runs."""
+        pointers: set[int] = set()
+        for optimizer in self._optimizers:
+            for group in optimizer.param_groups:
+                pointers.update(p.data_ptr() for p in group["params"])
+            for state in optimizer.state.values():
+                pointers.update(v.data_ptr() for v in state.values() if isinstance(v, torch.Tensor))
+        return pointers
+
+    def _on_snapshot_copied(self, slot: Any) -> None:
+        """Copy thread: hand the finished snapshot to the SnapshotActor for streaming."""
+        try:
+            self._handoff.post(LocalReady(slot))
+        except RuntimeError:
+            pass  # runtime already stopped (shutdown)
+
+    # -- inside a step ------------------------------------------------------------------------
+
+    def _optimizer_pre_step(self, *_: Any) -> None:
+        self._gate()
+
+    def _gate(self) -> bool:
+        """Before parameters change: the previous snapshot must be copied and confirmed by the buddy.
+
+        Returns False when the step is poisoned (a view change interrupted the wait).
+        """
+        if self._poison is not None:
+            return False
+        if self._gated_step == self._step:
+            return True
+        start = time.perf_counter()
+        self._snapshots.wait_copy(self.config.copy_timeout)
+        newest = self._snapshots.newest_started()
+        view = self._view
+        if newest is not None and view is not None and view.world_size > 1:
+            generation, snap_step = newest.generation, newest.step
+            confirmed = self._handoff.wait_until(
+                lambda: self._handoff.is_confirmed(generation, snap_step), self._epoch, self.config.view_timeout
+            )
+            if not confirmed:
+                self._poison = "interrupted while waiting for the buddy's snapshot confirmation"
+                return False
+            self._progress.confirmed_step = snap_step
+        stall = time.perf_counter() - start
+        self._stalls.append(stall)
+        if len(self._stalls) >= 10:
+            ordered = sorted(self._stalls)
+            self._progress.stall_p99_s = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        self._gated_step = self._step
+        return True
+
+    def _average_gradients(self, params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+        """End of backward: one fixed-layout all-reduce of every gradient, waited on interruptibly."""
+        if not self._gate() or self._group is None or self._view is None:
+            return
+        if flat.numel() == 0:
+            flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+        offset = 0
+        for param in params:
+            n = param.numel()
+            if param.grad is None:
+                flat[offset : offset + n].zero_()
+            else:
+                flat[offset : offset + n].copy_(param.grad.reshape(-1))
+            offset += n
+        try:
+            work = self._group.allreduce([flat])
+            self._chaos_point("allreduce")
+            self._waiter.wait(work, f"gradient all-reduce of step {self._step}", self.config.pg_timeout)
+        except (CollectiveAborted, RuntimeError) as err:
+            self._poison_step(err)
+            return
+        flat.div_(self._view.world_size)
+        offset = 0
+        for param in params:
+            n = param.numel()
+            averaged = flat[offset : offset + n].view_as(param)
+            if param.grad is None:
+                param.grad = averaged.clone()
+            else:
+                param.grad.copy_(averaged)
+            offset += n
+
+    def _poison_step(self, err: BaseException) -> None:
+        """Mark the step as lost; tell the coordinator unless it is the one that interrupted us."""
+        self._poison = str(err)
+        self._retire_group()
+        if isinstance(err, CollectiveAborted) and "interrupted" in err.cause:
+            return
+        self.events.emit("collective_failed", epoch=self._epoch, rank=self.rank, step=self._step, error=str(err))
+        self._handoff.post(CollectiveFailed(self.member, self._epoch, self._step, str(err)[:500]))
+
+    def _chaos_point(self, point: str) -> None:
+        spec = self._chaos.due(point, self._step)
+        if spec is None:
+            return
+        self.events.emit("chaos_injected", action=spec.action, at=point, spec=str(spec),
+                         epoch=self._epoch, rank=self.rank, step=self._step)
+        self._handoff.post(ChaosInjected(self.member, spec.action, self.rank, self._step, time.time()))
+        time.sleep(0.002)  # let the runtime thread hand the report to ZeroMQ before the signal lands
+        chaos_mod.inject(spec)
+
+    # -- seats, views and recovery ------------------------------------------------------------
+
+    def _wait_for_seat(self) -> int | None:
+        """Block until this member has a seat (first view, or adoption); returns the first step."""
+        started = time.monotonic()
+        bound = self.config.startup_timeout if self.role == "active" else 7 * 24 * 3600.0
+        while True:
+            wait = 1.0
+            if self.role == "spare":
+                due = self._chaos.next_spare_deadline()
+                if due is not None:
+                    wait = max(0.01, min(wait, started + due - time.monotonic()))
+                spec = self._chaos.spare_due(time.monotonic() - started)
+                if spec is not None:
+                    self.events.emit("chaos_injected", action=spec.action, spec=str(spec), rank=-1)
+                    chaos_mod.inject(spec)
+            if time.monotonic() - started > bound:
+                raise WaitTimeout(
+                    f"no seat assigned within {bound:.0f}s: the coordinator at "
+                    f"{os.environ.get('DEADPOOL_COORDINATOR')} never formed the first view. "
+                    "Check that all ranks were started and can reach it."
+                )
+            try:
+                command = self._handoff.take(wait, "waiting for a seat")
+            except WaitTimeout:
+                continue
+            if isinstance(command, Stop):
+                if command.ok and self.is_spare:
+                    self.events.emit("spare_released", reason=command.reason)
+                    return None
+                raise JobStopped(command.reason)
+            if isinstance(command, Fenced):
+                _exit_fenced(self, command)
+            if isinstance(command, CommitView) and command.view.seat_of(self.member) is not None:
+                first = self._adopt_with_retry(command.view)
+                if first is not None:
+                    return first
+
+    def _adopt_with_retry(self, view: View) -> int | None:
+        try:
+            return self._adopt(view)
+        except (CollectiveAborted, LookupError, WaitTimeout) as err:
+            self.events.emit("adopt_failed", epoch=view.epoch, error=str(err))
+            self._handoff.post(CollectiveFailed(self.member, view.epoch, view.resume_step, f"adoption failed: {err}"))
+            return None
+
+    def _recover(self, pending: Command | None = None) -> int:
+        """Pause at the boundary, answer Prepares, adopt the committed view; returns the next step."""
+        self._snapshots.wait_copy(self.config.copy_timeout)
+        if self._poison is not None:
+            self.events.emit("paused", epoch=self._epoch, rank=self.rank, step=self._step, reason=self._poison)
+        acked = 0
+        while True:
+            command = pending if pending is not None else self._handoff.take(
+                self.config.view_timeout, f"paused after step {self._step} waiting for the view change"
+            )
+            pending = None
+            if isinstance(command, Stop):
+                raise JobStopped(command.reason)
+            if isinstance(command, Fenced):
+                _exit_fenced(self, command)
+            if isinstance(command, Prepare) and command.epoch > acked:
+                acked = command.epoch
+                self._handoff.post(PrepareAck(
+                    self.member, command.epoch, self._progress.step,
+                    self._snapshots.complete_steps(), self._handoff.ward_steps(),
+                ))
+            elif isinstance(command, CommitView) and command.view.epoch > self._epoch:
+                if command.view.seat_of(self.member) is None:
+                    _exit_fenced(self, Fenced(self.member, command.view.epoch, "not seated in the committed view"))
+                if self._view is not None and command.view.store_prefix == self._view.store_prefix:
+                    self._set_view(command.view)
+                    continue
+                first = self._adopt_with_retry(command.view)
+                if first is not None:
+                    return first
+
+    def _set_view(self, view: View) -> None:
+        self._view = view
+        seat = view.seat_of(self.member)
+        self.rank = -1 if seat is None else seat
+        self._progress.epoch = view.epoch
+        self.events.epoch, self.events.rank = view.epoch, self.rank
+
+    def _adopt(self, view: View) -> int:
+        """Restore the view's resume state, rebuild the group, and return the first step to run.
+
+        Raises:
+            CollectiveAborted: interrupted by a newer view, or the group could not form.
+            LookupError: the snapshot to restore is not available.
+            WaitTimeout: a bounded wait expired.
+        """
+        seat = view.seat_of(self.member)
+        assert seat is not None
+        first_view = self._view is None and view.resume_step == -1 and seat not in view.restore_from
+        started = time.perf_counter()
+        # The group first: building it may draw from the global RNGs, which the restore then overwrites.
+        self._retire_group()
+        self._connect_store(view.store_addr)
+        assert self._store is not None
+        self._group = create_group(
+            self._store, view.store_prefix, seat, view.world_size, self.config.pg_timeout,
+            lambda: self._handoff.interrupted(view.epoch), connect_timeout=self.config.pg_timeout,
+        )
+        rebuilt_s = time.perf_counter() - started
+        if first_view:
+            source, nbytes = "initial", 0
+        elif seat in view.restore_from:
+            source, nbytes = "buddy", self._restore_from_buddy(view, seat)
+        else:
+            source, nbytes = "local", self._restore_local(view.resume_step)
+        if not first_view:
+            self.events.emit("restored", epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
+                             bytes=nbytes, s=round(time.perf_counter() - started - rebuilt_s, 6),
+                             group_s=round(rebuilt_s, 6))
+        self._set_view(view)
+        self._poison = None
+        self._gated_step = -2
+        # The restored state is this seat's snapshot of resume_step in the new group: stream it to the
+        # (possibly new) buddy at once, so the seat is protected again before its next step changes anything.
+        self._snapshots.keep_only(view.resume_step)
+        self._capture(view.resume_step)
+        self._progress.step = view.resume_step
+        if not first_view:
+            self._recovering_epoch = view.epoch
+            self.events.emit("rebuilt", epoch=view.epoch, rank=seat, step=view.resume_step,
+                             s=round(time.perf_counter() - started, 6))
+        return view.resume_step + 1
+
+    def _restore_local(self, step: int) -> int:
+        slot = self._snapshots.find(step)
+        if slot is None:
+            raise LookupError(f"no local snapshot of step {step} (held: {self._snapshots.complete_steps()})")
+        self._load(self._snapshots.restore_state(slot))
+        return slot.manifest.nbytes if slot.manifest else 0
+
+    def _restore_from_buddy(self, view: View, seat: int) -> int:
+        source = view.restore_from[seat]
+        future: concurrent.futures.Future[tuple[Manifest, list[memoryview]]] = concurrent.futures.Future()
+        future.add_done_callback(lambda _: self._handoff.wake())
+        self._handoff.post(Fetch(seat, view.resume_step, source, future))
+        if not self._handoff.wait_until(future.done, view.epoch, self.config.restore_timeout):
+            raise CollectiveAborted("restore", "interrupted by a newer view")
+        manifest, frames = future.result()
+        arena = torch.empty(max(manifest.nbytes, 1), dtype=torch.uint8)
+        arena_bytes = memoryview(arena.numpy()).cast("B")
+        offset = 0
+        for frame in frames:
+            arena_bytes[offset : offset + len(frame)] = frame
+            offset += len(frame)
+        self._load(materialize(manifest, arena))
+        return manifest.nbytes
+
+    def _connect_store(self, addr: str) -> None:
+        if self._store is None or addr != self._store_addr:
+            self._store = connect_store(addr, self.config.pg_timeout)
+            self._store_addr = addr
+
+    def _retire_group(self) -> None:
+        """Set the current group aside without destroying it: destroying a group with an op in flight
+        blocks until the op times out, and gloo aborts the process if it is destructed later."""
+        if self._group is not None:
+            _RETIRED_GROUPS.append(self._group)
+        self._group = None
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def _finalize(self, max_steps: int) -> bool:
+        """Agree on the job-wide digest; False if a failure interrupted it (then recovery runs)."""
+        assert self._view is not None and self._group is not None
+        self._step = max_steps
+        state = self._state()
+        # Python's `random` is seeded from the OS unless the script seeds it: restored, but not digested.
+        state["__rng__"].pop("python")
+        parts = {name: state_digest(value) for name, value in state.items()}
+        mine = torch.frombuffer(bytearray(bytes.fromhex(state_digest(state))), dtype=torch.uint8)
+        gathered = [torch.zeros(32, dtype=torch.uint8) for _ in range(self._view.world_size)]
+        try:
+            work = self._group.allgather([gathered], [mine])
+            self._waiter.wait(work, "final digest exchange", self.config.pg_timeout)
+        except (CollectiveAborted, RuntimeError) as err:
+            self._poison_step(err)
+            return False
+        if self._handoff.interrupted(self._epoch):
+            return False
+        self.final_digest = hashlib.sha256(b"".join(bytes(t.tolist()) for t in gathered)).hexdigest()
+        self._finished = True
+        self._handoff.post(Finished(self.member, self._epoch, self.rank, max_steps - 1, self.final_digest))
+        self.events.emit("seat_finished", epoch=self._epoch, rank=self.rank, step=max_steps - 1,
+                         state_digest=self.final_digest, seat_digest=state_digest(state), parts=parts)
+        return True
+
+    def _shutdown(self) -> None:
+        global _RUNTIME
+        self._thread.stop(timeout=5.0)
+        self._snapshots.close()
+        self.events.close()
+        _RUNTIME = None
+
+
+def state_digest(state: Any) -> str:
+    """SHA-256 over a state's structure and the bytes of every tensor in it."""
+    skeleton, tensors = flatten(state)
+    hasher = hashlib.sha256(skeleton)
+    for tensor in tensors:
+        data = tensor.detach().cpu().contiguous()
+        hasher.update(str(tuple(data.shape)).encode())
+        hasher.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return hasher.hexdigest()
+
+
+def _exit_fenced(runtime: Runtime, command: Fenced) -> None:
+    """A fenced member leaves at once, touching nothing shared (no snapshot, no store, no peers)."""
+    message = (
+        f"deadpool: member {runtime.member} was declared dead at epoch {command.epoch} ({command.reason}) "
+        "and its seat was given to another member. This process changed nothing after that and exits now; "
+        "the job goes on without it."
+    )
+    runtime.events.emit("fenced_exit", reason=command.reason)
+    print(message, file=sys.stderr, flush=True)
+    os._exit(3)
+
+
+def _install_excepthook() -> None:
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        _EXIT_STATUS[0] = 1
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
+def _exit_guard() -> None:
+    """At exit after a failure, skip the destructors of process groups.
+
+    Gloo aborts the process when a group whose op was abandoned is destructed,
+    and a group whose peers died can block the interpreter's exit.  So when
+    groups were retired, or the script ended with an uncaught exception, the
+    process ends here with the status Python would have used (1 after an
+    uncaught exception); a clean run exits normally.
+    """
+    runtime = _RUNTIME
+    if not _RETIRED_GROUPS and _EXIT_STATUS[0] == 0:
+        return
+    if runtime is not None:
+        runtime._thread.stop(timeout=1.0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(_EXIT_STATUS[0])
+

@@ -1,0 +1,219 @@
+"""The runtime thread: an asyncio loop (uvloop when installed) beside the compute thread.
+
+It owns two transports (control: coordinator traffic; bulk: snapshot traffic,
+kept apart so liveness never queues behind a 100 MB transfer), one reader
+task per transport that decodes and routes frames, and three actors:
+``HeartbeatActor``, ``MembershipActor`` and ``SnapshotActor``.  Every task
+belongs to one ``asyncio.TaskGroup``; ``stop()`` closes the transports first
+(so nothing stays blocked on I/O) and then cancels and awaits the group.
+
+The compute thread reaches it only through ``Handoff.post``, which lands in
+``_route_from_compute`` on this loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import Counter
+from typing import Any
+
+from deadpool import codec
+from deadpool.config import Config
+from deadpool.events import EventLog
+from deadpool.handoff import Handoff
+from deadpool.heartbeat import HeartbeatActor, Progress
+from deadpool.membership import Inbound, MembershipActor, Outbound
+from deadpool.messages import Message, RestoreReply, RestoreRequest, SnapshotAck, SnapshotHeader
+from deadpool.snapshot_actor import CHUNK_BYTES, Bulk, Fetch, LocalReady, SnapshotActor
+from deadpool.transport import Limits, Transport, open_transport
+
+log = logging.getLogger("deadpool.runtime")
+
+_BULK_TYPES = (SnapshotHeader, SnapshotAck, RestoreRequest, RestoreReply)
+CONTROL_LIMITS = Limits(max_frame_bytes=1 << 20, max_frames=1, inbox_size=256, send_hwm=64)
+BULK_LIMITS = Limits(max_frame_bytes=CHUNK_BYTES + (1 << 20), max_frames=4097, inbox_size=8, send_hwm=8)
+
+
+class Shutdown:
+    """Posted by the compute thread to end the runtime thread."""
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where installed (lower latency heartbeats), the standard loop elsewhere."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+class RuntimeThread:
+    """Starts, hosts and stops the worker's actors."""
+
+    def __init__(
+        self,
+        member: str,
+        coordinator: str,
+        bind_host: str,
+        config: Config,
+        handoff: Handoff,
+        progress: Progress,
+        events: EventLog,
+        transport_scheme: str = "tcp",
+    ) -> None:
+        self.member = member
+        self._coordinator = coordinator
+        self._bind_host = bind_host
+        self._config = config
+        self._secret = config.secret.encode() or None
+        self._handoff = handoff
+        self._progress = progress
+        self._events = events
+        self._scheme = transport_scheme
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._stopped = threading.Event()
+        self._startup_error: BaseException | None = None
+        self._stop_event: asyncio.Event | None = None
+        self.control_addr = ""
+        self.bulk_addr = ""
+        self._membership: MembershipActor | None = None
+        self._snapshots: SnapshotActor | None = None
+        self._rejections: Counter[str] = Counter()
+        self._thread = threading.Thread(target=self._main, name="deadpool-runtime", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the thread and wait until both transports are bound.
+
+        Raises:
+            RuntimeError: the loop failed to start (the original error is chained).
+        """
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError(f"runtime thread did not start within {timeout:.0f}s")
+        if self._startup_error is not None:
+            raise RuntimeError("runtime thread failed to start") from self._startup_error
+
+    def _main(self) -> None:
+        loop = new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._run())
+        except BaseException as err:  # noqa: BLE001 - reported to start() or logged; the thread must end cleanly
+            if not self._ready.is_set():
+                self._startup_error = err
+                self._ready.set()
+            else:
+                log.exception("runtime thread ended with an error")
+        finally:
+            loop.close()
+            self._stopped.set()
+
+    async def _run(self) -> None:
+        host = self._bind_host
+        control_url = f"{self._scheme}://{host}:0" if self._scheme == "tcp" else f"{self._scheme}://"
+        control = open_transport(control_url, CONTROL_LIMITS)
+        bulk = open_transport(control_url, BULK_LIMITS)
+        self.control_addr, self.bulk_addr = control.address, bulk.address
+        self._stop_event = asyncio.Event()
+        config = self._config
+        snapshots = SnapshotActor(
+            self.member, bulk, self._handoff, self._progress, self._events, self._secret,
+            send_timeout=max(30.0, config.send_timeout),
+        )
+        heartbeat = HeartbeatActor(
+            self.member, self._coordinator, control, self._progress, config.heartbeat_interval, self._secret
+        )
+        membership = MembershipActor(
+            self.member, self._coordinator, control, self._handoff, self._events, snapshots.inbox,
+            self._secret, config.send_timeout, heartbeat.joined,
+        )
+        self._membership, self._snapshots = membership, snapshots
+        loop = asyncio.get_running_loop()
+        self._handoff.bind(lambda message: loop.call_soon_threadsafe(self._route_from_compute, message))
+        self._ready.set()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(control.run())
+                tasks.create_task(bulk.run())
+                tasks.create_task(self._read(control, self._on_control))
+                tasks.create_task(self._read(bulk, self._on_bulk))
+                tasks.create_task(heartbeat.run())
+                tasks.create_task(membership.run())
+                tasks.create_task(snapshots.run())
+                await self._stop_event.wait()
+                await control.close()
+                await bulk.close()
+                raise _Stopping
+        except* _Stopping:
+            pass
+
+    # -- routing ------------------------------------------------------------------------------
+
+    async def _read(self, transport: Transport, handle: Any) -> None:
+        """One reader per transport: decode the first frame, route the message."""
+        limit = CONTROL_LIMITS.max_frame_bytes
+        while True:
+            frames = await transport.recv()
+            decoded = codec.decode(frames[0], self._secret, limit)
+            if isinstance(decoded, codec.DecodeError):
+                self._reject(decoded.reason, str(decoded))
+                continue
+            await handle(decoded, frames[1:])
+
+    async def _on_control(self, message: Message, extra: list[memoryview]) -> None:
+        assert self._membership is not None
+        if extra:
+            self._reject("unexpected_frames", f"{type(message).__name__} with payload on the control channel")
+            return
+        await self._membership.inbox.put(Inbound(message))
+
+    async def _on_bulk(self, message: Message, frames: list[memoryview]) -> None:
+        assert self._snapshots is not None
+        if not isinstance(message, _BULK_TYPES):
+            self._reject("unexpected_type", f"{type(message).__name__} on the bulk channel")
+            return
+        await self._snapshots.inbox.put(Bulk(message, frames))
+
+    def _reject(self, reason: str, detail: str) -> None:
+        """Log a refused frame as an event: every one of the first 20 per reason, then every 100th."""
+        self._rejections[reason] += 1
+        count = self._rejections[reason]
+        if count <= 20 or count % 100 == 0:
+            self._events.emit("rejected", reason=reason, detail=detail, count=count)
+
+    def _route_from_compute(self, message: Any) -> None:
+        assert self._membership is not None and self._snapshots is not None and self._stop_event is not None
+        try:
+            if isinstance(message, Shutdown):
+                self._stop_event.set()
+            elif isinstance(message, (LocalReady, Fetch)):
+                self._snapshots.inbox.put_nowait(message)
+            else:
+                self._membership.inbox.put_nowait(Outbound(message))
+        except asyncio.QueueFull:
+            log.error("runtime inbox full; dropped %s from the compute thread", type(message).__name__)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def snapshot_stats(self) -> tuple[int, int]:
+        """(bytes streamed to the buddy, bytes held for wards), for the memory report."""
+        s = self._snapshots
+        return (s.bytes_sent, s.bytes_held_for_wards) if s else (0, 0)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the loop (idempotent), waiting at most `timeout` seconds."""
+        if self._loop is not None and not self._stopped.is_set():
+            try:
+                self._handoff.post(Shutdown())
+            except RuntimeError:
+                pass
+        self._stopped.wait(timeout)
+
+
+class _Stopping(Exception):
+    """Raised inside the TaskGroup to cancel every actor on shutdown."""

@@ -1,0 +1,330 @@
+"""SnapshotActor: streams this member's snapshots to its buddy, keeps its wards' copies, serves restores.
+
+- When the compute side finishes a local snapshot (``LocalReady``), the actor
+  streams it to the buddy of its seat as one multipart message: an
+  authenticated ``SnapshotHeader`` frame followed by zero-copy chunks of the
+  arena.  At most one transfer is in flight; a newer snapshot waits for it
+  (back-pressure: a slow buddy never makes memory grow).  The buddy's
+  ``SnapshotAck`` is published to the compute thread, whose pre-step gate
+  waits for it.
+- As a buddy, it keeps the two newest complete copies for each ward seat
+  (the received frames themselves, no extra copy) and acknowledges each.
+- It answers ``RestoreRequest`` from an adopted spare with the copy.
+- Messages from members outside the current view are dropped and logged;
+  messages from a *newer* view than ours are parked until our view catches up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from deadpool import codec
+from deadpool.events import EventLog
+from deadpool.handoff import Handoff
+from deadpool.heartbeat import Progress
+from deadpool.membership import ViewChanged
+from deadpool.messages import Message, RestoreReply, RestoreRequest, SnapshotAck, SnapshotHeader
+from deadpool.snapshot import Slot
+from deadpool.statetree import Manifest
+from deadpool.transport import Transport, TransportError
+from deadpool.view import View
+
+log = logging.getLogger("deadpool.snapshot_actor")
+
+CHUNK_BYTES = 16 << 20
+MAX_SNAPSHOT_BYTES = 64 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class LocalReady:
+    """The compute side finished copying a local snapshot."""
+
+    slot: Slot
+
+
+@dataclass(frozen=True, slots=True)
+class Bulk:
+    """A message from a peer on the bulk channel, with its payload frames."""
+
+    message: Message
+    frames: list[memoryview]
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """The compute side asks for (seat, step) from `member` (an adopted spare restoring)."""
+
+    seat: int
+    step: int
+    member: str
+    future: concurrent.futures.Future[tuple[Manifest, list[memoryview]]]
+
+
+@dataclass(slots=True)
+class WardCopy:
+    header: SnapshotHeader
+    frames: list[memoryview]
+
+
+@dataclass(slots=True)
+class _InFlight:
+    slot: Slot
+    step: int
+    generation: str
+    sent_at: float
+    attempts: int
+
+
+def payload_chunks(payload: memoryview) -> list[memoryview]:
+    return [payload[offset : offset + CHUNK_BYTES] for offset in range(0, len(payload), CHUNK_BYTES)]
+
+
+class SnapshotActor:
+    """Owns the buddy relationship: outgoing copies, incoming ward copies, restores."""
+
+    def __init__(
+        self,
+        member: str,
+        transport: Transport,
+        handoff: Handoff,
+        progress: Progress,
+        events: EventLog,
+        secret: bytes | None,
+        send_timeout: float,
+        resend_after: float = 2.0,
+    ) -> None:
+        self.inbox: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
+        self._member = member
+        self._transport = transport
+        self._handoff = handoff
+        self._progress = progress
+        self._events = events
+        self._secret = secret
+        self._send_timeout = send_timeout
+        self._resend_after = resend_after
+        self._view: View | None = None
+        self._wards: dict[int, list[WardCopy]] = {}
+        self._inflight: _InFlight | None = None
+        self._next: Slot | None = None
+        self._parked: deque[Bulk] = deque(maxlen=16)
+        self._fetches: dict[tuple[int, int], concurrent.futures.Future[tuple[Manifest, list[memoryview]]]] = {}
+        self._sender: asyncio.Task[None] | None = None
+        self.bytes_sent = 0
+        self.bytes_held_for_wards = 0
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._resend_loop())
+            while True:
+                item = await self.inbox.get()
+                if isinstance(item, LocalReady):
+                    self._on_local(item.slot, tasks)
+                elif isinstance(item, ViewChanged):
+                    self._on_view(item.view, tasks)
+                elif isinstance(item, Fetch):
+                    await self._on_fetch(item)
+                elif isinstance(item, Bulk):
+                    await self._on_bulk(item, tasks)
+
+    # -- outgoing -----------------------------------------------------------------------------
+
+    def _buddy_addr(self) -> str | None:
+        view = self._view
+        if view is None:
+            return None
+        seat = view.seat_of(self._member)
+        if seat is None or view.world_size < 2:
+            return None
+        return view.bulk_addrs.get(view.buddy_member(seat))
+
+    def _on_local(self, slot: Slot, tasks: asyncio.TaskGroup) -> None:
+        self._progress.snapshot_step = slot.step
+        view = self._view
+        if view is None or slot.generation != view.store_prefix:
+            return  # taken before the current view's rebuild: nobody needs it
+        if view.world_size < 2:
+            self._handoff.confirm(slot.generation, slot.step)  # no buddy: local only, nothing to wait for
+            return
+        if self._inflight is None:
+            self._start_send(slot, tasks)
+        else:
+            self._next = slot
+
+    def _start_send(self, slot: Slot, tasks: asyncio.TaskGroup) -> None:
+        self._inflight = _InFlight(slot, slot.step, slot.generation, time.monotonic(), 1)
+        self._sender = tasks.create_task(self._send_snapshot(self._inflight))
+
+    async def _send_snapshot(self, flight: _InFlight) -> None:
+        view, addr = self._view, self._buddy_addr()
+        slot = flight.slot
+        if view is None or addr is None or slot.manifest is None:
+            return
+        if not slot.complete or slot.step != flight.step or slot.generation != flight.generation:
+            return  # the slot was reused: a newer snapshot supersedes this one
+        seat = view.seat_of(self._member)
+        assert seat is not None
+        payload = slot.payload()
+        header = SnapshotHeader(self._member, view.epoch, seat, slot.step, len(payload), slot.manifest.encode())
+        frames: list[Any] = [codec.encode(header, self._secret), *payload_chunks(payload)]
+        try:
+            await self._transport.send(addr, frames, self._send_timeout)
+            self.bytes_sent += len(payload)
+        except TransportError as err:
+            log.warning("snapshot of step %d not sent to buddy: %s (will retry)", slot.step, err)
+
+    async def _resend_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._resend_after / 4)
+            flight = self._inflight
+            if flight is None or time.monotonic() - flight.sent_at < self._resend_after:
+                continue
+            if self._sender is not None and not self._sender.done():
+                continue
+            flight.sent_at = time.monotonic()
+            flight.attempts += 1
+            log.info("no ack for snapshot of step %d yet; resending (attempt %d)", flight.step, flight.attempts)
+            await self._send_snapshot(flight)
+
+    def _on_ack(self, ack: SnapshotAck, tasks: asyncio.TaskGroup) -> None:
+        view, flight = self._view, self._inflight
+        seat = view.seat_of(self._member) if view else None
+        if view is None or seat is None or ack.sender != view.buddy_member(seat):
+            self._events.emit("rejected", reason="ack_from_non_buddy", peer=ack.sender)
+            return
+        if flight is None or ack.step != flight.step:
+            return  # a late ack for a superseded transfer
+        self._handoff.confirm(flight.generation, flight.step)
+        self._progress.confirmed_step = flight.step
+        self._inflight = None
+        pending, self._next = self._next, None
+        if pending is not None and pending.complete:
+            self._start_send(pending, tasks)
+
+    # -- views --------------------------------------------------------------------------------
+
+    def _on_view(self, view: View, tasks: asyncio.TaskGroup) -> None:
+        old = self._view
+        self._view = view
+        my_seat = view.seat_of(self._member)
+        wards = set(view.wards_of(my_seat)) if my_seat is not None else set()
+        for seat in list(self._wards):
+            # Keep copies for seats we still guard, and any copy a restore may still ask for.
+            if seat not in wards and seat not in view.restore_from:
+                del self._wards[seat]
+        self._publish_wards()
+        if old is None or old.store_prefix != view.store_prefix:
+            self._inflight, self._next = None, None  # the compute side re-announces after its rebuild
+        parked, self._parked = list(self._parked), deque(maxlen=16)
+        for item in parked:
+            self.inbox.put_nowait(item)
+
+    def _publish_wards(self) -> None:
+        steps = {seat: sorted(c.header.step for c in copies) for seat, copies in self._wards.items()}
+        self.bytes_held_for_wards = sum(c.header.nbytes for copies in self._wards.values() for c in copies)
+        self._handoff.set_ward_steps(steps)
+
+    # -- incoming bulk ------------------------------------------------------------------------
+
+    async def _on_bulk(self, item: Bulk, tasks: asyncio.TaskGroup) -> None:
+        message = item.message
+        view = self._view
+        epoch = getattr(message, "epoch", 0)
+        if view is None or epoch > view.epoch:
+            self._parked.append(item)  # from a view we have not heard of yet
+            return
+        if isinstance(message, SnapshotHeader):
+            await self._on_ward_copy(message, item.frames, view)
+        elif isinstance(message, SnapshotAck):
+            self._on_ack(message, tasks)
+        elif isinstance(message, RestoreRequest):
+            await self._on_restore_request(message, view)
+        elif isinstance(message, RestoreReply):
+            self._on_restore_reply(message, item.frames)
+        else:
+            self._events.emit("rejected", reason="unexpected_type", detail=type(message).__name__)
+
+    async def _on_ward_copy(self, header: SnapshotHeader, frames: list[memoryview], view: View) -> None:
+        my_seat = view.seat_of(self._member)
+        if not 0 <= header.seat < view.world_size or view.seats[header.seat] != header.sender:
+            self._events.emit("rejected", reason="not_in_view", peer=header.sender, kind="snapshot")
+            return
+        if my_seat is None or view.buddies[header.seat] != my_seat:
+            self._events.emit("rejected", reason="not_my_ward", peer=header.sender, seat=header.seat)
+            return
+        if sum(len(f) for f in frames) != header.nbytes:
+            self._events.emit("rejected", reason="size_mismatch", peer=header.sender)
+            return
+        try:
+            Manifest.decode(header.manifest, MAX_SNAPSHOT_BYTES)
+        except ValueError as err:
+            self._events.emit("rejected", reason="bad_manifest", peer=header.sender, detail=str(err))
+            return
+        copies = [c for c in self._wards.get(header.seat, []) if c.header.step != header.step]
+        copies.append(WardCopy(header, frames))
+        copies.sort(key=lambda c: c.header.step)
+        self._wards[header.seat] = copies[-2:]
+        self._publish_wards()
+        ack = SnapshotAck(self._member, view.epoch, header.seat, header.step)
+        addr = view.bulk_addrs.get(header.sender)
+        if addr is not None:
+            try:
+                await self._transport.send(addr, [codec.encode(ack, self._secret)], self._send_timeout)
+            except TransportError as err:
+                log.warning("ack for seat %d step %d not sent: %s", header.seat, header.step, err)
+
+    async def _on_restore_request(self, request: RestoreRequest, view: View) -> None:
+        if not 0 <= request.seat < view.world_size or view.seats[request.seat] != request.sender:
+            self._events.emit("rejected", reason="not_in_view", peer=request.sender, kind="restore_request")
+            return
+        copy = next((c for c in self._wards.get(request.seat, []) if c.header.step == request.step), None)
+        if copy is None:
+            held = [c.header.step for c in self._wards.get(request.seat, [])]
+            reply = RestoreReply(self._member, request.epoch, request.seat, request.step, False,
+                                 f"no copy of seat {request.seat} step {request.step} here (held: {held})")
+            frames: list[Any] = [codec.encode(reply, self._secret)]
+        else:
+            reply = RestoreReply(self._member, request.epoch, request.seat, request.step, True, "", copy.header)
+            frames = [codec.encode(reply, self._secret), *copy.frames]
+        try:
+            await self._transport.send(request.reply_to, frames, self._send_timeout)
+        except TransportError as err:
+            log.warning("restore reply to %s not sent: %s", request.sender, err)
+
+    # -- restores for this member -------------------------------------------------------------
+
+    async def _on_fetch(self, fetch: Fetch) -> None:
+        view = self._view
+        addr = view.bulk_addrs.get(fetch.member) if view else None
+        if view is None or addr is None:
+            fetch.future.set_exception(LookupError(f"no address for member {fetch.member}"))
+            return
+        self._fetches[(fetch.seat, fetch.step)] = fetch.future
+        request = RestoreRequest(self._member, view.epoch, fetch.seat, fetch.step, self._transport.address)
+        try:
+            await self._transport.send(addr, [codec.encode(request, self._secret)], self._send_timeout)
+        except TransportError as err:
+            self._fetches.pop((fetch.seat, fetch.step), None)
+            fetch.future.set_exception(LookupError(f"restore request to {fetch.member} failed: {err}"))
+
+    def _on_restore_reply(self, reply: RestoreReply, frames: list[memoryview]) -> None:
+        future = self._fetches.pop((reply.seat, reply.step), None)
+        if future is None or future.done():
+            return
+        if not reply.ok or reply.header is None:
+            future.set_exception(LookupError(reply.error or "restore refused"))
+            return
+        if sum(len(f) for f in frames) != reply.header.nbytes:
+            future.set_exception(LookupError("restore payload size does not match its header"))
+            return
+        try:
+            manifest = Manifest.decode(reply.header.manifest, MAX_SNAPSHOT_BYTES)
+        except ValueError as err:
+            future.set_exception(LookupError(f"bad manifest in restore reply: {err}"))
+            return
+        future.set_result((manifest, frames))

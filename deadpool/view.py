@@ -1,0 +1,69 @@
+"""Views: the numbered membership of a job, and pure functions over them.
+
+A view says who sits in which seat (rank), who waits as a spare, where every
+member can be reached, which seat keeps a copy of which other seat's snapshot
+(its *buddy*), and from which step training resumes.  Epochs only grow; a
+member adopts a view only if its epoch is newer than the one it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """One committed membership of the job."""
+
+    epoch: int  # strictly growing view number
+    seats: list[str]  # seat (rank) -> member id
+    spares: list[str]  # member ids waiting to be adopted, in adoption order
+    resume_step: int  # state to restore (-1: the initial state); training goes on at +1
+    store_prefix: str  # TCPStore prefix of this view's process group
+    store_addr: str  # host:port of the TCPStore that every process group rendezvouses on
+    bulk_addrs: dict[str, str]  # member id -> address for snapshot traffic
+    hosts: dict[str, str]  # member id -> host (failure domain)
+    buddies: list[int]  # seat -> the seat whose member keeps a copy of its snapshots
+    restore_from: dict[int, str]  # seat -> member id serving its snapshot (seats that changed)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.seats)
+
+    def seat_of(self, member: str) -> int | None:
+        """The seat a member sits in, or None for spares and strangers."""
+        try:
+            return self.seats.index(member)
+        except ValueError:
+            return None
+
+    def contains(self, member: str) -> bool:
+        return member in self.seats or member in self.spares
+
+    def buddy_member(self, seat: int) -> str:
+        """The member that keeps the copy of `seat`'s snapshots."""
+        return self.seats[self.buddies[seat]]
+
+    def wards_of(self, seat: int) -> list[int]:
+        """The seats whose snapshot copies `seat` keeps."""
+        return [ward for ward, buddy in enumerate(self.buddies) if buddy == seat and ward != seat]
+
+
+def place_buddies(seats: list[str], hosts: dict[str, str]) -> tuple[list[int], str]:
+    """Choose, for every seat, the seat that keeps its snapshot copy.
+
+    A uniform ring offset keeps the load even (every seat holds exactly one
+    ward).  The smallest offset that puts every copy on another host wins, so a
+    whole-host loss never takes a seat and its copy together; on a single host
+    the offset is 1.  Returns the placement and the reason for it.
+    """
+    world = len(seats)
+    if world == 1:
+        return [0], "one seat: no buddy, snapshots are local only"
+    host_of = [hosts.get(member, "") for member in seats]
+    for offset in range(1, world):
+        if all(host_of[seat] != host_of[(seat + offset) % world] for seat in range(world)):
+            return [(seat + offset) % world for seat in range(world)], (
+                f"ring offset {offset}: every copy on another host"
+            )
+    return [(seat + 1) % world for seat in range(world)], "ring offset 1: one host, copies on the next seat"

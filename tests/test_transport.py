@@ -1,0 +1,400 @@
+"""One conformance suite for every transport: tcp://, ipc:// (ZeroMQ) and inproc://.
+
+Actors only see the ``Transport`` protocol, so every implementation must keep
+the same promises (``deadpool/transport.py``): messages arrive whole and in
+order; frames over ``Limits.max_frame_bytes`` and messages over
+``Limits.max_frames`` never reach ``recv()``; a full inbox pushes back on
+senders instead of growing; every send is bounded by its timeout and fails
+with ``TransportError``; ``close()`` is idempotent, makes ``run()`` return and
+later sends fail.  As trio runs one stream suite against every stream type,
+each test here runs against each transport.
+
+The ``endpoints`` fixture owns every transport and reader task a test opens:
+at teardown it closes them, checks that every ``run()`` returned on its own
+(no reader left blocked), and that no ZeroMQ socket was left open (an open
+socket is what would keep the context from terminating).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import socket
+import struct
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import cast
+
+import pytest
+import pytest_asyncio
+import zmq
+from deadpool.transports import zmq_transport
+
+from deadpool.transport import Frame, Limits, Transport, TransportError, open_transport
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(20)]
+
+KINDS = ["tcp", "ipc", "inproc"]
+RECV_TIMEOUT = 2.0  # generous bound for a message on loopback; never reached when healthy
+QUIET = 0.2  # how long "nothing more arrives" is watched
+
+
+class Endpoints:
+    """Opens transports of one kind for a test and tears all of them down."""
+
+    def __init__(self, kind: str, ipc_dir: Path) -> None:
+        self.kind = kind
+        self._ipc_dir = ipc_dir
+        self._names = itertools.count()
+        self._transports: list[Transport] = []
+        self._readers: list[asyncio.Task[None]] = []
+
+    def fresh_url(self) -> str:
+        """A bindable URL nobody else uses (random port, private path, unique name)."""
+        if self.kind == "tcp":
+            return "tcp://127.0.0.1:0"
+        if self.kind == "ipc":
+            return f"ipc://{self._ipc_dir}/ep{next(self._names)}"
+        return f"inproc://test-{uuid.uuid4().hex}"
+
+    def unused_address(self) -> str:
+        """An address nobody listens on."""
+        if self.kind == "tcp":
+            with socket.socket() as probe:  # a port that was free a moment ago
+                probe.bind(("127.0.0.1", 0))
+                return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+        if self.kind == "ipc":
+            return f"ipc://{self._ipc_dir}/nobody-{next(self._names)}"
+        return f"inproc://nobody-{uuid.uuid4().hex}"
+
+    def open(self, limits: Limits | None = None, *, url: str | None = None, run: bool = True) -> Transport:
+        """Bind a transport and (by default) start its reader."""
+        transport = open_transport(url or self.fresh_url(), limits)
+        self._transports.append(transport)
+        if run:
+            self.start(transport)
+        return transport
+
+    def start(self, transport: Transport) -> asyncio.Task[None]:
+        """Start `transport.run()`; the task is owned here and awaited at teardown."""
+        task = asyncio.create_task(transport.run(), name=f"run {transport.address}")
+        self._readers.append(task)
+        return task
+
+    async def aclose(self) -> None:
+        """Close every transport, then require every reader to have returned by itself."""
+        for transport in self._transports:
+            await transport.close()
+        stuck: list[str] = []
+        for task in self._readers:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), RECV_TIMEOUT)
+            except asyncio.TimeoutError:
+                stuck.append(task.get_name())
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        assert not stuck, f"run() did not return after close(): {stuck}"
+        for task in self._readers:
+            assert not task.cancelled(), f"{task.get_name()} ended cancelled instead of returning"
+            assert task.exception() is None, f"{task.get_name()} crashed: {task.exception()!r}"
+        if self.kind in ("tcp", "ipc"):
+            # Context._sockets is pyzmq's own registry (what Context.destroy() walks);
+            # an open socket here would block Context.term().
+            left_open = [s for s in list(zmq_transport.shared_context()._sockets) if not s.closed]
+            assert not left_open, f"{len(left_open)} ZeroMQ sockets left open"
+
+
+@pytest.fixture(scope="module")
+def ipc_dir() -> Iterator[Path]:
+    """A short private directory: unix socket paths must stay under ~100 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="dp-ipc-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(params=KINDS)
+async def endpoints(request: pytest.FixtureRequest, ipc_dir: Path) -> AsyncIterator[Endpoints]:
+    owner = Endpoints(request.param, ipc_dir)
+    try:
+        yield owner
+    finally:
+        await owner.aclose()
+
+
+async def recv_within(transport: Transport, timeout: float = RECV_TIMEOUT) -> list[bytes]:
+    """The next message as bytes; fails the test (instead of hanging) if none comes."""
+    message = await asyncio.wait_for(transport.recv(), timeout)
+    return [bytes(frame) for frame in message]
+
+
+async def assert_quiet(transport: Transport, seconds: float = QUIET) -> None:
+    """Nothing (more) reaches recv() for a while; the cancelled inbox read loses nothing."""
+    with pytest.raises(asyncio.TimeoutError):
+        got = await asyncio.wait_for(transport.recv(), seconds)
+        pytest.fail(f"unexpected message of {[len(f) for f in got]} bytes")
+
+
+def sequenced(n: int, payload: bytes) -> list[Frame]:
+    return [struct.pack("!Q", n), payload]
+
+
+# --- delivery ---------------------------------------------------------------------------------
+
+
+async def test_is_a_transport_with_a_concrete_address(endpoints: Endpoints) -> None:
+    transport = endpoints.open()
+    assert isinstance(transport, Transport)
+    assert transport.address.startswith(f"{endpoints.kind}://")
+    if endpoints.kind == "tcp":
+        assert not transport.address.endswith(":0")
+    assert transport.dropped() == 0
+
+
+async def test_round_trip_single_frame(endpoints: Endpoints) -> None:
+    receiver, sender = endpoints.open(), endpoints.open()
+    await sender.send(receiver.address, [b"hello"], timeout=RECV_TIMEOUT)
+    received = await asyncio.wait_for(receiver.recv(), RECV_TIMEOUT)
+    assert all(isinstance(frame, memoryview) for frame in received)
+    assert [bytes(frame) for frame in received] == [b"hello"]
+
+
+async def test_round_trip_multi_frame_of_every_buffer_type(endpoints: Endpoints) -> None:
+    limits = Limits(max_frames=5)
+    receiver, sender = endpoints.open(limits), endpoints.open(limits)
+    typed = cast(memoryview, memoryview(bytes(range(64))).cast("d"))  # 8 items, 64 bytes: size is nbytes
+    frames: list[Frame] = [b"header", b"", bytearray(b"\x00\xff" * 1000), memoryview(b"view"), typed]
+    await sender.send(receiver.address, frames, timeout=RECV_TIMEOUT)
+    assert await recv_within(receiver) == [bytes(f) for f in frames]
+
+
+async def test_messages_from_one_sender_arrive_in_order(endpoints: Endpoints) -> None:
+    receiver, sender = endpoints.open(), endpoints.open()
+    for n in range(50):
+        await sender.send(receiver.address, sequenced(n, b"x" * n), timeout=RECV_TIMEOUT)
+    for n in range(50):
+        assert await recv_within(receiver) == [struct.pack("!Q", n), b"x" * n]
+    await assert_quiet(receiver)
+
+
+async def test_many_senders_reach_one_receiver(endpoints: Endpoints) -> None:
+    receiver = endpoints.open()
+    senders = [endpoints.open() for _ in range(4)]
+    for index, sender in enumerate(senders):
+        await sender.send(receiver.address, [bytes([index])], timeout=RECV_TIMEOUT)
+    got = sorted([(await recv_within(receiver))[0] for _ in senders])
+    assert got == [bytes([index]) for index in range(len(senders))]
+
+
+async def test_a_frame_of_exactly_max_frame_bytes_arrives(endpoints: Endpoints) -> None:
+    limits = Limits(max_frame_bytes=4096)
+    receiver, sender = endpoints.open(limits), endpoints.open(limits)
+    await sender.send(receiver.address, [b"\x07" * 4096], timeout=RECV_TIMEOUT)
+    assert await recv_within(receiver) == [b"\x07" * 4096]
+    assert receiver.dropped() == 0
+
+
+async def test_recv_timeout_loses_nothing(endpoints: Endpoints) -> None:
+    """Timeouts go on the inbox read: cancelling recv() must not drop a message."""
+    receiver, sender = endpoints.open(), endpoints.open()
+    for _ in range(3):
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(receiver.recv(), 0.02)
+    await sender.send(receiver.address, [b"late"], timeout=RECV_TIMEOUT)
+    assert await recv_within(receiver) == [b"late"]
+
+
+async def test_forget_then_send_again(endpoints: Endpoints) -> None:
+    receiver, sender = endpoints.open(), endpoints.open()
+    await sender.send(receiver.address, [b"one"], timeout=RECV_TIMEOUT)
+    assert await recv_within(receiver) == [b"one"]
+    sender.forget(receiver.address)
+    sender.forget(endpoints.unused_address())  # forgetting a stranger is harmless
+    await sender.send(receiver.address, [b"two"], timeout=RECV_TIMEOUT)
+    assert await recv_within(receiver) == [b"two"]
+
+
+# --- limits -----------------------------------------------------------------------------------
+
+OVERSIZED_SHAPES: dict[str, Callable[[], list[Frame]]] = {
+    "one-frame": lambda: [b"\x01" * 4097],
+    "typed-view": lambda: [cast(memoryview, memoryview(bytes(8 * 1024)).cast("d"))],  # len 1024, nbytes 8192
+    "last-of-three": lambda: [b"a", b"b", b"\x01" * 5000],
+}
+
+
+@pytest.mark.parametrize("shape", sorted(OVERSIZED_SHAPES))
+async def test_oversized_frames_never_reach_recv_and_the_receiver_stays_healthy(
+    endpoints: Endpoints, shape: str
+) -> None:
+    limits = Limits(max_frame_bytes=4096)
+    receiver = endpoints.open(limits)
+    offender, good = endpoints.open(limits), endpoints.open(limits)
+    # The send itself may succeed: ZeroMQ drops the frame on the receiving side
+    # (MAXMSGSIZE) and disconnects the offender; inproc refuses it at delivery.
+    await offender.send(receiver.address, OVERSIZED_SHAPES[shape](), timeout=RECV_TIMEOUT)
+    await good.send(receiver.address, [b"good"], timeout=RECV_TIMEOUT)
+    assert await recv_within(receiver) == [b"good"]
+    await assert_quiet(receiver)
+    if endpoints.kind == "inproc":
+        assert receiver.dropped() == 1  # ZeroMQ drops these inside libzmq, uncounted
+
+    # A disconnected offender reconnects by itself; once it behaves, it is heard again.
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        await offender.send(receiver.address, [b"sorry"], timeout=RECV_TIMEOUT)
+        try:
+            assert await recv_within(receiver, timeout=0.3) == [b"sorry"]
+            break
+        except asyncio.TimeoutError:
+            continue  # lost with the old connection; retry
+    else:
+        pytest.fail("the offender was never heard again after behaving")
+
+
+async def test_too_many_frames_are_dropped_and_counted(endpoints: Endpoints) -> None:
+    limits = Limits(max_frames=3)
+    receiver, sender = endpoints.open(limits), endpoints.open(limits)
+    await sender.send(receiver.address, [b"f"] * 4, timeout=RECV_TIMEOUT)
+    await sender.send(receiver.address, [b"a", b"b", b"c"], timeout=RECV_TIMEOUT)
+    assert await recv_within(receiver) == [b"a", b"b", b"c"]  # FIFO: the bad one came first
+    assert receiver.dropped() == 1
+    await assert_quiet(receiver)
+
+
+async def test_full_inbox_pushes_back_without_losing_accepted_messages(endpoints: Endpoints) -> None:
+    limits = Limits(inbox_size=4, send_hwm=2)
+    receiver, sender = endpoints.open(limits), endpoints.open(limits)
+    payload = b"\x00" * (64 << 10)
+    bound = 1000  # 64 MB: far above what the HWMs and kernel buffers can hold
+    accepted = 0
+    with pytest.raises(TransportError):
+        while accepted < bound:
+            await sender.send(receiver.address, sequenced(accepted, payload), timeout=0.3)
+            accepted += 1
+    assert limits.inbox_size <= accepted < bound
+    # Everything that was accepted arrives, in order, once the receiver reads.
+    for n in range(accepted):
+        header, body = await recv_within(receiver)
+        assert struct.unpack("!Q", header)[0] == n and len(body) == len(payload)
+    await assert_quiet(receiver)
+    await sender.send(receiver.address, [b"room again"], timeout=RECV_TIMEOUT)
+    assert await recv_within(receiver) == [b"room again"]
+
+
+# --- failures are bounded and typed -----------------------------------------------------------
+
+
+async def test_send_to_nobody_raises_within_the_timeout(endpoints: Endpoints) -> None:
+    sender = endpoints.open()
+    started = time.monotonic()
+    with pytest.raises(TransportError):
+        await sender.send(endpoints.unused_address(), [b"anyone?"], timeout=0.3)
+    assert time.monotonic() - started < 0.3 + 1.0
+
+
+async def test_close_is_idempotent_and_a_closed_transport_refuses_to_send(endpoints: Endpoints) -> None:
+    receiver, sender = endpoints.open(), endpoints.open()
+    await sender.close()
+    await sender.close()
+    with pytest.raises(TransportError):
+        await sender.send(receiver.address, [b"x"], timeout=RECV_TIMEOUT)
+    with pytest.raises(TransportError):
+        await sender.send(sender.address, [b"x"], timeout=RECV_TIMEOUT)
+
+
+@pytest.mark.parametrize("was_connected", [False, True], ids=["never-connected", "connected"])
+async def test_sending_to_a_peer_that_closed_fails_within_bounded_time(
+    endpoints: Endpoints, was_connected: bool
+) -> None:
+    """A peer that left makes sends fail, each within its timeout; none hangs.
+
+    ZeroMQ closes sockets asynchronously, so a send racing the peer's close may
+    still be accepted and then lost with the connection: a returned send() is
+    never proof of delivery (acks are).  Once the close has settled, sends fail.
+    """
+    receiver, sender = endpoints.open(), endpoints.open()
+    if was_connected:
+        await sender.send(receiver.address, [b"hello"], timeout=RECV_TIMEOUT)
+        assert await recv_within(receiver) == [b"hello"]
+    address = receiver.address
+    await receiver.close()
+    for _attempt in range(10):
+        started = time.monotonic()
+        try:
+            await sender.send(address, [b"x"], timeout=0.3)
+        except TransportError:
+            break
+        finally:
+            assert time.monotonic() - started < 0.3 + 1.0
+        await asyncio.sleep(0.05)
+    else:
+        pytest.fail("sends to a closed peer kept being accepted")
+
+
+async def test_run_returns_after_close(endpoints: Endpoints) -> None:
+    transport = endpoints.open(run=False)
+    reader = endpoints.start(transport)
+    await asyncio.sleep(0.05)  # let the reader block on the socket
+    await transport.close()
+    await asyncio.wait_for(reader, RECV_TIMEOUT)  # returns: neither hangs nor ends cancelled
+
+
+async def test_run_returns_after_close_even_with_a_full_inbox(endpoints: Endpoints) -> None:
+    """A reader blocked on a full inbox must still notice close()."""
+    limits = Limits(inbox_size=2, send_hwm=1)
+    receiver, sender = endpoints.open(limits, run=False), endpoints.open(limits)
+    reader = endpoints.start(receiver)
+    with pytest.raises(TransportError):
+        for _ in range(1000):
+            await sender.send(receiver.address, [b"\x00" * (64 << 10)], timeout=0.3)
+    await receiver.close()
+    await asyncio.wait_for(reader, RECV_TIMEOUT)
+
+
+async def test_a_pending_send_fails_with_transport_error_when_its_transport_closes(endpoints: Endpoints) -> None:
+    limits = Limits(inbox_size=1, send_hwm=1)
+    receiver, sender = endpoints.open(limits), endpoints.open(limits)
+    with pytest.raises(TransportError):  # fill every queue up to the sender
+        for _ in range(1000):
+            await sender.send(receiver.address, [b"\x00" * (64 << 10)], timeout=0.3)
+    pending = asyncio.create_task(sender.send(receiver.address, [b"blocked"], timeout=1.0))
+    await asyncio.sleep(0.05)
+    await sender.close()
+    with pytest.raises(TransportError):
+        await asyncio.wait_for(pending, 1.0 + RECV_TIMEOUT)
+
+
+async def test_an_address_can_be_bound_again_after_close(endpoints: Endpoints) -> None:
+    """A closed address is free again soon, bounded (ZeroMQ unbinds in its I/O thread,
+    so an immediate rebind may briefly find it still in use; a failed bind leaks nothing)."""
+    first = endpoints.open()
+    address = first.address
+    await first.close()
+    deadline = time.monotonic() + RECV_TIMEOUT
+    while True:
+        try:
+            again = endpoints.open(url=address)
+            break
+        except zmq.ZMQError as err:
+            if err.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.01)
+    sender = endpoints.open()
+    await sender.send(again.address, [b"back"], timeout=RECV_TIMEOUT)
+    assert await recv_within(again) == [b"back"]
+
+
+async def test_binding_a_bound_address_fails_cleanly(endpoints: Endpoints) -> None:
+    taken = endpoints.open()
+    with pytest.raises((zmq.ZMQError, ValueError)):  # inproc raises ValueError, ZeroMQ ZMQError
+        endpoints.open(url=taken.address)
+    # teardown checks that the failed bind left no socket open
+
+
+async def test_unknown_scheme_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown transport URL"):
+        open_transport("udp://127.0.0.1:9")

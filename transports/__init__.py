@@ -1,0 +1,1 @@
+"""Transport implementations (installed as ``deadpool.transports``); see ``deadpool/transport.py``."""

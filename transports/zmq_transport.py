@@ -1,0 +1,192 @@
+"""ZeroMQ transport for real runs: PULL to receive, one PUSH per destination to send.
+
+Why PUSH/PULL: every DeadPool message carries its sender's identity inside its
+(authenticated) payload, so the socket layer needs no routing identities, and
+PUSH's high-water mark gives back-pressure for free.  ``IMMEDIATE`` keeps
+messages from piling up for peers that are not connected (a dead buddy costs
+a send timeout, not memory), ``MAXMSGSIZE`` makes ZeroMQ drop (and
+disconnect) a peer that sends an oversized frame before any byte reaches
+Python, and ``LINGER=0`` lets a closing process exit at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import socket
+from collections.abc import Sequence
+
+import zmq
+import zmq.asyncio
+
+from deadpool.transport import Frame, Limits, TransportError
+
+_CONTEXT: zmq.asyncio.Context | None = None
+_CONTEXT_PID = 0
+
+
+def shared_context() -> zmq.asyncio.Context:
+    """One ZeroMQ context per process (rebuilt after fork)."""
+    global _CONTEXT, _CONTEXT_PID
+    if _CONTEXT is None or os.getpid() != _CONTEXT_PID:
+        _CONTEXT = zmq.asyncio.Context()
+        _CONTEXT_PID = os.getpid()
+    return _CONTEXT
+
+
+def _task_cancelled() -> bool:
+    """Whether someone asked to cancel the running task (as opposed to pyzmq
+    cancelling one of its futures because its socket was closed)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+; on 3.10 close() wins
+    return cancelling is not None and cancelling() > 0
+
+
+def _refuse_live_ipc(url: str) -> None:
+    """Refuse an ipc path that a live endpoint holds, as tcp refuses a port in use.
+
+    libzmq's ipc bind unlinks an existing socket file and takes the path over, so a
+    second endpoint would silently steal the address from a live one.  A stale file
+    left by a dead process (nobody accepts on it) is still taken over, as before.
+
+    Raises:
+        zmq.ZMQError: EADDRINUSE, someone accepts connections on the path.
+    """
+    path = url[len("ipc://") :]
+    if not path or path.startswith("@") or not os.path.exists(path):  # "@": abstract namespace
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except OSError:
+        return  # nobody listening: a stale file
+    finally:
+        probe.close()
+    raise zmq.ZMQError(errno.EADDRINUSE, f"Address already in use (addr={url!r})")
+
+
+class ZmqTransport:
+    """A bound PULL socket plus lazily connected PUSH sockets, one per peer address."""
+
+    def __init__(self, url: str, limits: Limits) -> None:
+        self._limits = limits
+        self._context = shared_context()
+        self._pull = self._context.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._pull.setsockopt(zmq.RCVHWM, limits.inbox_size)
+        self._pull.setsockopt(zmq.MAXMSGSIZE, limits.max_frame_bytes)
+        try:
+            if url.startswith("tcp://") and url.endswith(":0"):
+                port = self._pull.bind_to_random_port(url[: -len(":0")])
+                self._address = f"{url[: -len(':0')]}:{port}"
+            else:
+                if url.startswith("ipc://"):
+                    _refuse_live_ipc(url)
+                self._pull.bind(url)
+                self._address = self._pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError:
+            self._pull.close(linger=0)  # a failed bind must not leak the socket (and block Context.term)
+            raise
+        self._pushes: dict[str, zmq.asyncio.Socket] = {}
+        self._inbox: asyncio.Queue[list[memoryview]] = asyncio.Queue(maxsize=limits.inbox_size)
+        self._dropped = 0
+        self._closed = False
+        self._closed_event = asyncio.Event()  # wakes a reader blocked on a full inbox
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    async def run(self) -> None:
+        while not self._closed:
+            try:
+                parts = await self._pull.recv_multipart(copy=False)
+            except asyncio.CancelledError:
+                # close() makes pyzmq cancel the pending receive: that is our
+                # normal end, not a cancellation of the task that awaits run().
+                if self._closed and not _task_cancelled():
+                    return
+                raise
+            except zmq.ZMQError:
+                if self._closed:
+                    return
+                raise
+            if len(parts) > self._limits.max_frames:
+                self._dropped += 1
+                continue
+            message = [part.buffer for part in parts]
+            try:
+                self._inbox.put_nowait(message)
+            except asyncio.QueueFull:
+                if not await self._put_unless_closed(message):
+                    return
+
+    async def _put_unless_closed(self, message: list[memoryview]) -> bool:
+        """Wait for room in the full inbox (back-pressure), but stop waiting at close().
+
+        Without this, a reader blocked on a full inbox would never see close()
+        and run() would not return.  Returns whether the message was queued.
+        """
+        put = asyncio.ensure_future(self._inbox.put(message))
+        closed = asyncio.ensure_future(self._closed_event.wait())
+        try:
+            await asyncio.wait((put, closed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            put.cancel()
+            closed.cancel()
+            await asyncio.gather(put, closed, return_exceptions=True)
+        return not put.cancelled()
+
+    async def recv(self) -> list[memoryview]:
+        return await self._inbox.get()
+
+    def pending(self) -> int:
+        return self._inbox.qsize()
+
+    def _push_for(self, address: str) -> zmq.asyncio.Socket:
+        sock = self._pushes.get(address)
+        if sock is None:
+            sock = self._context.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, self._limits.send_hwm)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.connect(address)
+            self._pushes[address] = sock
+        return sock
+
+    async def send(self, address: str, frames: Sequence[Frame], timeout: float) -> None:
+        if self._closed:
+            raise TransportError("transport is closed")
+        sock = self._push_for(address)
+        try:
+            await asyncio.wait_for(sock.send_multipart(list(frames), copy=False), timeout)
+        except asyncio.TimeoutError:
+            raise TransportError(f"send to {address} not accepted within {timeout:.2f}s") from None
+        except asyncio.CancelledError:
+            # close() or forget() closed the socket, and pyzmq cancelled our pending send.
+            if sock.closed and not _task_cancelled():
+                raise TransportError(f"send to {address} abandoned: the socket was closed") from None
+            raise
+        except zmq.ZMQError as err:
+            raise TransportError(f"send to {address} failed: {err}") from err
+
+    def forget(self, address: str) -> None:
+        """Close the PUSH socket to a peer that left, dropping what was queued for it."""
+        sock = self._pushes.pop(address, None)
+        if sock is not None:
+            sock.close(linger=0)
+
+    def dropped(self) -> int:
+        return self._dropped
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._closed_event.set()
+        self._pull.close(linger=0)
+        for sock in self._pushes.values():
+            sock.close(linger=0)
+        self._pushes.clear()
