@@ -38,7 +38,7 @@ from typing import Any
 import torch.distributed as dist
 
 from deadpool import codec, decisions
-from deadpool.config import Config
+from deadpool.config import Config, raise_priority
 from deadpool.events import EventLog
 from deadpool.messages import (
     AgentHello,
@@ -547,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.world_size < 1:
         parser.error("--world-size must be at least 1")
     logging.basicConfig(level=logging.WARNING, format="[coordinator] %(levelname)s %(message)s")
+    raise_priority()
     loop = new_event_loop()
     try:
         return loop.run_until_complete(_amain(args))

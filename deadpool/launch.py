@@ -30,7 +30,7 @@ from typing import Any
 
 from deadpool import codec
 from deadpool.chaos import parse as parse_chaos
-from deadpool.config import Config
+from deadpool.config import Config, raise_priority
 from deadpool.errors import MisuseError
 from deadpool.events import read_events
 from deadpool.messages import AgentHello, FenceKill, ProcessExited, Stop, Welcome
@@ -113,6 +113,12 @@ async def _start_coordinator(args: argparse.Namespace, world: int, events: str, 
         raise MisuseError("the coordinator did not start (see its error above)") from None
 
 
+def _normal_priority(pid: int) -> None:
+    """Workers run at the default priority even though the launcher raised its own."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, pid, 0)
+
+
 async def _forward(worker: Worker) -> None:
     stream = worker.proc.stdout
     assert stream is not None
@@ -184,6 +190,7 @@ class Launcher:
                 sys.executable, "-u", args.script, *args.script_args, env=worker_env,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
             )
+            _normal_priority(proc.pid)
             self.workers.append(Worker(label, member, "spare" if spare else "active", proc))
         try:
             return await self._supervise(coordinator_proc)
@@ -303,6 +310,7 @@ def summarize(events_path: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``deadpool launch``; returns the process exit code."""
     validate(args)
+    raise_priority()
     launcher = Launcher(args)
     code = asyncio.run(launcher.run())
     summary = summarize(launcher.events_path)

@@ -497,7 +497,7 @@ class Runtime:
         self._gated_step = -2
         # The restored state is this seat's snapshot of resume_step in the new group: stream it to the
         # (possibly new) buddy at once, so the seat is protected again before its next step changes anything.
-        self._snapshots.keep_only(view.resume_step)
+        self._snapshots.forget_all()
         self._capture(view.resume_step)
         self._progress.step = view.resume_step
         if not first_view:

@@ -43,6 +43,7 @@ class Slot:
     step: int = -2  # -2: empty; -1: the initial state
     generation: str = ""  # process group generation (store prefix) the snapshot was taken in
     complete: bool = False
+    sequence: int = 0  # capture order: the newest of two snapshots of the same step is the higher one
     done: threading.Event = field(default_factory=threading.Event)
 
     def payload(self) -> memoryview:
@@ -69,6 +70,7 @@ class SnapshotStore:
         self._thread.start()
         self._pending: Slot | None = None
         self._cuda_stream: Any = None
+        self._sequence = 0
         self.bytes_per_snapshot = 0
 
     # -- capture ------------------------------------------------------------------------------
@@ -85,7 +87,8 @@ class SnapshotStore:
         slot = self._free_slot()
         slot.complete = False
         slot.done.clear()
-        slot.step, slot.generation, slot.manifest = step, generation, manifest
+        self._sequence += 1
+        slot.step, slot.generation, slot.manifest, slot.sequence = step, generation, manifest, self._sequence
         on_gpu = any(t.is_cuda for t in tensors)
         if slot.arena is None or slot.arena.numel() < manifest.nbytes or (on_gpu and not slot.arena.is_pinned()):
             slot.arena = torch.empty(max(manifest.nbytes, 1), dtype=torch.uint8, pin_memory=on_gpu)
@@ -125,7 +128,7 @@ class SnapshotStore:
         """The slot not holding the newest complete snapshot."""
         newest = self.newest()
         if newest is None:
-            return min(self._slots, key=lambda s: s.step)
+            return min(self._slots, key=lambda s: s.sequence)
         return self._slots[1 - newest.index]
 
     def _copy_loop(self) -> None:
@@ -163,11 +166,11 @@ class SnapshotStore:
 
     def newest(self) -> Slot | None:
         complete = [slot for slot in self._slots if slot.complete]
-        return max(complete, key=lambda s: s.step) if complete else None
+        return max(complete, key=lambda s: s.sequence) if complete else None
 
     def newest_started(self) -> Slot | None:
         started = [slot for slot in self._slots if slot.step >= -1]
-        return max(started, key=lambda s: s.step) if started else None
+        return max(started, key=lambda s: s.sequence) if started else None
 
     def complete_steps(self) -> list[int]:
         return sorted(slot.step for slot in self._slots if slot.complete)
@@ -178,12 +181,12 @@ class SnapshotStore:
                 return slot
         return None
 
-    def keep_only(self, step: int) -> None:
-        """Forget every snapshot but `step` (after a rollback the others belong to a discarded future)."""
+    def forget_all(self) -> None:
+        """Forget every snapshot: after a restore the live state is re-captured under the new group."""
+        self.wait_copy(timeout=60.0)
         for slot in self._slots:
-            if slot.step != step:
-                slot.complete = False
-                slot.step = -2
+            slot.complete = False
+            slot.step = -2
 
     def memory_bytes(self) -> int:
         return sum(slot.arena.numel() for slot in self._slots if slot.arena is not None)

@@ -42,6 +42,11 @@ KINDS = ["tcp", "ipc", "inproc"]
 RECV_TIMEOUT = 2.0  # generous bound for a message on loopback; never reached when healthy
 QUIET = 0.2  # how long "nothing more arrives" is watched
 
+# ipc paths are never reused within a run: ZeroMQ tears a closed listener down
+# asynchronously and then unlinks its socket file, which would delete the file
+# of a new endpoint bound to the same path in the meantime.
+_IPC_NAMES = itertools.count()
+
 
 class Endpoints:
     """Opens transports of one kind for a test and tears all of them down."""
@@ -49,7 +54,6 @@ class Endpoints:
     def __init__(self, kind: str, ipc_dir: Path) -> None:
         self.kind = kind
         self._ipc_dir = ipc_dir
-        self._names = itertools.count()
         self._transports: list[Transport] = []
         self._readers: list[asyncio.Task[None]] = []
 
@@ -58,7 +62,7 @@ class Endpoints:
         if self.kind == "tcp":
             return "tcp://127.0.0.1:0"
         if self.kind == "ipc":
-            return f"ipc://{self._ipc_dir}/ep{next(self._names)}"
+            return f"ipc://{self._ipc_dir}/ep{next(_IPC_NAMES)}"
         return f"inproc://test-{uuid.uuid4().hex}"
 
     def unused_address(self) -> str:
@@ -68,7 +72,7 @@ class Endpoints:
                 probe.bind(("127.0.0.1", 0))
                 return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
         if self.kind == "ipc":
-            return f"ipc://{self._ipc_dir}/nobody-{next(self._names)}"
+            return f"ipc://{self._ipc_dir}/nobody-{next(_IPC_NAMES)}"
         return f"inproc://nobody-{uuid.uuid4().hex}"
 
     def open(self, limits: Limits | None = None, *, url: str | None = None, run: bool = True) -> Transport:

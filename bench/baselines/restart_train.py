@@ -22,10 +22,17 @@ share one file: ``worker_started``, ``resumed``, ``step_finished``,
 
 from __future__ import annotations
 
+import os
+
+# Before the slow imports: let a driver find (and, if it must, kill) every worker
+# it caused, since torchrun starts each worker in a session of its own.
+if os.environ.get("BASELINE_PIDFILE"):
+    with open(os.environ["BASELINE_PIDFILE"], "a") as _pidfile:
+        _pidfile.write(f"{os.getpid()}\n")
+
 import argparse
 import hashlib
 import json
-import os
 import random
 import signal
 import sys
@@ -53,6 +60,7 @@ class Events:
     def __init__(self, path: str | None, rank: int) -> None:
         self.rank = rank
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.launch = int(os.environ.get("BASELINE_LAUNCH", "0"))  # set by a relaunching driver
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else -1
 
     def emit(self, event: str, step: int = -1, **fields: Any) -> None:
@@ -63,6 +71,7 @@ class Events:
             "step": step,
             "pid": os.getpid(),
             "attempt": self.attempt,
+            "launch": self.launch,
             **fields,
         }
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
@@ -90,6 +99,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-attempt-prefix",
         action="store_true",
         help="use torch's default store keys (reproduces the failed reconnect after a torchrun restart)",
+    )
+    parser.add_argument(
+        "--ddp-warmup-on-resume",
+        action="store_true",
+        help="after a resume, run one throw-away forward/backward so DDP rebuilds its buckets "
+        "before the first real step: makes the resumed run bit-identical to an uninterrupted one",
     )
     parser.add_argument("--pg-timeout", type=float, default=60.0, help="process-group timeout, seconds")
     return parser.parse_args(argv)
@@ -179,6 +194,26 @@ def save_checkpoint(
     return path, path.stat().st_size
 
 
+def ddp_warmup(
+    ddp: DDP, opt: torch.optim.Optimizer, corpus: torch.Tensor, step: int, rank: int, args: argparse.Namespace
+) -> None:
+    """One forward/backward whose gradients are thrown away, RNG untouched.
+
+    Why: a new DDP wrapper reduces its first backward with the initial bucket
+    layout (reverse parameter order) and only then rebuilds buckets in gradient-
+    ready order.  Gloo's allreduce rounds differently for a different layout, so
+    the first real step after a resume would differ in the last bits from the
+    uninterrupted run, and the final state would not be bit-identical.  Spending
+    the initial-layout iteration on a throw-away batch avoids that.
+    """
+    saved = rng_state()
+    inputs, targets = get_batch(corpus, step, rank, args.batch, args.block, args.seed)
+    _, loss = ddp(inputs, targets)
+    loss.backward()
+    opt.zero_grad(set_to_none=True)
+    set_rng_state(saved)
+
+
 def state_digest(model: torch.nn.Module, opt: torch.optim.Optimizer) -> str:
     """SHA-256 over parameters and optimizer tensors: equal digests mean equal final states."""
     digest = hashlib.sha256()
@@ -231,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         if payload.get("world") == world:
             set_rng_state(payload["rng"][rank])
         start = int(payload["done"])
+        if args.ddp_warmup_on_resume:
+            ddp_warmup(ddp, opt, corpus, start, rank, args)
         events.emit("resumed", step=start, path=str(latest), load_s=round(time.time() - loaded_at, 4))
     else:
         events.emit("fresh_start", step=0)

@@ -1,0 +1,91 @@
+"""Run ``deadpool launch`` as a real subprocess and read back what it did."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "demos" / "train_gpt.py"
+DIGEST = re.compile(r"^final state digest: ([0-9a-f]{64})$", re.MULTILINE)
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    output: str
+    events: list[dict[str, Any]]
+    elapsed: float
+
+    @property
+    def digest(self) -> str | None:
+        found = DIGEST.findall(self.output)
+        return found[-1] if found else None
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event") == kind]
+
+    def pids(self) -> set[int]:
+        return {int(e["pid"]) for e in self.of("member_joined") if e.get("source_process") == "worker"}
+
+
+def launch(
+    tmp_path: Path,
+    *launch_args: str,
+    steps: int = 40,
+    script_args: tuple[str, ...] = (),
+    timeout: float = 240.0,
+    env: dict[str, str] | None = None,
+) -> LaunchResult:
+    """Run one job to its end; the timeout bounds the whole test (it never hangs)."""
+    events = tmp_path / f"events-{time.monotonic_ns()}.jsonl"
+    command = [
+        sys.executable,
+        "-m",
+        "deadpool.cli",
+        "launch",
+        "--events",
+        str(events),
+        *launch_args,
+        str(DEMO),
+        "--steps",
+        str(steps),
+        *script_args,
+    ]
+    started = time.monotonic()
+    proc = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO
+    )
+    records = [json.loads(line) for line in events.read_text().splitlines() if line.strip()] if events.exists() else []
+    result = LaunchResult(proc.returncode, proc.stdout + proc.stderr, records, time.monotonic() - started)
+    assert_no_survivors(result)
+    return result
+
+
+def assert_no_survivors(result: LaunchResult) -> None:
+    """Every worker process the job started is gone when launch returns."""
+    deadline = time.monotonic() + 5.0
+    alive = set(result.pids())
+    while alive and time.monotonic() < deadline:
+        alive = {pid for pid in alive if _alive(pid)}
+        time.sleep(0.05)
+    assert not alive, f"worker processes still alive after launch returned: {alive}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,47 @@
+"""Chaos specs are data: parsed strictly, each fired once, in the member it names."""
+
+from __future__ import annotations
+
+import pytest
+
+from deadpool.chaos import ChaosPlan, parse, parse_all
+from deadpool.errors import MisuseError
+
+
+def test_parse_forms() -> None:
+    assert parse("kill:rank=2:step=20").at == "boundary"
+    spec = parse("stop:rank=1:step=35:at=allreduce")
+    assert (spec.action, spec.rank, spec.step, spec.at) == ("stop", 1, 35, "allreduce")
+    assert parse("kill:spare=0:after=3").after == 3.0
+    assert str(parse("kill:rank=2:step=20:at=backward")) == "kill:rank=2:step=20:at=backward"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "explode:rank=1:step=2",
+        "kill:rank=1",
+        "kill:step=3",
+        "kill:rank=1:spare=0:step=1",
+        "kill:rank=x:step=1",
+        "kill:rank=1:step=1:at=forward",
+        "kill:rank=1:step=1:step=2",
+        "kill:spare=0",
+        "kill:rank=1:bogus=2:step=1",
+    ],
+)
+def test_bad_specs_are_refused_with_an_example(bad: str) -> None:
+    with pytest.raises(MisuseError, match="chaos spec"):
+        parse(bad)
+
+
+def test_plan_fires_once_for_the_initial_member_only() -> None:
+    specs = parse_all("kill:rank=2:step=5,kill:rank=1:step=5,kill:spare=0:after=1.5")
+    plan = ChaosPlan(specs, initial_rank=2, spare_index=-1)
+    assert plan.due("boundary", 4) is None
+    assert plan.due("boundary", 5) == specs[0]
+    assert plan.due("boundary", 5) is None, "a replayed step does not fire again"
+    spare_plan = ChaosPlan(specs, initial_rank=-1, spare_index=0)
+    assert spare_plan.due("boundary", 5) is None
+    assert spare_plan.next_spare_deadline() == 1.5
+    assert spare_plan.spare_due(1.0) is None and spare_plan.spare_due(1.6) == specs[2]

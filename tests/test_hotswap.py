@@ -1,0 +1,92 @@
+"""End to end: real processes, real gloo groups, real ZeroMQ sockets, real SIGKILLs.
+
+The strongest test we have: a run with injected failures ends with the same
+final state digest as the same run without failures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launch_util import LaunchResult, launch
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
+    result = launch(tmp_path_factory.mktemp("baseline"), "--nproc", "4", "--spares", "1", steps=STEPS)
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.digest, result.output[-3000:]
+    assert not result.of("member_failed")
+    return result
+
+
+def assert_swapped(result: LaunchResult, baseline: LaunchResult, seat: int) -> None:
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.digest == baseline.digest, "a run with a failure must end bit-identical"
+    failed = result.of("member_failed")
+    assert [f["failed_rank"] for f in failed] == [seat]
+    assert failed[0]["detected_by"] in ("exit", "heartbeat", "collective_error")
+    swaps = [v for v in result.of("view_committed") if v.get("failed_seats")]
+    assert len(swaps) == 1 and swaps[0]["failed_seats"] == [seat]
+    assert ":spare0:" in swaps[0]["seats"][seat], "the spare sits in the dead rank's seat"
+    restored = [r for r in result.of("restored") if r["source"] == "buddy"]
+    assert len(restored) == 1 and restored[0]["rank"] == seat and restored[0]["bytes"] > 1_000_000
+    completed = result.of("swap_completed")
+    assert len(completed) == 1 and completed[0]["rank"] == seat
+    assert 0 < completed[0]["recovery_s"] < 60
+    finished = result.of("training_finished")
+    assert finished and finished[0]["step"] == STEPS - 1
+    # Every step of the job was finished by the member sitting in seat `seat` at the end.
+    last_member = swaps[0]["seats"][seat]
+    steps_by_spare = {e["step"] for e in result.of("step_finished") if e["member"] == last_member}
+    assert max(steps_by_spare) == STEPS - 1
+
+
+def test_kill_at_step_boundary_swaps_spare_in_bit_identical(tmp_path: Path, baseline: LaunchResult) -> None:
+    result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:rank=2:step=20", steps=STEPS)
+    assert_swapped(result, baseline, seat=2)
+    assert "swap: rank 2 back in" in result.output
+    assert result.of("chaos_injected")[0]["step"] == 20
+
+
+def test_kill_mid_backward_is_bit_identical(tmp_path: Path, baseline: LaunchResult) -> None:
+    result = launch(
+        tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:rank=2:step=20:at=backward", steps=STEPS
+    )
+    assert_swapped(result, baseline, seat=2)
+
+
+def test_kill_rank0_during_allreduce_is_bit_identical(tmp_path: Path, baseline: LaunchResult) -> None:
+    result = launch(
+        tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:rank=0:step=20:at=allreduce", steps=STEPS
+    )
+    assert_swapped(result, baseline, seat=0)
+
+
+def test_killed_spare_shrinks_pool_and_training_goes_on(tmp_path: Path, baseline: LaunchResult) -> None:
+    result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:spare=0:after=2", steps=STEPS)
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.digest == baseline.digest
+    failed = result.of("member_failed")
+    assert len(failed) == 1 and ":spare0:" in failed[0]["failed_member"]
+    assert result.of("spare_lost")
+    assert not [v for v in result.of("view_committed") if v.get("failed_seats")], "no seat changed"
+    assert result.of("view_committed")[-1]["spares"] == []
+
+
+def test_no_spare_left_stops_with_clear_error(tmp_path: Path) -> None:
+    result = launch(
+        tmp_path, "--nproc", "4", "--spares", "0", "--chaos", "kill:rank=1:step=5", steps=STEPS, timeout=120
+    )
+    assert result.returncode != 0
+    assert "no spare is left" in result.output
+    assert "job FAILED" in result.output
+    failed = result.of("job_failed")
+    assert len(failed) == 1 and "rank 1" in failed[0]["reason"]
+    assert not result.of("training_finished")
