@@ -84,7 +84,8 @@ class Config:
                     values[f.name] = kind(raw)
             except ValueError:
                 raise MisuseError(f"DEADPOOL_{f.name.upper()}={raw!r} is not a valid {kind.__name__}") from None
-        return replace(defaults, **values, **overrides).validate()
+        values.update(overrides)
+        return replace(defaults, **values).validate()
 
 
 def raise_priority(niceness: int = -10) -> bool:

@@ -33,6 +33,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -121,7 +122,18 @@ class Agent:
 class Coordinator:
     """State and message handling of the membership service."""
 
-    def __init__(self, transport: Transport, config: Config, world_size: int, store_addr: str, events: EventLog):
+    def __init__(
+        self,
+        transport: Transport,
+        config: Config,
+        world_size: int,
+        store_addr: str,
+        events: EventLog,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._clock = clock  # injected: the simulator runs the coordinator on a virtual clock
+        self._wall = wall_clock
         self._transport = transport
         self._config = config
         self._secret = config.secret.encode() or None
@@ -159,7 +171,7 @@ class Coordinator:
                     # Drain what is queued before judging silence: a heartbeat waiting in our own
                     # inbox is not a missed heartbeat.
                     frames = await self._transport.recv() if self._transport.pending() else None
-                await self.tick(time.monotonic())
+                await self.tick(self._clock())
             await asyncio.sleep(0.2)  # let the last sends (Stop) leave
         assert self.outcome is not None
         return self.outcome
@@ -196,7 +208,7 @@ class Coordinator:
     # -- message handling ---------------------------------------------------------------------
 
     async def handle(self, message: Message) -> None:
-        now = time.monotonic()
+        now = self._clock()
         if isinstance(message, Join):
             await self._on_join(message, now)
         elif isinstance(message, AgentHello):
@@ -310,7 +322,7 @@ class Coordinator:
         self.fenced[member] = f"{detected_by}: {detail}"
         record = self.members.get(member)
         seat = self.view.seat_of(member) if self.view else None
-        self._failure_wall[member] = min(time.time(), self._chaos_ts.get(member, float("inf")))
+        self._failure_wall[member] = min(self._wall(), self._chaos_ts.get(member, float("inf")))
         self.events.emit("member_failed", member=member, failed_member=member, rank=-1 if seat is None else seat,
                          failed_rank=-1 if seat is None else seat, detected_by=detected_by, reason=detail,
                          epoch=self.view.epoch if self.view else 0)
@@ -360,7 +372,7 @@ class Coordinator:
             )
             return
         epoch = max(self.view.epoch, self.round.epoch if self.round else 0) + 1
-        self.round = Round(epoch, failed, replacements, {}, time.monotonic() + self._config.prepare_timeout,
+        self.round = Round(epoch, failed, replacements, {}, self._clock() + self._config.prepare_timeout,
                            f"{reason}; {why}")
         self._suspect_since = None
         survivors = self._survivors()
@@ -388,7 +400,7 @@ class Coordinator:
         spares = [s for s in view.spares if s not in rnd.replacements.values() and s not in self.fenced]
         new_view = decisions.next_view(view, rnd.epoch, rnd.replacements, spares, resume, self._hosts(),
                                        self._bulk_addrs(), rebuild=True)
-        failed_at = {seat: self._failure_wall.get(member, time.time()) for seat, member in rnd.failed.items()}
+        failed_at = {seat: self._failure_wall.get(member, self._wall()) for seat, member in rnd.failed.items()}
         for seat, member in rnd.failed.items():
             self._swaps.append(PendingSwap(seat, member, rnd.replacements[seat], failed_at[seat], rnd.epoch))
         self.round = None
@@ -474,7 +486,7 @@ class Coordinator:
 
     def status(self) -> dict[str, Any]:
         """The live state as a JSON-able document (``deadpool status``)."""
-        now = time.monotonic()
+        now = self._clock()
         view = self.view
         seats = []
         if view is not None:

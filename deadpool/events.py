@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,15 @@ log = logging.getLogger("deadpool.events")
 class EventLog:
     """Appends events for one process; the identity fields are filled in for every line."""
 
-    def __init__(self, path: str | os.PathLike[str] | None, member: str = "", source: str = "") -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        member: str = "",
+        source: str = "",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._clock = clock  # wall clock, or the simulator's virtual one
+        self.records: list[dict[str, Any]] | None = None  # set to a list to also keep events in memory
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else -1
         self._lock = threading.Lock()
         self.member = member
@@ -36,7 +44,7 @@ class EventLog:
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         """Write one event line; identity fields given here override the defaults."""
         record: dict[str, Any] = {
-            "ts": round(time.time(), 6),
+            "ts": round(self._clock(), 6),
             "event": event,
             "epoch": self.epoch,
             "member": self.member,
@@ -46,9 +54,12 @@ class EventLog:
         if self.source:
             record["source_process"] = self.source
         record.update(fields)
-        line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
-        log.info("%s %s", event, {k: v for k, v in record.items() if k not in ("ts", "event")})
+        if self.records is not None:
+            self.records.append(record)
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s %s", event, {k: v for k, v in record.items() if k not in ("ts", "event")})
         if self._fd >= 0:
+            line = (json.dumps(record, default=str, separators=(",", ":")) + "\n").encode()
             with self._lock:
                 os.write(self._fd, line)
         return record

@@ -127,13 +127,15 @@ class Runtime:
         self._step_started = time.perf_counter()
         self.final_digest = ""
         self._finished = False
+        self._fetch_s = 0.0
         atexit.register(_exit_guard)
         _install_excepthook()
         self._handoff.post(Join(
             self.member, self.role, self.initial_rank, self.world_size, os.getpid(), self.host,
             self._thread.control_addr, self._thread.bulk_addr,
         ))
-        self.events.emit("member_joined", role=self.role, pid=os.getpid(), host=self.host)
+        self.events.emit("member_joined", role=self.role, pid=os.getpid(), host=self.host,
+                         control_addr=self._thread.control_addr, bulk_addr=self._thread.bulk_addr)
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -491,7 +493,7 @@ class Runtime:
         if not first_view:
             self.events.emit("restored", epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
                              bytes=nbytes, s=round(time.perf_counter() - started - rebuilt_s, 6),
-                             group_s=round(rebuilt_s, 6))
+                             group_s=round(rebuilt_s, 6), fetch_s=round(self._fetch_s, 6))
         self._set_view(view)
         self._poison = None
         self._gated_step = -2
@@ -515,12 +517,14 @@ class Runtime:
 
     def _restore_from_buddy(self, view: View, seat: int) -> int:
         source = view.restore_from[seat]
+        fetch_started = time.perf_counter()
         future: concurrent.futures.Future[tuple[Manifest, list[memoryview]]] = concurrent.futures.Future()
         future.add_done_callback(lambda _: self._handoff.wake())
         self._handoff.post(Fetch(seat, view.resume_step, source, future))
         if not self._handoff.wait_until(future.done, view.epoch, self.config.restore_timeout):
             raise CollectiveAborted("restore", "interrupted by a newer view")
         manifest, frames = future.result()
+        self._fetch_s = time.perf_counter() - fetch_started
         arena = torch.empty(max(manifest.nbytes, 1), dtype=torch.uint8)
         arena_bytes = memoryview(arena.numpy()).cast("B")
         offset = 0

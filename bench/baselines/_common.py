@@ -171,8 +171,11 @@ def summarize(events: list[dict[str, Any]], world: int, mode: str, total_s: floa
     kill_ts = float(kills[0]["ts"])
     kill_step = int(kills[0]["step"])
     result["kill_ts"] = kill_ts
-    before = [s for s in steps if s[0] <= kill_ts]
-    after = [s for s in steps if s[0] > kill_ts]
+    killed_in = int(kills[0].get("launch", 0)) * 1000 + int(kills[0].get("attempt", 0))
+    # Split by incarnation, not by time: a survivor may log the step before the kill
+    # a few ms after the victim died.
+    before = [s for s in steps if s[2] <= killed_in]
+    after = [s for s in steps if s[2] > killed_in]
     last_before = max((s[1] for s in before), default=-1)
     result["last_step_before_kill"] = last_before
     if after:
