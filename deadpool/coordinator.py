@@ -43,7 +43,9 @@ from deadpool.config import Config, raise_priority
 from deadpool.events import EventLog
 from deadpool.messages import (
     AgentHello,
+    ChaosCommand,
     ChaosInjected,
+    ChaosResult,
     CollectiveFailed,
     CommitView,
     FenceKill,
@@ -56,6 +58,7 @@ from deadpool.messages import (
     PrepareAck,
     ProcessExited,
     Recovered,
+    SignalMember,
     StatusReply,
     StatusRequest,
     StepReport,
@@ -150,6 +153,7 @@ class Coordinator:
         self._suspect_since: float | None = None
         self._finished: dict[int, Finished] = {}
         self._chaos_ts: dict[str, float] = {}
+        self._chaos_armed: list[tuple[ChaosCommand, str]] = []  # (command, target member) waiting for a step
         self.outcome: tuple[bool, str] | None = None  # (ok, reason) once the job ended
         self._done = asyncio.Event()
         self._senders: asyncio.TaskGroup | None = None
@@ -185,9 +189,9 @@ class Coordinator:
         else:
             await self.handle(decoded)
 
-    async def _send(self, addr: str, message: Message) -> None:
+    async def _send(self, addr: str, message: Message, frame: bytes | None = None) -> None:
         """Queue a send; it never blocks the coordinator (a dead peer costs a timed-out task, not a stall)."""
-        frame = codec.encode(message, self._secret)
+        frame = codec.encode(message, self._secret) if frame is None else frame
 
         async def deliver() -> None:
             try:
@@ -201,9 +205,12 @@ class Coordinator:
             self._senders.create_task(deliver())
 
     async def _broadcast(self, members: list[str], message: Message) -> None:
+        # Encode once for every recipient: a CommitView grows with the job, so encoding it per
+        # recipient made each commit O(members^2) (minutes of CPU at 4,096 members; simulate.py).
+        frame = codec.encode(message, self._secret)
         for member in members:
             if member in self.members:
-                await self._send(self.members[member].control_addr, message)
+                await self._send(self.members[member].control_addr, message, frame)
 
     # -- message handling ---------------------------------------------------------------------
 
@@ -216,6 +223,8 @@ class Coordinator:
                                                 dict(message.members))
             await self._send(message.control_addr, Welcome(self.view.epoch if self.view else 0, message.sender,
                                                            self._world_size))
+        elif isinstance(message, ChaosCommand):
+            await self._on_chaos(message)
         elif isinstance(message, StatusRequest):
             await self._send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status())))
         elif isinstance(message, ProcessExited):
@@ -247,6 +256,7 @@ class Coordinator:
             record.step, record.epoch = message.step, message.epoch
             record.snapshot_step, record.confirmed_step = message.snapshot_step, message.confirmed_step
             record.stall_p99_s = message.stall_p99_s
+            await self._fire_armed_chaos(record)
         elif isinstance(message, PrepareAck):
             rnd = self.round
             if rnd is None or message.epoch != rnd.epoch:
@@ -267,6 +277,7 @@ class Coordinator:
             self._chaos_ts[message.sender] = message.ts
         elif isinstance(message, StepReport):
             record.step = message.step
+            await self._fire_armed_chaos(record)
         else:
             self.events.emit("rejected", reason="unexpected_type", detail=type(message).__name__)
 
@@ -275,7 +286,7 @@ class Coordinator:
             await self._send(join.control_addr, Fenced(join.sender, self.view.epoch if self.view else 0,
                                                        self.fenced[join.sender]))
             return
-        if join.world_size != self._world_size:
+        if join.world_size != self._world_size and not (join.role == "spare" and join.world_size == 0):
             self.events.emit("rejected", reason="wrong_world_size", peer=join.sender,
                              detail=f"member has WORLD_SIZE={join.world_size}, job has {self._world_size}")
             return
@@ -312,6 +323,50 @@ class Coordinator:
         view = decisions.next_view(self.view, self.view.epoch + 1, {}, spares, self.view.resume_step,
                                    self._hosts(), self._bulk_addrs(), rebuild=False)
         await self._commit(view, f"spare {member} joined the pool", failed={})
+
+    # -- operator chaos -----------------------------------------------------------------------
+
+    async def _on_chaos(self, command: ChaosCommand) -> None:
+        """An operator's kill/stop/cont: carried out by the target's host agent, logged as an event."""
+        view = self.view
+        target = command.member
+        if not target and view is not None and 0 <= command.seat < view.world_size:
+            target = view.seats[command.seat]
+        if command.action not in ("kill", "stop", "cont"):
+            detail = f"unknown action {command.action!r}: use kill, stop or cont"
+        elif not target or target not in self.members:
+            detail = f"no such member or seat (member={command.member!r}, rank={command.seat})"
+        elif not any(target in agent.members for agent in self.agents.values()):
+            detail = f"no agent owns {target}: it was not started by a `deadpool launch` this coordinator knows"
+        else:
+            detail = ""
+        if detail:
+            await self._send(command.reply_to, ChaosResult(command.nonce, False, detail))
+            return
+        if command.at_step >= 0 and self.members[target].step < command.at_step:
+            self._chaos_armed.append((command, target))
+            await self._send(command.reply_to, ChaosResult(
+                command.nonce, True, f"armed: {command.action} {target} when it finishes step {command.at_step}"))
+            return
+        await self._signal(command, target)
+        await self._send(command.reply_to, ChaosResult(command.nonce, True, f"{command.action} sent to {target}"))
+
+    async def _fire_armed_chaos(self, record: MemberRecord) -> None:
+        for command, target in [item for item in self._chaos_armed if item[1] == record.member]:
+            if record.step >= command.at_step:
+                self._chaos_armed.remove((command, target))
+                await self._signal(command, target)
+
+    async def _signal(self, command: ChaosCommand, target: str) -> None:
+        seat = self.view.seat_of(target) if self.view else None
+        if command.action == "kill":
+            self._chaos_ts[target] = self._wall()
+        self.events.emit("chaos_injected", action=command.action, target_member=target,
+                         target_rank=-1 if seat is None else seat, at_step=command.at_step,
+                         target_step=self.members[target].step, via="operator")
+        for agent in self.agents.values():
+            if target in agent.members:
+                await self._send(agent.control_addr, SignalMember(target, command.action, "operator chaos"))
 
     # -- failures and rounds ------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ class EventLog:
     ) -> None:
         self._clock = clock  # wall clock, or the simulator's virtual one
         self.records: list[dict[str, Any]] | None = None  # set to a list to also keep events in memory
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []  # e.g. the coordinator's metrics
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if path else -1
         self._lock = threading.Lock()
         self.member = member
@@ -56,6 +57,8 @@ class EventLog:
         record.update(fields)
         if self.records is not None:
             self.records.append(record)
+        for listener in self.listeners:
+            listener(record)
         if log.isEnabledFor(logging.INFO):
             log.info("%s %s", event, {k: v for k, v in record.items() if k not in ("ts", "event")})
         if self._fd >= 0:

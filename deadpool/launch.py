@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deadpool import codec
+from deadpool import codec, jobfile
 from deadpool.chaos import parse as parse_chaos
 from deadpool.config import Config, raise_priority
 from deadpool.errors import MisuseError
 from deadpool.events import read_events
-from deadpool.messages import AgentHello, FenceKill, ProcessExited, Stop, Welcome
+from deadpool.messages import AgentHello, FenceKill, ProcessExited, SignalMember, Stop, Welcome
 from deadpool.runtime_thread import CONTROL_LIMITS
 from deadpool.transport import Transport, TransportError, open_transport
 
@@ -63,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address to bind and advertise the coordinator and store on (host 0)")
     parser.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=0,
                         help="TCPStore port on host 0 (0: pick a free one)")
+    parser.add_argument("--bind-host", default="",
+                        help="address this host's agent and workers listen on (default: --master-addr or 127.0.0.1)")
     parser.add_argument("--events", default="", help="append JSON-lines events here (default: a temp file)")
     parser.add_argument("--chaos", action="append", default=[], metavar="SPEC",
                         help="inject a failure, e.g. kill:rank=2:step=20 (repeatable)")
@@ -82,10 +84,18 @@ def validate(args: argparse.Namespace) -> None:
     Raises:
         MisuseError: what is wrong and how to fix it.
     """
-    if args.nproc < 1:
-        raise MisuseError(f"--nproc must be at least 1, got {args.nproc}")
-    if args.spares < 0:
-        raise MisuseError(f"--spares must be >= 0, got {args.spares}")
+    if args.nproc < 0 or args.spares < 0:
+        raise MisuseError(f"--nproc and --spares must be >= 0, got {args.nproc} and {args.spares}")
+    if args.nproc == 0 and not (args.spares > 0 and args.coordinator):
+        raise MisuseError("--nproc 0 only adds spares to a running job: give --spares N and --coordinator ADDR")
+    if args.nproc + args.spares == 0:
+        raise MisuseError("nothing to start: --nproc and --spares are both 0")
+    bind = args.bind_host or args.master_addr or "127.0.0.1"
+    if not _is_loopback(bind) and not os.environ.get("DEADPOOL_SECRET"):
+        raise MisuseError(
+            f"refusing to listen on {bind} (not loopback) without a shared secret: set DEADPOOL_SECRET to the same "
+            "value on every host, so that no one else on the network can join, fence or stop the job"
+        )
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise MisuseError(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
     if args.node_rank > 0 and not args.coordinator:
@@ -94,6 +104,10 @@ def validate(args: argparse.Namespace) -> None:
         raise MisuseError(f"training script {args.script!r} does not exist")
     for spec in args.chaos:
         parse_chaos(spec)
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 async def _start_coordinator(args: argparse.Namespace, world: int, events: str, env: dict[str, str]) -> tuple[
@@ -154,6 +168,8 @@ class Launcher:
             overrides["snapshot_every"] = self.args.snapshot_every
         if self.args.no_fence_kill:
             overrides["fence_by_kill"] = False
+        # Every job is authenticated: a given secret (required across hosts), else a fresh one per job,
+        # which the job file hands to operator tools on this host.
         secret = os.environ.get("DEADPOOL_SECRET") or secrets.token_hex(16)
         config = Config.from_env(**overrides, secret=secret)
         self.secret = config.secret.encode()
@@ -170,13 +186,13 @@ class Launcher:
         else:
             self.coordinator_addr = args.coordinator
             store = f"{args.master_addr or args.coordinator.split('://')[-1].rsplit(':', 1)[0]}:{args.master_port}"
-        bind = args.master_addr or "127.0.0.1"
+        bind = args.bind_host or args.master_addr or "127.0.0.1"
         self.transport = open_transport(f"tcp://{bind}:0", CONTROL_LIMITS)
         store_host, store_port = store.rsplit(":", 1)
         spec = ",".join(args.chaos)
         base = {**env, "DEADPOOL_COORDINATOR": self.coordinator_addr, "DEADPOOL_EVENTS": events,
                 "DEADPOOL_CHAOS": spec, "DEADPOOL_HOST": self.host, "DEADPOOL_BIND_HOST": bind,
-                "WORLD_SIZE": str(self.world), "MASTER_ADDR": store_host, "MASTER_PORT": store_port,
+                "WORLD_SIZE": str(self.world if args.nproc else 0), "MASTER_ADDR": store_host, "MASTER_PORT": store_port,
                 "LOCAL_WORLD_SIZE": str(args.nproc), "PYTHONUNBUFFERED": "1"}
         for local in range(args.nproc + args.spares):
             spare = local >= args.nproc
@@ -192,11 +208,18 @@ class Launcher:
             )
             _normal_priority(proc.pid)
             self.workers.append(Worker(label, member, "spare" if spare else "active", proc))
+        job_file = None
+        if coordinator_proc is not None:
+            job_file = jobfile.write(jobfile.JobInfo(self.coordinator_addr, self.secret.decode(), events, os.getpid()),
+                                     self.agent_id)
+            print(f"deadpool: coordinator {self.coordinator_addr}; events {events}", flush=True)
         try:
             return await self._supervise(coordinator_proc)
         finally:
             await self._terminate_all()
             await self.transport.close()
+            if job_file is not None:
+                jobfile.remove(job_file)
 
     async def _supervise(self, coordinator_proc: asyncio.subprocess.Process | None) -> int:
         assert self.transport is not None
@@ -241,11 +264,21 @@ class Launcher:
                 self.welcomed = True
             elif isinstance(message, FenceKill):
                 self._fence_kill(message.member)
+            elif isinstance(message, SignalMember):
+                self._signal(message.member, message.action)
             elif isinstance(message, Stop):
                 self.stop = message
                 self.stop_event.set()
                 if not message.ok:
                     print(f"deadpool: job stopped: {message.reason}", file=sys.stderr, flush=True)
+
+    def _signal(self, member: str, action: str) -> None:
+        """Operator chaos: a real signal to one of this host's workers."""
+        signals = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
+        for worker in self.workers:
+            if worker.member == member and worker.returncode is None and action in signals:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.proc.pid, signals[action])
 
     def _fence_kill(self, member: str) -> None:
         for worker in self.workers:

@@ -263,6 +263,15 @@ class StepReport:
     loss: float = field(default=float("nan"))  # the step's loss, when the script reports it
 
 
+@dataclass(frozen=True, slots=True)
+class SignalMember:
+    """The coordinator asks a host's agent to deliver a signal to one member (operator chaos)."""
+
+    member: str  # member id to signal
+    action: str  # kill (SIGKILL), stop (SIGSTOP) or cont (SIGCONT)
+    reason: str  # who asked, for the agent's log
+
+
 Message = (
     Join
     | Heartbeat
@@ -288,6 +297,7 @@ Message = (
     | ChaosCommand
     | ChaosResult
     | StepReport
+    | SignalMember
 )
 
 # Append-only: a tag, once given, is never reused or renumbered.
@@ -316,5 +326,6 @@ REGISTRY: dict[int, type[Message]] = {
     22: ChaosCommand,
     23: ChaosResult,
     24: StepReport,
+    26: SignalMember,  # 25 is HeartbeatBatch
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}

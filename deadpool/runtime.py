@@ -93,7 +93,7 @@ class Runtime:
         self.role = environ.get("DEADPOOL_ROLE", "active")
         if self.role not in ("active", "spare"):
             raise MisuseError(f"DEADPOOL_ROLE must be 'active' or 'spare', got {self.role!r}")
-        self.world_size = int(environ.get("WORLD_SIZE", "1"))
+        self._env_world_size = int(environ.get("WORLD_SIZE", "1"))  # 0 for spares added to a running job
         self.initial_rank = int(environ.get("RANK", "-1")) if self.role == "active" else -1
         self.host = environ.get("DEADPOOL_HOST") or socket.gethostname()
         self.rank = -1
@@ -131,13 +131,18 @@ class Runtime:
         atexit.register(_exit_guard)
         _install_excepthook()
         self._handoff.post(Join(
-            self.member, self.role, self.initial_rank, self.world_size, os.getpid(), self.host,
+            self.member, self.role, self.initial_rank, self._env_world_size, os.getpid(), self.host,
             self._thread.control_addr, self._thread.bulk_addr,
         ))
         self.events.emit("member_joined", role=self.role, pid=os.getpid(), host=self.host,
                          control_addr=self._thread.control_addr, bulk_addr=self._thread.bulk_addr)
 
     # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        """Number of seats in the job (from the current view once seated)."""
+        return self._view.world_size if self._view else self._env_world_size
 
     @property
     def is_spare(self) -> bool:
@@ -201,6 +206,20 @@ class Runtime:
                 continue
             pending = self._end_step(step)
             step = self._recover(pending) if pending is not None else step + 1
+
+    def stats(self) -> dict[str, Any]:
+        """Snapshot costs of this worker so far: stalls, sizes and memory held (the memory report)."""
+        stalls = sorted(self._stalls)
+        sent, held = self._thread.snapshot_stats()
+        return {
+            "stall_s": list(self._stalls),
+            "stall_p50_s": stalls[len(stalls) // 2] if stalls else 0.0,
+            "stall_p99_s": stalls[min(len(stalls) - 1, int(0.99 * len(stalls)))] if stalls else 0.0,
+            "snapshot_bytes": self._snapshots.bytes_per_snapshot,
+            "own_snapshots_bytes": self._snapshots.memory_bytes(),
+            "buddy_copies_bytes": held,
+            "streamed_bytes": sent,
+        }
 
     def finish(self) -> str:
         """Stop the runtime; returns (and logs) the job-wide final state digest ("" on a spare)."""
@@ -571,6 +590,10 @@ class Runtime:
         self._handoff.post(Finished(self.member, self._epoch, self.rank, max_steps - 1, self.final_digest))
         self.events.emit("seat_finished", epoch=self._epoch, rank=self.rank, step=max_steps - 1,
                          state_digest=self.final_digest, seat_digest=state_digest(state), parts=parts)
+        stats = self.stats()
+        self.events.emit("snapshot_memory", rank=self.rank, own_snapshots_bytes=stats["own_snapshots_bytes"],
+                         buddy_copies_bytes=stats["buddy_copies_bytes"], snapshot_bytes=stats["snapshot_bytes"],
+                         stall_p99_s=round(stats["stall_p99_s"], 6))
         return True
 
     def _shutdown(self) -> None:

@@ -1,0 +1,84 @@
+"""Where operator tools find a running job: a small JSON file per launch, readable by its owner only.
+
+``deadpool launch`` on the coordinator's host writes the coordinator address,
+the shared secret and the events file to ``~/.deadpool/jobs/<id>.json`` (mode
+0600) and points ``~/.deadpool/jobs/current.json`` at it, so ``deadpool
+status`` and ``deadpool chaos`` work with no arguments on that host.  Other
+hosts pass ``--coordinator ADDR`` and take the secret from ``DEADPOOL_SECRET``
+or ``--secret-file``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from deadpool.errors import MisuseError
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """How to reach one job's coordinator."""
+
+    coordinator: str  # control address, tcp://host:port
+    secret: str  # shared secret ("" when the job runs open on loopback)
+    events: str  # events file of this host
+    launcher_pid: int  # the agent that wrote this file
+
+
+def jobs_dir() -> Path:
+    return Path(os.environ.get("DEADPOOL_HOME", Path.home() / ".deadpool")) / "jobs"
+
+
+def write(info: JobInfo, name: str) -> Path:
+    """Write the job file (0600) and make it the current one."""
+    folder = jobs_dir()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = folder / f"{name}.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(asdict(info), handle)
+    current = folder / "current.json"
+    with contextlib.suppress(FileNotFoundError):
+        current.unlink()
+    current.symlink_to(path.name)
+    return path
+
+
+def remove(path: Path) -> None:
+    """Delete a job file, and the current-job link if it points at it."""
+    current = path.parent / "current.json"
+    with contextlib.suppress(OSError):
+        if current.is_symlink() and os.readlink(current) == path.name:
+            current.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def resolve(coordinator: str = "", secret_file: str = "") -> JobInfo:
+    """The job to talk to: explicit arguments first, then the current job file.
+
+    Raises:
+        MisuseError: no coordinator given and no running job found on this host.
+    """
+    secret = os.environ.get("DEADPOOL_SECRET", "")
+    if secret_file:
+        try:
+            secret = Path(secret_file).read_text().strip()
+        except OSError as err:
+            raise MisuseError(f"cannot read --secret-file {secret_file}: {err}") from None
+    if coordinator:
+        return JobInfo(coordinator, secret, "", 0)
+    current = jobs_dir() / "current.json"
+    try:
+        data = json.loads(current.read_text())
+        info = JobInfo(**data)
+    except (OSError, ValueError, TypeError):
+        raise MisuseError(
+            f"no running job found ({current} is missing): pass --coordinator tcp://HOST:PORT "
+            "(printed by `deadpool launch`), with DEADPOOL_SECRET set if the job uses one"
+        ) from None
+    return JobInfo(info.coordinator, secret or info.secret, info.events, info.launcher_pid)
