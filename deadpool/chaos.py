@@ -2,15 +2,19 @@
 
 Grammar: ``ACTION:KEY=VALUE[:KEY=VALUE...]`` with
 
-- ACTION: ``kill`` (SIGKILL) or ``stop`` (SIGSTOP; the member hangs, as a
-  wedged host would)
+- ACTION: ``kill`` (SIGKILL), ``stop`` (SIGSTOP; the member hangs, as a
+  wedged host would) or ``partition`` (every DeadPool message to and from the
+  member is dropped from then on, both ways, as a cut link would; its
+  process and its gloo sockets live on)
 - target: ``rank=R`` (the member that starts in seat R) or ``spare=J`` (the
   J-th spare started by the launcher)
 - when: ``step=N`` for ranks (the step at which it fires) and ``after=SECONDS``
   for spares
 - ``at=`` where inside the step: ``boundary`` (default: before step N starts),
   ``backward`` (during step N's backward pass) or ``allreduce`` (after step N's
-  gradient all-reduce was issued, while it is in flight)
+  gradient all-reduce was issued, while it is in flight) or ``recovery``
+  (while adopting the view that repairs a failure hit during step N: a failure
+  during a swap in progress)
 
 Each spec fires once, in the member it names, by the member signalling itself:
 a real SIGKILL or SIGSTOP from the kernel, at a precise point in the step.
@@ -22,12 +26,14 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from deadpool.errors import MisuseError
+from deadpool.transport import Frame, Transport
 
-ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
-POINTS = ("boundary", "backward", "allreduce")
+ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "partition": None}
+POINTS = ("boundary", "backward", "allreduce", "recovery")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +127,57 @@ class ChaosPlan:
         return min(pending) if pending else None
 
 
-def inject(spec: ChaosSpec) -> None:
-    """Deliver the spec's signal to this very process (returns only after a SIGSTOP is continued)."""
-    os.kill(os.getpid(), ACTIONS[spec.action])
+def inject(spec: ChaosSpec, partition: PartitionSwitch) -> None:
+    """Deliver the spec's failure to this very process (returns only after a SIGSTOP is continued)."""
+    sig = ACTIONS[spec.action]
+    if sig is None:
+        partition.cut = True
+    else:
+        os.kill(os.getpid(), sig)
+
+
+class PartitionSwitch:
+    """Set once by the compute thread, read by the runtime thread's transports (a GIL-atomic bool)."""
+
+    cut = False
+
+
+class PartitionedTransport:
+    """Wraps a transport; once the switch is cut, drops everything both ways, silently, as a cut link.
+
+    This is the fault injector behind ``partition:`` chaos specs, kept outside the
+    transports so that every transport can be partitioned the same way.
+    """
+
+    def __init__(self, inner: Transport, switch: PartitionSwitch) -> None:
+        self._inner = inner
+        self._switch = switch
+
+    @property
+    def address(self) -> str:
+        return self._inner.address
+
+    async def run(self) -> None:
+        await self._inner.run()
+
+    async def recv(self) -> list[memoryview]:
+        while True:
+            frames = await self._inner.recv()
+            if not self._switch.cut:
+                return frames
+
+    def pending(self) -> int:
+        return self._inner.pending()
+
+    async def send(self, address: str, frames: Sequence[Frame], timeout: float) -> None:
+        if not self._switch.cut:
+            await self._inner.send(address, frames, timeout)
+
+    def forget(self, address: str) -> None:
+        self._inner.forget(address)
+
+    def dropped(self) -> int:
+        return self._inner.dropped()
+
+    async def close(self) -> None:
+        await self._inner.close()

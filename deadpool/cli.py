@@ -1,4 +1,4 @@
-"""The ``deadpool`` command: launch, coordinator, status, chaos, events."""
+"""The ``deadpool`` command: launch, coordinator, status, chaos, events, simulate."""
 
 from __future__ import annotations
 
@@ -20,9 +20,29 @@ def main(argv: list[str] | None = None) -> int:
     coordinator_parser = commands.add_parser("coordinator", help="run the membership service on its own")
     coordinator_parser.add_argument("rest", nargs=argparse.REMAINDER)
 
+    from deadpool import operator
+
+    status_parser = commands.add_parser("status", help="the live view: seats, members, steps, snapshots, spares")
+    operator.add_status_arguments(status_parser)
+    chaos_parser = commands.add_parser("chaos", help="kill, stop or continue a member of a live job")
+    operator.add_chaos_arguments(chaos_parser)
+
     events_parser = commands.add_parser("events", help="timeline of failures, swaps and loss")
     events_parser.add_argument("file")
     events_parser.add_argument("--plot", default="", metavar="OUT.png", help="draw the loss curve with failures")
+
+    simulate_parser = commands.add_parser("simulate", help="deterministic simulation of a large job (virtual clock)")
+    simulate_parser.add_argument("--members", type=int, default=1024, help="simulated members (seats + 5%% spares)")
+    simulate_parser.add_argument("--failures", type=int, default=4, help="members that die, at seeded random times")
+    simulate_parser.add_argument("--seed", type=int, default=0, help="seed of the member ids and failure schedule")
+    simulate_parser.add_argument("--heartbeat-interval", type=float, default=0.1, help="virtual seconds")
+    simulate_parser.add_argument("--duration", type=float, default=10.0,
+                                 help="virtual seconds in which failures fall (the run goes on until they resolve)")
+    simulate_parser.add_argument("--aggregate", action="store_true",
+                                 help="host agents batch their members' heartbeats (one message per host)")
+    simulate_parser.add_argument("--max-frame-bytes", type=int, default=0,
+                                 help="members' control-frame limit (0: the real one, 1 MiB)")
+    simulate_parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     args = parser.parse_args(argv)
     try:
@@ -32,6 +52,25 @@ def main(argv: list[str] | None = None) -> int:
             from deadpool import coordinator
 
             return coordinator.main(args.rest)
+        if args.command == "status":
+            return operator.run_status(args)
+        if args.command == "chaos":
+            return operator.run_chaos(args)
+        if args.command == "simulate":
+            import dataclasses
+            import json
+
+            from deadpool import simulate
+
+            config = simulate.SimConfig(
+                members=args.members, failures=args.failures, seed=args.seed,
+                heartbeat_interval=args.heartbeat_interval, duration=args.duration, aggregate=args.aggregate,
+            )
+            if args.max_frame_bytes:
+                config = dataclasses.replace(config, max_frame_bytes=args.max_frame_bytes)
+            result = simulate.simulate(config)
+            print(json.dumps(result) if args.json else simulate.format_table(result))
+            return 1 if result["invariant_violations"] else 0
         if args.command == "events":
             from deadpool import timeline
 

@@ -19,6 +19,7 @@ Facts this module is built on (torch 2.13, gloo, measured on 2-core hosts):
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -53,7 +54,7 @@ def create_group(
     timeout: float,
     interrupted: Callable[[], bool],
     connect_timeout: float,
-    hostname: str = "127.0.0.1",
+    hostname: str = "",
 ) -> dist.ProcessGroupGloo:
     """Build a gloo group under `prefix`, abandoning the attempt when interrupted.
 
@@ -61,13 +62,19 @@ def create_group(
     helper thread; if the caller is interrupted (a newer view is being
     prepared) or the bound expires, the attempt is left behind.
 
+    `hostname` is the address gloo listens on and tells its peers; by default
+    the worker's bind address (``DEADPOOL_BIND_HOST``, set from ``deadpool
+    launch --bind-host``), so that peers on other hosts can connect (127.0.0.1
+    only works on one machine).
+
     Raises:
         CollectiveAborted: interrupted, or the constructor failed (a peer died meanwhile).
         WaitTimeout: the group did not form within `connect_timeout`.
     """
     options = dist.ProcessGroupGloo._Options()
     options._timeout = timedelta(seconds=timeout)
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
+    device_host = hostname or os.environ.get("DEADPOOL_BIND_HOST") or "127.0.0.1"
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=device_host)]
     result: list[dist.ProcessGroupGloo] = []
     failure: list[BaseException] = []
     done = threading.Event()

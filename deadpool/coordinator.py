@@ -26,15 +26,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
+import os
 import socket
 import sys
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
@@ -52,6 +55,7 @@ from deadpool.messages import (
     Fenced,
     Finished,
     Heartbeat,
+    HeartbeatBatch,
     Join,
     Message,
     Prepare,
@@ -63,6 +67,7 @@ from deadpool.messages import (
     StatusRequest,
     StepReport,
     Stop,
+    ViewReport,
     Welcome,
 )
 from deadpool.runtime_thread import CONTROL_LIMITS, new_event_loop
@@ -70,6 +75,11 @@ from deadpool.transport import Transport, TransportError, open_transport
 from deadpool.view import View
 
 log = logging.getLogger("deadpool.coordinator")
+
+RECENT_EVENTS = 20  # events kept for `deadpool status`
+
+if TYPE_CHECKING:
+    from deadpool.metrics import CoordinatorMetrics
 
 
 @dataclass
@@ -134,6 +144,7 @@ class Coordinator:
         events: EventLog,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        recovering: bool = False,
     ) -> None:
         self._clock = clock  # injected: the simulator runs the coordinator on a virtual clock
         self._wall = wall_clock
@@ -157,6 +168,13 @@ class Coordinator:
         self.outcome: tuple[bool, str] | None = None  # (ok, reason) once the job ended
         self._done = asyncio.Event()
         self._senders: asyncio.TaskGroup | None = None
+        # A restarted coordinator knows nobody: it learns the view from the members (highest epoch wins)
+        # instead of forming a first view, until this deadline passes with no member holding a view.
+        self._recovering = recovering
+        self._recover_deadline = clock() + max(3.0, 2 * config.failure_timeout) if recovering else 0.0
+        # The newest events, compacted, for `deadpool status` (bounded: a flood of rejections cannot grow it).
+        self.recent_events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
+        events.listeners.append(self._remember)
 
     # -- main loop ----------------------------------------------------------------------------
 
@@ -191,6 +209,8 @@ class Coordinator:
 
     async def _send(self, addr: str, message: Message, frame: bytes | None = None) -> None:
         """Queue a send; it never blocks the coordinator (a dead peer costs a timed-out task, not a stall)."""
+        if not addr:
+            return  # a member known only from a reported view has not re-joined yet
         frame = codec.encode(message, self._secret) if frame is None else frame
 
         async def deliver() -> None:
@@ -219,6 +239,7 @@ class Coordinator:
         if isinstance(message, Join):
             await self._on_join(message, now)
         elif isinstance(message, AgentHello):
+            # Agents repeat their hello every second, so a restarted coordinator re-learns who owns which pid.
             self.agents[message.sender] = Agent(message.sender, message.host, message.control_addr,
                                                 dict(message.members))
             await self._send(message.control_addr, Welcome(self.view.epoch if self.view else 0, message.sender,
@@ -237,6 +258,20 @@ class Coordinator:
             if message.member in self.members and not self._seat_finished(message.member):
                 how = f"signal {-message.returncode}" if message.returncode < 0 else f"exit code {message.returncode}"
                 await self.declare_dead(message.member, "exit", f"process ended ({how})")
+        elif isinstance(message, HeartbeatBatch):
+            # Hierarchical aggregation: one message per host agent per interval instead of one per
+            # member (164k -> 20k messages/s at 16,384 members; simulate.py).  Each beat is handled
+            # exactly as if its member had sent it (unknown and fenced members are rejected there),
+            # and an agent vouches only for the members it registered in its AgentHello.
+            agent = self.agents.get(message.sender)
+            if agent is None:
+                self.events.emit("rejected", reason="unknown_agent", peer=message.sender)
+                return
+            for beat in message.beats:
+                if beat.sender in agent.members:
+                    await self.handle(beat)
+                else:
+                    self.events.emit("rejected", reason="not_agents_member", peer=message.sender, detail=beat.sender)
         else:
             sender = getattr(message, "sender", None)
             if not isinstance(sender, str) or sender not in self.members:
@@ -278,6 +313,9 @@ class Coordinator:
         elif isinstance(message, StepReport):
             record.step = message.step
             await self._fire_armed_chaos(record)
+        elif isinstance(message, ViewReport):
+            record.step = message.step
+            self._adopt_reported_view(message)
         else:
             self.events.emit("rejected", reason="unexpected_type", detail=type(message).__name__)
 
@@ -302,9 +340,28 @@ class Coordinator:
         self.events.emit("member_joined", member=join.sender, role=join.role, host=join.host, pid=join.pid,
                          seat_hint=join.seat_hint)
         if self.view is None:
-            await self._maybe_first_view()
-        elif join.role == "spare" or join.seat_hint in range(self._world_size):
+            if not self._recovering:
+                await self._maybe_first_view()
+        elif not self.view.contains(join.sender):
             await self._add_spare(join.sender)
+
+    def _adopt_reported_view(self, report: ViewReport) -> None:
+        """After a restart: take the highest-epoch view any member holds, as it is (no new epoch)."""
+        reported = report.view
+        if reported is None or (self.view is not None and reported.epoch <= self.view.epoch):
+            return
+        self.view = dataclasses.replace(reported, store_addr=self._store_addr)  # the old store died with us
+        self.events.epoch = reported.epoch
+        self._recovering = False
+        now = self._clock()
+        for seat_hint, member in [*enumerate(reported.seats), *((-1, m) for m in reported.spares)]:
+            if member not in self.members:
+                # Placeholder until the member re-joins; one that never does is found silent and swapped.
+                self.members[member] = MemberRecord(
+                    member, "active" if seat_hint >= 0 else "spare", reported.hosts.get(member, ""), 0, "",
+                    reported.bulk_addrs.get(member, ""), seat_hint, now, now)
+        self.events.emit("view_adopted", epoch=reported.epoch, seats=reported.seats, spares=reported.spares,
+                         resume_step=reported.resume_step, reported_by=report.sender)
 
     async def _maybe_first_view(self) -> None:
         seat_members = {r.seat_hint: r.member for r in self.members.values()
@@ -378,7 +435,9 @@ class Coordinator:
         record = self.members.get(member)
         seat = self.view.seat_of(member) if self.view else None
         self._failure_wall[member] = min(self._wall(), self._chaos_ts.get(member, float("inf")))
+        injected = self._chaos_ts.get(member)  # detection time is known only for injected failures
         self.events.emit("member_failed", member=member, failed_member=member, rank=-1 if seat is None else seat,
+                         detection_s=None if injected is None else round(self._wall() - injected, 4),
                          failed_rank=-1 if seat is None else seat, detected_by=detected_by, reason=detail,
                          epoch=self.view.epoch if self.view else 0)
         if record is not None:
@@ -515,6 +574,9 @@ class Coordinator:
         """Periodic checks: silent members, round deadlines, unexplained collective failures."""
         if self.outcome is not None:
             return
+        if self._recovering and now > self._recover_deadline:
+            self._recovering = False  # nobody held a view: the job had not started; form the first view
+            await self._maybe_first_view()
         watched = {m: r.last_seen for m, r in self.members.items()
                    if m not in self.fenced and not self._seat_finished(m)}
         for member, why in decisions.silent_members(now, watched, self._config.failure_timeout):
@@ -538,6 +600,11 @@ class Coordinator:
 
     def _bulk_addrs(self) -> dict[str, str]:
         return {m: r.bulk_addr for m, r in self.members.items()}
+
+    def _remember(self, record: dict[str, Any]) -> None:
+        """Keep an event for status, scalars only: a view's seat lists would grow the reply with the job."""
+        self.recent_events.append({k: v[:200] if isinstance(v, str) else v for k, v in record.items()
+                                   if v is None or isinstance(v, (str, int, float, bool))})
 
     def status(self) -> dict[str, Any]:
         """The live state as a JSON-able document (``deadpool status``)."""
@@ -566,6 +633,7 @@ class Coordinator:
             "round": None if self.round is None else {"epoch": self.round.epoch,
                                                        "failed_seats": sorted(self.round.failed)},
             "outcome": None if self.outcome is None else {"ok": self.outcome[0], "reason": self.outcome[1]},
+            "recent_events": list(self.recent_events),
         }
 
 
@@ -582,25 +650,57 @@ async def _amain(args: argparse.Namespace) -> int:
         print("deadpool coordinator: refusing to bind a non-loopback address without a shared secret; "
               "set DEADPOOL_SECRET (the same value on every host) and retry.", file=sys.stderr)
         return 2
+    exporter = _start_metrics(args)
+    if isinstance(exporter, str):
+        print(f"deadpool coordinator: {exporter}", file=sys.stderr)
+        return 2
     store = _start_store(host if host != "0.0.0.0" else "", args.store_port)
     store_host = args.advertise or (host if host not in ("0.0.0.0", "") else socket.gethostname())
     transport = open_transport(args.bind, CONTROL_LIMITS)
     events = EventLog(args.events or None, member="coordinator", source="coordinator")
-    coordinator = Coordinator(transport, config, args.world_size, f"{store_host}:{store.port}", events)
+    coordinator = Coordinator(transport, config, args.world_size, f"{store_host}:{store.port}", events,
+                              recovering=args.recover)
     address = transport.address
-    events.emit("coordinator_started", address=address, store=f"{store_host}:{store.port}",
-                world_size=args.world_size)
-    print(json.dumps({"control": address, "store": f"{store_host}:{store.port}"}), flush=True)
+    metrics_url = ""
+    if exporter is not None:
+        events.listeners.append(exporter.on_event)
+        metrics_url = exporter.url
+    events.emit("coordinator_started", address=address, store=f"{store_host}:{store.port}", pid=os.getpid(),
+                recovering=args.recover,
+                world_size=args.world_size, metrics=metrics_url)
+    print(json.dumps({"control": address, "store": f"{store_host}:{store.port}", "metrics": metrics_url}),
+          flush=True)
     try:
         async with asyncio.TaskGroup() as tasks:
             reader = tasks.create_task(transport.run())
+            refresher = tasks.create_task(exporter.refresh_forever(coordinator.status)) if exporter else None
             ok, reason = await coordinator.serve()
             await transport.close()
             reader.cancel()
+            if refresher is not None:
+                refresher.cancel()
     finally:
         events.close()
+        if exporter is not None:
+            exporter.stop()
     del store
     return 0 if ok else 1
+
+
+def _start_metrics(args: argparse.Namespace) -> CoordinatorMetrics | str | None:
+    """The Prometheus exporter serving when --metrics-port is given, None when not, or why it cannot serve."""
+    if args.metrics_port < 0:
+        return None
+    try:
+        from deadpool.metrics import CoordinatorMetrics
+    except ImportError as err:
+        return f"--metrics-port needs prometheus-client ({err}); install it: pip install 'deadpool[metrics]'"
+    exporter = CoordinatorMetrics()
+    try:
+        exporter.start(args.metrics_host, args.metrics_port)
+    except OSError as err:
+        return f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {err}"
+    return exporter
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -610,6 +710,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store-port", type=int, default=0, help="TCPStore port (0: pick a free one)")
     parser.add_argument("--advertise", default="", help="host name workers use to reach the store")
     parser.add_argument("--events", default="", help="append JSON-lines events to this file")
+    parser.add_argument("--recover", action="store_true",
+                        help="a restart: learn the view from the members instead of forming a first one")
+    parser.add_argument("--metrics-port", type=int, default=-1,
+                        help="serve Prometheus metrics on this port (0: pick a free one; default: off)")
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="address the metrics endpoint binds")
     args = parser.parse_args(argv)
     if args.world_size < 1:
         parser.error("--world-size must be at least 1")

@@ -72,6 +72,11 @@ def resume_step(
                 )
             report = reports.get(view.seats[buddy_seat])
             held = set(report.ward_steps.get(seat, ())) if report else set()
+            if not held:
+                return None, (
+                    f"seat {seat}'s snapshot copy was held by seat {buddy_seat}, which no longer has one "
+                    "(its member changed or lost it): no copy of its state survives in memory"
+                )
             source = f"buddy seat {buddy_seat}"
         else:
             report = reports.get(member)

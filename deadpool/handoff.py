@@ -117,7 +117,7 @@ class Handoff:
         with self.condition:
             return self._commands.popleft() if self._commands else None
 
-    def wait_until(self, predicate: Callable[[], bool], epoch: int, timeout: float) -> bool:
+    def wait_until(self, predicate: Callable[[], bool], epoch: int, timeout: float, what: str) -> bool:
         """Wait for `predicate` (checked under the lock); False if interrupted first.
 
         Raises:
@@ -130,6 +130,6 @@ class Handoff:
                     return False
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise WaitTimeout(f"condition not met within {timeout:.0f}s")
+                    raise WaitTimeout(f"{what}: not done within {timeout:.0f}s, and no word from the coordinator")
                 self.condition.wait(min(remaining, 0.5))
             return True

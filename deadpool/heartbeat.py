@@ -51,6 +51,7 @@ class HeartbeatActor:
         self._secret = secret
         self.sent = 0
         self.joined = asyncio.Event()  # set by the membership actor on Welcome: beats before that are noise
+        self.reconnected = asyncio.Event()  # set after an outage: the coordinator may have restarted
 
     def retarget(self, coordinator: str) -> None:
         """Send to a restarted coordinator from now on."""
@@ -67,6 +68,7 @@ class HeartbeatActor:
                 self.sent += 1
                 if outage:
                     log.info("coordinator reachable again")
+                    self.reconnected.set()
                 outage = False
             except TransportError as err:
                 if "closed" in str(err):

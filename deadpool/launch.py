@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deadpool import codec, jobfile
+from deadpool import codec, jobfile, progress
 from deadpool.chaos import parse as parse_chaos
 from deadpool.config import Config, raise_priority
 from deadpool.errors import MisuseError
@@ -39,6 +39,7 @@ from deadpool.transport import Transport, TransportError, open_transport
 
 COORDINATOR_START_TIMEOUT = 60.0
 WORKER_EXIT_GRACE = 30.0
+MAX_COORDINATOR_RESTARTS = 5
 
 
 @dataclass
@@ -63,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address to bind and advertise the coordinator and store on (host 0)")
     parser.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=0,
                         help="TCPStore port on host 0 (0: pick a free one)")
+    parser.add_argument("--coordinator-port", type=int, default=0,
+                        help="coordinator control port on host 0 (0: pick a free one); fix it so that the other "
+                             "hosts can be given --coordinator tcp://HOST:PORT before host 0 starts")
     parser.add_argument("--bind-host", default="",
                         help="address this host's agent and workers listen on (default: --master-addr or 127.0.0.1)")
     parser.add_argument("--events", default="", help="append JSON-lines events here (default: a temp file)")
@@ -74,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-fence-kill", action="store_true",
                         help="do not kill members declared dead (testing zombies)")
     parser.add_argument("--host-name", default="", help="failure-domain name of this host (default: hostname)")
+    parser.add_argument("--metrics-port", type=int, default=-1,
+                        help="the coordinator serves Prometheus metrics on 127.0.0.1:PORT (0: any free port)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress line (steps, tokens/s, spares)")
     parser.add_argument("script", help="training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -98,6 +105,11 @@ def validate(args: argparse.Namespace) -> None:
         )
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise MisuseError(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
+    if not 0 <= args.coordinator_port <= 65535 or not 0 <= args.master_port <= 65535:
+        raise MisuseError(f"ports must be in 0..65535, got --coordinator-port {args.coordinator_port} and "
+                          f"--master-port {args.master_port}")
+    if not -1 <= getattr(args, "metrics_port", -1) <= 65535:
+        raise MisuseError(f"--metrics-port must be in 0..65535, got {args.metrics_port}")
     if args.node_rank > 0 and not args.coordinator:
         raise MisuseError("hosts other than --node-rank 0 need --coordinator tcp://HOST:PORT of host 0's coordinator")
     if not Path(args.script).is_file():
@@ -110,11 +122,15 @@ def _is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-async def _start_coordinator(args: argparse.Namespace, world: int, events: str, env: dict[str, str]) -> tuple[
-        asyncio.subprocess.Process, str, str]:
+async def _start_coordinator(args: argparse.Namespace, world: int, events: str, env: dict[str, str],
+                             bind: str = "", recover: bool = False) -> tuple[asyncio.subprocess.Process, str, str]:
+    """Start the coordinator process and read the addresses it bound from its first line."""
     host = args.master_addr or "127.0.0.1"
     command = [sys.executable, "-m", "deadpool.coordinator", "--world-size", str(world), "--events", events,
-               "--bind", f"tcp://{host}:0", "--store-port", str(args.master_port)]
+               "--bind", bind or f"tcp://{host}:{args.coordinator_port}",
+               "--store-port", "0" if recover else str(args.master_port)]
+    if recover:
+        command.append("--recover")
     proc = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, env=env)
     assert proc.stdout is not None
     try:
@@ -156,6 +172,7 @@ class Launcher:
         self.secret = b""
         self.coordinator_addr = ""
         self.events_path = ""
+        self.env: dict[str, str] = {}
         self.welcomed = False
 
     def _config_env(self) -> dict[str, str]:
@@ -180,6 +197,7 @@ class Launcher:
         events = args.events or str(Path(tempfile.mkdtemp(prefix="deadpool-")) / "events.jsonl")
         self.events_path = events
         env = {**os.environ, **self._config_env()}
+        self.env = env
         coordinator_proc = None
         if args.node_rank == 0 and not args.coordinator:
             coordinator_proc, self.coordinator_addr, store = await _start_coordinator(args, self.world, events, env)
@@ -226,10 +244,13 @@ class Launcher:
         async with asyncio.TaskGroup() as tasks:
             background = [tasks.create_task(self.transport.run()), tasks.create_task(self._inbox())]
             background.append(tasks.create_task(self._hello()))
+            if not getattr(self.args, "no_progress", False):
+                background.append(tasks.create_task(progress.follow(self.events_path, self.world,
+                                                                    self.args.spares)))
             forwards = [tasks.create_task(_forward(w)) for w in self.workers]
             watches = [tasks.create_task(self._watch(w)) for w in self.workers]
             if coordinator_proc is not None:
-                code = await coordinator_proc.wait()
+                code = await self._coordinator_lifetime(coordinator_proc)
             else:
                 await self.stop_event.wait()
                 code = 0 if self.stop and self.stop.ok else 1
@@ -243,17 +264,33 @@ class Launcher:
                 task.cancel()
         return 0 if ok else 1
 
+    async def _coordinator_lifetime(self, proc: asyncio.subprocess.Process) -> int:
+        """Wait for the coordinator's end; restart it (same address) if it died rather than ended.
+
+        Training does not need the coordinator while nothing fails; a restarted one
+        learns the current view from the members (highest epoch wins).
+        """
+        restarts = 0
+        while True:
+            code = await proc.wait()
+            if code in (0, 1) or self.stop is not None or restarts >= MAX_COORDINATOR_RESTARTS:
+                return code
+            restarts += 1
+            print(f"deadpool: the coordinator died ({'signal ' + str(-code) if code < 0 else 'exit ' + str(code)}); "
+                  f"restarting it on {self.coordinator_addr} (restart {restarts}); training goes on meanwhile",
+                  file=sys.stderr, flush=True)
+            proc, _, _ = await _start_coordinator(self.args, self.world, self.events_path, self.env,
+                                                  bind=self.coordinator_addr, recover=True)
+
     async def _hello(self) -> None:
-        """Register with the coordinator until it answers (it may still be starting)."""
+        """Register with the coordinator, and keep repeating it: a restarted coordinator must re-learn us."""
         assert self.transport is not None
         hello = AgentHello(self.agent_id, self.host, self.transport.address,
                            {w.member: w.proc.pid for w in self.workers})
-        for _ in range(600):
+        while True:
             with contextlib.suppress(TransportError):
                 await self.transport.send(self.coordinator_addr, [codec.encode(hello, self.secret)], 1.0)
-            if self.welcomed:
-                return
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1 if not self.welcomed else 1.0)
 
     async def _inbox(self) -> None:
         assert self.transport is not None

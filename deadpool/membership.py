@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from deadpool import codec
 from deadpool.events import EventLog
 from deadpool.handoff import Handoff
-from deadpool.messages import CommitView, Fenced, Join, Message, Prepare, Stop, Welcome
+from deadpool.messages import CommitView, Fenced, Join, Message, Prepare, Stop, ViewReport, Welcome
 from deadpool.transport import Transport, TransportError
 from deadpool.view import View
 
@@ -59,6 +59,8 @@ class MembershipActor:
         secret: bytes | None,
         send_timeout: float,
         joined: asyncio.Event,
+        reconnected: asyncio.Event,
+        identity: tuple[str, str, int, str, str],
     ) -> None:
         self.inbox: asyncio.Queue[Inbound | Outbound] = asyncio.Queue(maxsize=256)
         self._member = member
@@ -72,16 +74,23 @@ class MembershipActor:
         self.view: View | None = None
         self._fenced = False
         self._joined = joined
+        self._reconnected = reconnected
+        self._identity = identity  # (role, host, pid, control_addr, bulk_addr), for ViewReport
         self._join: Join | None = None
+        self._last_step = -1
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._rejoin_until_welcomed())
+            tasks.create_task(self._rejoin_after_outages())
             while True:
                 item = await self.inbox.get()
                 if isinstance(item, Outbound):
                     if isinstance(item.message, Join):
                         self._join = item.message
+                    step = getattr(item.message, "step", None)
+                    if isinstance(step, int):
+                        self._last_step = max(self._last_step, step)
                     await self._send(item.message)
                 else:
                     await self._on_message(item.message)
@@ -100,6 +109,14 @@ class MembershipActor:
             await self._transport.send(self._coordinator, [codec.encode(message, self._secret)], self._send_timeout)
         except TransportError as err:
             log.warning("could not send %s to the coordinator: %s", type(message).__name__, err)
+
+    async def _rejoin_after_outages(self) -> None:
+        """After the coordinator was unreachable, join again: it may be a restarted one that knows nobody."""
+        while True:
+            await self._reconnected.wait()
+            self._reconnected.clear()
+            if self._join is not None:
+                await self._send(self._join)
 
     async def _on_message(self, message: Message) -> None:
         epoch = self.view.epoch if self.view else 0
@@ -127,6 +144,11 @@ class MembershipActor:
             self._handoff.deliver(message)
         elif isinstance(message, Welcome):
             self._joined.set()
+            if self.view is not None and message.epoch < self.view.epoch:
+                # A restarted coordinator: tell it the view we hold (the highest epoch among members wins).
+                role, host, pid, control_addr, bulk_addr = self._identity
+                await self._send(ViewReport(self._member, role, host, pid, control_addr, bulk_addr,
+                                            self._last_step, self.view))
             log.info("welcomed by the coordinator at epoch %d (world size %d)", message.epoch, message.world_size)
         else:
             self._events.emit("rejected", reason="unexpected_type", detail=type(message).__name__)

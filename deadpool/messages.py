@@ -272,6 +272,34 @@ class SignalMember:
     reason: str  # who asked, for the agent's log
 
 
+@dataclass(frozen=True, slots=True)
+class HeartbeatBatch:
+    """A host agent's heartbeats for its members, one message per interval (hierarchical aggregation).
+
+    At 16,384 members and 100 ms heartbeats a coordinator would handle ~164k
+    messages/s; an agent batching its host's 8 members divides that by 8.  The
+    agent forwards only beats it received since its previous batch, so a hung
+    member drops out of the batch exactly as its own heartbeats would stop.
+    """
+
+    sender: str  # agent id, registered with AgentHello; it may vouch only for its own members
+    beats: list[Heartbeat]  # the newest heartbeat of each member heard from since the previous batch
+
+
+@dataclass(frozen=True, slots=True)
+class ViewReport:
+    """A member tells a restarted coordinator the view it holds (the highest epoch wins)."""
+
+    sender: str  # member id
+    role: str  # "active" or "spare" at launch
+    host: str  # host name
+    pid: int  # process id
+    control_addr: str  # control address
+    bulk_addr: str  # bulk address
+    step: int  # last finished step
+    view: View | None  # the newest view this member adopted, if any
+
+
 Message = (
     Join
     | Heartbeat
@@ -298,6 +326,8 @@ Message = (
     | ChaosResult
     | StepReport
     | SignalMember
+    | HeartbeatBatch
+    | ViewReport
 )
 
 # Append-only: a tag, once given, is never reused or renumbered.
@@ -326,6 +356,8 @@ REGISTRY: dict[int, type[Message]] = {
     22: ChaosCommand,
     23: ChaosResult,
     24: StepReport,
-    26: SignalMember,  # 25 is HeartbeatBatch
+    25: HeartbeatBatch,
+    26: SignalMember,
+    27: ViewReport,
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}

@@ -62,7 +62,7 @@ from deadpool.view import View
 log = logging.getLogger("deadpool")
 
 _RUNTIME: Runtime | None = None
-_RETIRED_GROUPS: list[Any] = []  # old groups are never destroyed (that can block or abort), see _exit_guard
+_RETIRED_GROUPS: list[Any] = []  # groups and store clients are never destroyed (that can block or abort)
 _EXIT_STATUS = [0]
 
 
@@ -109,13 +109,12 @@ class Runtime:
             self.member, coordinator, environ.get("DEADPOOL_BIND_HOST", "127.0.0.1"), self.config,
             self._handoff, self._progress, self.events,
         )
+        self._thread.role_and_host = (self.role, self.host)
         self._thread.start()
         self._snapshots = SnapshotStore(on_complete=self._on_snapshot_copied)
         self._tracked: dict[str, Any] = {}
         self._optimizers: list[torch.optim.Optimizer] = []
         self._view: View | None = None
-        self._store: dist.TCPStore | None = None
-        self._store_addr = ""
         self._group: Any = None
         self._waiter = Waiter(self._handoff.condition, self._is_interrupted)
         self._step = -1  # the step in progress
@@ -333,7 +332,8 @@ class Runtime:
         if newest is not None and view is not None and view.world_size > 1:
             generation, snap_step = newest.generation, newest.step
             confirmed = self._handoff.wait_until(
-                lambda: self._handoff.is_confirmed(generation, snap_step), self._epoch, self.config.view_timeout
+                lambda: self._handoff.is_confirmed(generation, snap_step), self._epoch, self.config.view_timeout,
+                f"waiting for the buddy to confirm its copy of step {snap_step}",
             )
             if not confirmed:
                 self._poison = "interrupted while waiting for the buddy's snapshot confirmation"
@@ -396,7 +396,7 @@ class Runtime:
                          epoch=self._epoch, rank=self.rank, step=self._step)
         self._handoff.post(ChaosInjected(self.member, spec.action, self.rank, self._step, time.time()))
         time.sleep(0.002)  # let the runtime thread hand the report to ZeroMQ before the signal lands
-        chaos_mod.inject(spec)
+        chaos_mod.inject(spec, self._thread.partition)
 
     # -- seats, views and recovery ------------------------------------------------------------
 
@@ -413,7 +413,7 @@ class Runtime:
                 spec = self._chaos.spare_due(time.monotonic() - started)
                 if spec is not None:
                     self.events.emit("chaos_injected", action=spec.action, spec=str(spec), rank=-1)
-                    chaos_mod.inject(spec)
+                    chaos_mod.inject(spec, self._thread.partition)
             if time.monotonic() - started > bound:
                 raise WaitTimeout(
                     f"no seat assigned within {bound:.0f}s: the coordinator at "
@@ -433,8 +433,9 @@ class Runtime:
                 _exit_fenced(self, command)
             if isinstance(command, CommitView) and command.view.seat_of(self.member) is not None:
                 first = self._adopt_with_retry(command.view)
-                if first is not None:
-                    return first
+                # Seated but interrupted (another failure during this swap): answer the next Prepare like
+                # any survivor, from the snapshot the adoption already took.
+                return first if first is not None else self._recover()
 
     def _adopt_with_retry(self, view: View) -> int | None:
         try:
@@ -459,8 +460,9 @@ class Runtime:
                 raise JobStopped(command.reason)
             if isinstance(command, Fenced):
                 _exit_fenced(self, command)
-            if isinstance(command, Prepare) and command.epoch > acked:
+            if isinstance(command, Prepare) and command.epoch >= acked:
                 acked = command.epoch
+                self._snapshots.wait_copy(self.config.copy_timeout)
                 self._handoff.post(PrepareAck(
                     self.member, command.epoch, self._progress.step,
                     self._snapshots.complete_steps(), self._handoff.ward_steps(),
@@ -494,37 +496,40 @@ class Runtime:
         assert seat is not None
         first_view = self._view is None and view.resume_step == -1 and seat not in view.restore_from
         started = time.perf_counter()
-        # The group first: building it may draw from the global RNGs, which the restore then overwrites.
-        self._retire_group()
-        self._connect_store(view.store_addr)
-        assert self._store is not None
-        self._group = create_group(
-            self._store, view.store_prefix, seat, view.world_size, self.config.pg_timeout,
-            lambda: self._handoff.interrupted(view.epoch), connect_timeout=self.config.pg_timeout,
-        )
-        rebuilt_s = time.perf_counter() - started
+        self._chaos_point("recovery")
         if first_view:
             source, nbytes = "initial", 0
         elif seat in view.restore_from:
             source, nbytes = "buddy", self._restore_from_buddy(view, seat)
         else:
             source, nbytes = "local", self._restore_local(view.resume_step)
-        if not first_view:
-            self.events.emit("restored", epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
-                             bytes=nbytes, s=round(time.perf_counter() - started - rebuilt_s, 6),
-                             group_s=round(rebuilt_s, 6), fetch_s=round(self._fetch_s, 6))
+        restore_s = time.perf_counter() - started
+        # The restored state is this seat's snapshot of resume_step under the new view, taken before anything
+        # else can fail: a failure during this swap then still finds it here, and the SnapshotActor streams it
+        # to the (possibly new) buddy at once, so the seat is protected before its next step changes anything.
+        self._snapshots.forget_all()
+        self._snapshots.capture(view.resume_step, view.store_prefix, self._state(), self._background_pointers())
+        # Building a group may draw from the global RNGs; the restored states must survive it bit for bit.
+        rng = torch.get_rng_state(), random.getstate()
+        self._retire_group()
+        # A fresh store connection per build: an abandoned build may still block in a store call on the old one.
+        store = connect_store(view.store_addr, self.config.pg_timeout)
+        _RETIRED_GROUPS.append(store)
+        self._group = create_group(
+            store, view.store_prefix, seat, view.world_size, self.config.pg_timeout,
+            lambda: self._handoff.interrupted(view.epoch), connect_timeout=self.config.pg_timeout,
+        )
+        torch.set_rng_state(rng[0])
+        random.setstate(rng[1])
         self._set_view(view)
         self._poison = None
         self._gated_step = -2
-        # The restored state is this seat's snapshot of resume_step in the new group: stream it to the
-        # (possibly new) buddy at once, so the seat is protected again before its next step changes anything.
-        self._snapshots.forget_all()
-        self._capture(view.resume_step)
         self._progress.step = view.resume_step
         if not first_view:
             self._recovering_epoch = view.epoch
-            self.events.emit("rebuilt", epoch=view.epoch, rank=seat, step=view.resume_step,
-                             s=round(time.perf_counter() - started, 6))
+            self.events.emit("restored", epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
+                             bytes=nbytes, s=round(restore_s, 6), fetch_s=round(self._fetch_s, 6),
+                             group_s=round(time.perf_counter() - started - restore_s, 6))
         return view.resume_step + 1
 
     def _restore_local(self, step: int) -> int:
@@ -540,7 +545,8 @@ class Runtime:
         future: concurrent.futures.Future[tuple[Manifest, list[memoryview]]] = concurrent.futures.Future()
         future.add_done_callback(lambda _: self._handoff.wake())
         self._handoff.post(Fetch(seat, view.resume_step, source, future))
-        if not self._handoff.wait_until(future.done, view.epoch, self.config.restore_timeout):
+        if not self._handoff.wait_until(future.done, view.epoch, self.config.restore_timeout,
+                                        f"fetching seat {seat}'s snapshot of step {view.resume_step} from {source}"):
             raise CollectiveAborted("restore", "interrupted by a newer view")
         manifest, frames = future.result()
         self._fetch_s = time.perf_counter() - fetch_started
@@ -552,11 +558,6 @@ class Runtime:
             offset += len(frame)
         self._load(materialize(manifest, arena))
         return manifest.nbytes
-
-    def _connect_store(self, addr: str) -> None:
-        if self._store is None or addr != self._store_addr:
-            self._store = connect_store(addr, self.config.pg_timeout)
-            self._store_addr = addr
 
     def _retire_group(self) -> None:
         """Set the current group aside without destroying it: destroying a group with an op in flight

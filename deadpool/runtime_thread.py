@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections import Counter
 from typing import Any
 
 from deadpool import codec
+from deadpool.chaos import PartitionedTransport, PartitionSwitch
 from deadpool.config import Config
 from deadpool.events import EventLog
 from deadpool.handoff import Handoff
 from deadpool.heartbeat import HeartbeatActor, Progress
 from deadpool.membership import Inbound, MembershipActor, Outbound
-from deadpool.messages import Message, RestoreReply, RestoreRequest, SnapshotAck, SnapshotHeader
+from deadpool.messages import Message, RestoreReply, RestoreRequest, SnapshotAck, SnapshotHeader, Stop
 from deadpool.snapshot_actor import CHUNK_BYTES, Bulk, Fetch, LocalReady, SnapshotActor
 from deadpool.transport import Limits, Transport, open_transport
 
@@ -83,6 +85,8 @@ class RuntimeThread:
         self._membership: MembershipActor | None = None
         self._snapshots: SnapshotActor | None = None
         self._rejections: Counter[str] = Counter()
+        self.partition = PartitionSwitch()  # cut by a `partition:` chaos spec
+        self.role_and_host = ("active", "")  # set by the runtime before start, for ViewReports
         self._thread = threading.Thread(target=self._main, name="deadpool-runtime", daemon=True)
 
     def start(self, timeout: float = 30.0) -> None:
@@ -108,7 +112,11 @@ class RuntimeThread:
                 self._startup_error = err
                 self._ready.set()
             else:
+                # Latched for the compute thread, which raises it at its next wait or step boundary:
+                # this member then exits, and the job swaps it out like any failed member.
                 log.exception("runtime thread ended with an error")
+                self._handoff.deliver(Stop(False, f"this member's runtime thread failed ({err!r}); "
+                                              "see the traceback above. The member exits and is replaced."))
         finally:
             loop.close()
             self._stopped.set()
@@ -116,8 +124,8 @@ class RuntimeThread:
     async def _run(self) -> None:
         host = self._bind_host
         control_url = f"{self._scheme}://{host}:0" if self._scheme == "tcp" else f"{self._scheme}://"
-        control = open_transport(control_url, CONTROL_LIMITS)
-        bulk = open_transport(control_url, BULK_LIMITS)
+        control = PartitionedTransport(open_transport(control_url, CONTROL_LIMITS), self.partition)
+        bulk = PartitionedTransport(open_transport(control_url, BULK_LIMITS), self.partition)
         self.control_addr, self.bulk_addr = control.address, bulk.address
         self._stop_event = asyncio.Event()
         config = self._config
@@ -130,7 +138,8 @@ class RuntimeThread:
         )
         membership = MembershipActor(
             self.member, self._coordinator, control, self._handoff, self._events, snapshots.inbox,
-            self._secret, config.send_timeout, heartbeat.joined,
+            self._secret, config.send_timeout, heartbeat.joined, heartbeat.reconnected,
+            (*self.role_and_host, os.getpid(), control.address, bulk.address),
         )
         self._membership, self._snapshots = membership, snapshots
         loop = asyncio.get_running_loop()

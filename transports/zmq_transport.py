@@ -159,7 +159,10 @@ class ZmqTransport:
     async def send(self, address: str, frames: Sequence[Frame], timeout: float) -> None:
         if self._closed:
             raise TransportError("transport is closed")
-        sock = self._push_for(address)
+        try:
+            sock = self._push_for(address)
+        except zmq.ZMQError as err:
+            raise TransportError(f"cannot connect to {address!r}: {err}") from None
         try:
             await asyncio.wait_for(sock.send_multipart(list(frames), copy=False), timeout)
         except asyncio.TimeoutError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import statistics
@@ -197,3 +198,57 @@ def summarize(events: list[dict[str, Any]], world: int, mode: str, total_s: floa
 def load_average() -> float:
     """1-minute load average: recorded with each measurement because the machine is shared."""
     return round(os.getloadavg()[0], 2)
+
+
+def _busy_seconds() -> float:
+    """CPU seconds spent busy by the whole machine since boot (all cores, /proc/stat)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    values = [int(v) for v in fields]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class CpuMeter:
+    """How much of the machine other people's processes used during a measurement.
+
+    Why: this 2-core machine is shared with other sessions, and a baseline that
+    ran beside someone's test suite is slower for reasons of its own.  The share
+    is (machine busy CPU - CPU of our reaped children) / (wall * cores); call
+    ``stop`` after every child has been waited for.
+    """
+
+    def __init__(self) -> None:
+        self._wall = time.monotonic()
+        self._busy = _busy_seconds()
+        self._ours = _children_cpu_seconds()
+
+    def stop(self) -> dict[str, float]:
+        wall = time.monotonic() - self._wall
+        busy = _busy_seconds() - self._busy
+        ours = _children_cpu_seconds() - self._ours
+        cores = os.cpu_count() or 1
+        return {
+            "cpu_ours_s": round(ours, 2),
+            "cpu_foreign_share": round(max(0.0, busy - ours) / max(wall * cores, 1e-9), 3),
+        }
+
+
+def wait_for_quiet(max_wait_s: float = 120.0, busy_share: float = 0.25, sample_s: float = 2.0) -> float:
+    """Wait (bounded) until the machine is mostly idle; returns the last busy share seen.
+
+    Used before a measurement so other sessions' work distorts it less; never
+    blocks longer than ``max_wait_s``.
+    """
+    deadline = time.monotonic() + max_wait_s
+    cores = os.cpu_count() or 1
+    while True:
+        before = _busy_seconds()
+        time.sleep(sample_s)
+        share = (_busy_seconds() - before) / (sample_s * cores)
+        if share <= busy_share or time.monotonic() >= deadline:
+            return round(share, 3)

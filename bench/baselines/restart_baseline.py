@@ -40,6 +40,7 @@ from typing import Any
 
 from bench.baselines._common import (
     REPO,
+    CpuMeter,
     child_env,
     free_port,
     kill_pids,
@@ -114,6 +115,7 @@ def run_restart_baseline(
         train_args.append("--ddp-warmup-on-resume")
 
     load_before = load_average()
+    meter = CpuMeter()
     began = time.monotonic()
     deadline = began + timeout_s
     codes: list[int] = []
@@ -148,6 +150,7 @@ def run_restart_baseline(
             "kill_step": kill_step,
             "stray_workers_killed": len(stray),
             "load_avg_before": load_before,
+            **meter.stop(),
             "load_avg_after": load_average(),
             "events": str(events_path),
             "log": str(log_path),

@@ -39,7 +39,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.baselines._common import REPO, child_env, free_port, kill_pids, load_average, read_events, read_pids
+from bench.baselines._common import REPO, CpuMeter, child_env, free_port, kill_pids, load_average, read_events, read_pids
 
 TRAIN = REPO / "bench" / "baselines" / "torchft_train.py"
 
@@ -210,6 +210,7 @@ def run_torchft_baseline(
         return cmd
 
     load_before = load_average()
+    meter = CpuMeter()
     began = time.monotonic()
     deadline = began + timeout_s
     lighthouse = _start(lighthouse_cmd, child_env(RUST_LOG="warn"), work / "lighthouse.log")
@@ -272,6 +273,7 @@ def run_torchft_baseline(
             "stray_workers_killed": len(stray),
             "non_loopback_listeners": listeners,
             "load_avg_before": load_before,
+            **meter.stop(),
             "load_avg_after": load_average(),
             "events": str(events_path),
             "workdir": str(work),

@@ -1,0 +1,389 @@
+"""Overhead benchmark: what does protecting a training run cost per step, failure-free?
+
+One run of this command prints one table.  Every row trains the same model
+(demos/gpt.py, the demo's batch 8 x block 64, AdamW, LambdaLR, one intra-op
+thread per worker) with the same world size (4 ranks, gloo on 127.0.0.1), and
+reports the median step time over many steps after a warm-up, as a ratio to
+plain ``DistributedDataParallel`` of the same model size measured in the same
+run:
+
+- ``plain DDP``: torch DDP, no checkpoint (the baseline, ratio 1.00);
+- ``deadpool snapshot every step``: DeadPool, in-memory snapshot after every
+  step, streamed to the buddy (the default);
+- ``deadpool (snapshots off)``: DeadPool with ``--snapshot-every`` larger than
+  the run, so no snapshot is taken.  DeadPool's ``rt.ddp`` is not torch DDP (one
+  fixed-layout all-reduce after backward, for bit-identical replay, instead of
+  bucketed all-reduces overlapped with backward), so this row separates the cost
+  of the all-reduce path from the cost of snapshots;
+- ``torch.save every step``: rank 0 ``torch.save``s model, optimizer,
+  scheduler and RNG state every step, blocking;
+- ``dcp.save every step``: ``torch.distributed.checkpoint.save`` on every rank;
+- ``dcp.async_save every step``: ``torch.distributed.checkpoint.async_save``,
+  each save first waiting for the previous one's future.
+
+Columns: ``step_s_median`` (rank 0's wall time from one step's start to the
+next one's, so work done between steps counts), ``ratio`` (to plain DDP of the
+same size), ``stall_p99_s`` (p99 over the measured steps of the time the loop
+was blocked by the protection: DeadPool's optimizer pre-step wait; the save
+call for torch.save/dcp.save; the wait for the previous future plus the
+``async_save`` call for dcp.async_save), ``snapshot_bytes`` (one snapshot or
+checkpoint of the training state: DeadPool's per-seat arena, the torch.save
+file, the DCP directory).
+
+Usage::
+
+    python bench/overhead.py               # both sizes; about 6-8 minutes on 2 cores
+    python bench/overhead.py --quick       # small model only, fewer steps
+    python bench/overhead.py --json        # the rows as a JSON list instead of the table
+
+Every worker process is bounded by a timeout and its whole process group is
+killed afterwards.  The machine may be shared: each row also records the
+fraction of the CPUs that processes other than this benchmark's used while it
+ran (``foreign_cpu``), so a disturbed row can be recognised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "bench" / "overhead_worker.py"
+WORLD = 4
+
+
+@dataclass(frozen=True)
+class System:
+    """One row kind: a display name, the worker mode, and DeadPool's snapshot cadence (if DeadPool)."""
+
+    key: str  # for --systems
+    name: str
+    mode: str
+    snapshot_every: int | None = None
+
+
+SYSTEMS = (
+    System("ddp", "plain DDP", "ddp"),
+    System("deadpool", "deadpool snapshot every step", "deadpool", 1),
+    System("deadpool_off", "deadpool (snapshots off)", "deadpool", 1_000_000),
+    System("torch_save", "torch.save every step", "torch_save"),
+    System("dcp_save", "dcp.save every step", "dcp_save"),
+    System("dcp_async_save", "dcp.async_save every step", "dcp_async_save"),
+)
+
+# (measured steps, warmup steps, per-step bound in seconds for the timeout) by size
+DEFAULT_STEPS = {"small": (60, 10, 3.0), "large": (20, 5, 20.0)}
+QUICK_STEPS = {"small": (20, 5, 3.0), "large": (8, 3, 20.0)}
+STARTUP_BOUND_S = 120.0  # imports, rendezvous and process-group setup of 4 workers on a busy 2-core host
+
+
+@dataclass
+class Row:
+    """One line of the table (and one object of --json)."""
+
+    system: str
+    size: str
+    params: int
+    step_s_median: float
+    ratio: float
+    stall_p99_s: float
+    snapshot_bytes: int
+    mode: str = ""
+    steps: int = 0
+    body_s_median: float = 0.0
+    stall_median_s: float = 0.0
+    final_loss: float = 0.0
+    foreign_cpu: float = 0.0
+    wall_s: float = 0.0
+    runs: list[float] = field(default_factory=list)
+
+
+def free_port() -> int:
+    """A port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _child_env(**extra: str) -> dict[str, str]:
+    """One intra-op thread, gloo on loopback, repo importable: the demo's worker environment."""
+    env = dict(os.environ)
+    env.update({
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
+    })
+    env.pop("DEADPOOL_SNAPSHOT_EVERY", None)  # the launcher's flag sets it per row
+    env.update(extra)
+    return env
+
+
+def _busy_jiffies() -> int | None:
+    """CPU time (all CPUs, clock ticks) the whole machine spent busy so far; None where /proc is absent."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return user + nice + system + irq + softirq + steal
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _kill_group(pgid: int, grace_s: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`, to what is left of one process group this benchmark started.
+
+    Called after every run, not only on timeout: a launcher that exits early could leave a
+    coordinator or worker behind, and a leftover process would load the next row's measurement.
+    """
+    deadline = time.monotonic() + grace_s
+    sig: signal.Signals | int = 0
+    for sig in (0, signal.SIGTERM):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+
+
+def _run_group(commands: list[tuple[list[str], dict[str, str]]], log: Path, timeout_s: float) -> int:
+    """Start `commands` in one new process group, wait for all within `timeout_s`, always clean up.
+
+    Returns the first non-zero exit status, 124 on timeout (as timeout(1) does).
+    """
+    procs: list[subprocess.Popen[bytes]] = []
+    status = 0
+    with log.open("ab") as out:
+        try:
+            for command, env in commands:
+                procs.append(subprocess.Popen(
+                    command, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
+                    process_group=procs[0].pid if procs else 0,  # one new group (in our session) for all
+                ))
+            deadline = time.monotonic() + timeout_s
+            for proc in procs:
+                try:
+                    code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    return 124
+                status = status or code
+            return status
+        finally:
+            if procs:
+                _kill_group(procs[0].pid)
+                for proc in procs:
+                    try:
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        print(f"warning: pid {proc.pid} survived SIGKILL", file=sys.stderr)
+
+
+def run_system(system: System, size: str, steps: int, warmup: int, per_step_s: float, work: Path,
+               verbose: bool) -> tuple[dict[str, Any], float, float]:
+    """One row's run: returns rank 0's result, the wall seconds, and the foreign CPU fraction.
+
+    Raises:
+        RuntimeError: the run failed or timed out (the log file is named).
+    """
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{system.mode}-{size}-", dir=work))
+    out = run_dir / "result.json"
+    log = run_dir / "log.txt"
+    worker_args = [str(WORKER), "--mode", system.mode, "--size", size, "--steps", str(steps),
+                   "--warmup", str(warmup), "--out", str(out), "--ckpt-dir", str(run_dir / "ckpt")]
+    if system.mode == "deadpool":
+        launch = [sys.executable, "-m", "deadpool.cli", "launch", "--nproc", str(WORLD), "--spares", "0",
+                  "--events", str(run_dir / "events.jsonl"), "--snapshot-every", str(system.snapshot_every)]
+        commands = [(launch + worker_args, _child_env())]
+    else:
+        port = str(free_port())
+        commands = [
+            ([sys.executable] + worker_args,
+             _child_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+            for r in range(WORLD)
+        ]
+    timeout_s = STARTUP_BOUND_S + (steps + warmup + 1) * per_step_s
+    busy0, cpu0, began = _busy_jiffies(), _children_cpu_s(), time.monotonic()
+    status = _run_group(commands, log, timeout_s)
+    wall = time.monotonic() - began
+    busy1, cpu1 = _busy_jiffies(), _children_cpu_s()
+    foreign = 0.0
+    if busy0 is not None and busy1 is not None:
+        machine_s = (busy1 - busy0) / os.sysconf("SC_CLK_TCK")
+        foreign = max(0.0, machine_s - (cpu1 - cpu0)) / (wall * (os.cpu_count() or 1))
+    if verbose:
+        print(f"  {system.name:32s} {size:5s} exit {status} in {wall:6.1f}s (foreign cpu {foreign:.0%})",
+              file=sys.stderr, flush=True)
+    if status != 0 or not out.exists():
+        reason = "timed out" if status == 124 else f"exit status {status}"
+        raise RuntimeError(f"{system.name} ({size}) failed: {reason}; log kept at {log}")
+    result = json.loads(out.read_text())
+    shutil.rmtree(run_dir / "ckpt", ignore_errors=True)
+    return result, wall, foreign
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
+
+
+def measure(systems: list[System], sizes: list[str], table: dict[str, tuple[int, int, float]], repeat: int,
+            verbose: bool, work: Path) -> list[Row]:
+    """Every system at every size, `repeat` rounds each (median of the per-round medians)."""
+    rows: list[Row] = []
+    for size in sizes:
+        steps, warmup, per_step = table[size]
+        collected: dict[str, list[tuple[dict[str, Any], float, float]]] = {s.name: [] for s in systems}
+        for _ in range(repeat):
+            for system in systems:  # interleaved rounds: slow drifts of a shared host hit every row alike
+                collected[system.name].append(run_system(system, size, steps, warmup, per_step, work, verbose))
+        size_rows = []
+        for system in systems:
+            runs = collected[system.name]
+            medians = [statistics.median(r["step_s"][warmup:]) for r, _, _ in runs]
+            stalls = [s for r, _, _ in runs for s in r.get("stall_s", [])]
+            first = runs[0][0]
+            size_rows.append(Row(
+                system=system.name, size=size, params=int(first["params"]),
+                step_s_median=statistics.median(medians), ratio=0.0, stall_p99_s=_p99(stalls),
+                snapshot_bytes=int(first.get("snapshot_bytes", 0)), mode=system.mode, steps=steps,
+                body_s_median=statistics.median(statistics.median(r["body_s"][warmup:]) for r, _, _ in runs),
+                stall_median_s=statistics.median(stalls) if stalls else 0.0,
+                final_loss=float(first["loss"][-1]) if first["loss"] else 0.0,
+                foreign_cpu=max(f for _, _, f in runs), wall_s=sum(w for _, w, _ in runs), runs=medians,
+            ))
+        # The ratio's baseline is plain DDP; a run without it (--systems) compares to its first row.
+        baseline = next((r for r in size_rows if r.mode == "ddp"), size_rows[0]).step_s_median
+        for row in size_rows:
+            row.ratio = row.step_s_median / baseline if baseline > 0 else float("nan")
+        rows.extend(size_rows)
+    return rows
+
+
+def _human_bytes(n: int) -> str:
+    if n <= 0:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return str(n)
+
+
+def render(rows: list[Row], elapsed: float, repeat: int) -> str:
+    """The table and the notes that say how to read it."""
+    import torch
+
+    head = f"{'system':31s} {'size':5s} {'params':>7s} {'step_s_median':>13s} {'ratio':>6s} " \
+           f"{'stall_p99_s':>11s} {'snapshot_bytes':>14s} {'foreign_cpu':>11s}"
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        lines.append(
+            f"{row.system:31s} {row.size:5s} {row.params / 1e6:6.1f}M {row.step_s_median:13.4f} {row.ratio:6.3f} "
+            f"{row.stall_p99_s:11.4f} {_human_bytes(row.snapshot_bytes):>14s} {row.foreign_cpu:11.0%}"
+        )
+    steps = ", ".join(f"{size}: {rows_of[0].steps} measured steps" for size, rows_of in _by_size(rows).items())
+    gpu = "a CUDA device was present" if torch.cuda.is_available() else \
+        "no GPU in this run: CPU only, 4 ranks on gloo over 127.0.0.1; DeadPool's GPU path (side stream into " \
+        "pinned memory) was not measured"
+    lines += [
+        "",
+        f"Notes: {WORLD} ranks, {os.cpu_count()} CPUs, torch {torch.__version__}, one intra-op thread per rank; "
+        f"{gpu}.",
+        f"  {steps}; medians after warm-up, {repeat} round(s); whole benchmark {elapsed:.0f} s.",
+        "  step_s_median: rank 0, start of a step to start of the next (includes work between steps).",
+        "  ratio: to plain DDP of the same size in this run (to the first row when --systems leaves DDP out).",
+        "  stall_p99_s: time the loop was blocked by the protection (DeadPool: optimizer pre-step wait for the",
+        "    snapshot copy and the buddy's ack; torch.save/dcp.save: the save call; dcp.async_save: waiting for",
+        "    the previous save plus the async_save call); with under 100 steps the p99 is the maximum.",
+        "  snapshot_bytes: one snapshot of the state (DeadPool: per-seat arena; every seat holds its own and",
+        "    a copy of its ward's; torch.save: the file; DCP: the checkpoint directory).",
+        "  deadpool (snapshots off): DeadPool's rt.ddp is not torch DDP (one fixed-layout all-reduce after",
+        "    backward, for bit-identical replay, instead of bucketed all-reduces overlapped with backward).",
+        "    The snapshot cost is 'snapshot every step' relative to this row; the difference between this row",
+        "    and plain DDP is the all-reduce path and the runtime thread, not snapshots.",
+        "  foreign_cpu: share of the machine's CPUs used by other processes during the row (shared host);",
+        "    rows above a few percent were disturbed.",
+    ]
+    return "\n".join(lines)
+
+
+def _by_size(rows: list[Row]) -> dict[str, list[Row]]:
+    out: dict[str, list[Row]] = {}
+    for row in rows:
+        out.setdefault(row.size, []).append(row)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="small,large", help="comma-separated model sizes (small: 3.3M, large: 48M)")
+    parser.add_argument("--quick", action="store_true", help="small model only, fewer steps (smoke check)")
+    parser.add_argument("--steps", type=int, default=0, help="override the measured steps of every size")
+    parser.add_argument("--warmup", type=int, default=-1, help="override the warm-up steps of every size")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of every row (interleaved); medians of rounds")
+    parser.add_argument("--systems", default=",".join(s.key for s in SYSTEMS),
+                        help="comma-separated rows to run (default: all): " + ", ".join(s.key for s in SYSTEMS))
+    parser.add_argument("--json", action="store_true", help="print the rows as a JSON list of objects")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, results, events)")
+    args = parser.parse_args(argv)
+    sizes = ["small"] if args.quick else [s.strip() for s in args.sizes.split(",") if s.strip()]
+    for size in sizes:
+        if size not in DEFAULT_STEPS:
+            parser.error(f"unknown size {size!r}; choose from {', '.join(DEFAULT_STEPS)}")
+    by_key = {s.key: s for s in SYSTEMS}
+    wanted = [k.strip() for k in args.systems.split(",") if k.strip()]
+    unknown = [k for k in wanted if k not in by_key]
+    if unknown or not wanted:
+        parser.error(f"unknown --systems {unknown}; choose from {', '.join(by_key)}")
+    systems = [s for s in SYSTEMS if s.key in wanted]  # table order, whatever the order given
+    table = dict(QUICK_STEPS if args.quick else DEFAULT_STEPS)
+    for size, (steps, warmup, per_step) in list(table.items()):
+        table[size] = (args.steps or steps, warmup if args.warmup < 0 else args.warmup, per_step)
+    work = Path(tempfile.mkdtemp(prefix="deadpool-overhead-"))
+    began = time.monotonic()
+    try:
+        rows = measure(systems, sizes, table, max(1, args.repeat), verbose=not args.json, work=work)
+    except RuntimeError as err:
+        print(f"overhead benchmark failed: {err} (work directory {work} kept)", file=sys.stderr)
+        return 1
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    elapsed = time.monotonic() - began
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        print(render(rows, elapsed, max(1, args.repeat)))
+        if args.keep:
+            print(f"  work directory kept: {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""One training script for every row of bench/overhead.py: the same model, data and optimizer in every mode.
+
+Modes:
+
+- ``ddp``: plain ``torch.nn.parallel.DistributedDataParallel`` on gloo, no checkpoint (the baseline).
+- ``deadpool``: started by ``deadpool launch``; ``rt.track`` + ``rt.ddp`` + ``rt.steps``.  The
+  launcher's ``--snapshot-every`` decides whether snapshots are taken (the driver runs it twice:
+  every step, and effectively never, to separate the snapshot cost from the all-reduce).
+- ``torch_save``: DDP, and rank 0 ``torch.save``s model + optimizer (+ scheduler, RNG) every step,
+  blocking (what most scripts do).
+- ``dcp_save``: DDP, and every rank calls ``torch.distributed.checkpoint.save`` every step.
+- ``dcp_async_save``: DDP, and every rank calls ``torch.distributed.checkpoint.async_save`` every
+  step, first waiting for the previous save's future.
+
+Non-DeadPool modes read the torchrun env contract (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``); rank 0 hosts the TCPStore on a socket bound to 127.0.0.1 only (a plain
+``TCPStore`` server listens on every interface).
+
+Step time is the wall time from the start of one step to the start of the next on rank 0
+(``time.perf_counter``), so it includes everything the framework does between steps: DeadPool
+captures its snapshot inside ``rt.steps()`` between two iterations, which a timer around the loop
+body alone would not see.  The script runs ``warmup + steps + 1`` steps so that the last measured
+step has a successor; rank 0 writes the per-step times (and, for DeadPool, ``rt.stats()``) to
+``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "demos"))
+
+from gpt import build_model, count_parameters, get_batch, load_corpus, lr_lambda  # noqa: E402
+
+MODES = ("ddp", "deadpool", "torch_save", "dcp_save", "dcp_async_save")
+PG_TIMEOUT_S = 120.0  # bounds every collective and the rendezvous of the non-DeadPool modes
+SAVE_TIMEOUT_S = 120.0  # bounds the wait for an async save's future
+
+
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=MODES, required=True)
+    parser.add_argument("--size", choices=("small", "large"), default="small")
+    parser.add_argument("--steps", type=int, default=60, help="measured steps (after warmup)")
+    parser.add_argument("--warmup", type=int, default=10, help="steps not measured")
+    parser.add_argument("--batch", type=int, default=8, help="sequences per rank per step (the demo's)")
+    parser.add_argument("--block", type=int, default=64, help="context length (the demo's)")
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ckpt-dir", default="", help="where checkpoints go (shared by all ranks; the caller removes it)")
+    parser.add_argument("--out", required=True, help="JSON result file, written by rank 0")
+    return parser.parse_args()
+
+
+def _loopback_store(rank: int, world: int, port: int) -> torch.distributed.TCPStore:
+    """The rendezvous store, its server listening on 127.0.0.1 only (via an already bound socket)."""
+    timeout = timedelta(seconds=PG_TIMEOUT_S)
+    if rank != 0:
+        return torch.distributed.TCPStore("127.0.0.1", port, world, False, timeout=timeout)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(128)
+    return torch.distributed.TCPStore(
+        "127.0.0.1", port, world, True, timeout=timeout, master_listen_fd=sock.detach(), use_libuv=True
+    )
+
+
+class Saver:
+    """Per-step checkpoint of one baseline mode; ``save`` returns the seconds it blocked the loop."""
+
+    def __init__(self, mode: str, rank: int, directory: Path, model: torch.nn.Module, ddp: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+        self.mode = mode
+        self.rank = rank
+        self.directory = directory
+        self.model, self.ddp, self.optimizer, self.scheduler = model, ddp, optimizer, scheduler
+        self.future: Any = None
+        self.group: Any = None
+        if mode in ("dcp_save", "dcp_async_save"):
+            # A group of its own: async_save runs collectives from a background thread, and gloo
+            # collectives of two threads on one group would interleave differently on each rank.
+            self.group = torch.distributed.new_group(backend="gloo")
+
+    def _dcp_state(self) -> dict[str, Any]:
+        """The documented DCP recipe: FQN-keyed model and optimizer state (DDP prefix stripped)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.ddp, self.optimizer)
+        return {"model": model_sd, "optimizer": optim_sd, "sched": self.scheduler.state_dict(),
+                "rng": torch.get_rng_state()}
+
+    def save(self) -> float:
+        import torch.distributed.checkpoint as dcp
+
+        started = time.perf_counter()
+        if self.mode == "torch_save":
+            if self.rank == 0:
+                state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                         "sched": self.scheduler.state_dict(), "rng": torch.get_rng_state()}
+                torch.save(state, self.directory / "checkpoint.pt")
+        elif self.mode == "dcp_save":
+            dcp.save(self._dcp_state(), checkpoint_id=str(self.directory / "dcp"), process_group=self.group)
+        elif self.mode == "dcp_async_save":
+            if self.future is not None:
+                self.future.result(timeout=SAVE_TIMEOUT_S)
+            self.future = dcp.async_save(self._dcp_state(), checkpoint_id=str(self.directory / "dcp"),
+                                         process_group=self.group)
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        """Let the last async save finish (outside the measured steps) before the group goes."""
+        if self.future is not None:
+            self.future.result(timeout=SAVE_TIMEOUT_S)
+            self.future = None
+
+    def nbytes(self) -> int:
+        """Bytes of one checkpoint on disk: the whole job's (DCP writes each rank's share)."""
+        return sum(p.stat().st_size for p in self.directory.rglob("*") if p.is_file())
+
+
+def _train_step(step: int, rank: int, args: argparse.Namespace, corpus: torch.Tensor, ddp: torch.nn.Module,
+                optimizer: torch.optim.Optimizer, scheduler: Any) -> float:
+    """The demo's step body (demos/train_gpt.py), unchanged; returns the loss."""
+    inputs, targets = get_batch(corpus, step, rank, args.batch, args.block, args.seed)
+    _, loss = ddp(inputs, targets)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    return float(loss.item())
+
+
+def _summary(args: argparse.Namespace, starts: list[float], bodies: list[float], losses: list[float],
+             params: int, world: int) -> dict[str, Any]:
+    periods = [b - a for a, b in zip(starts, starts[1:])]
+    return {
+        "mode": args.mode, "size": args.size, "params": params, "world_size": world,
+        "warmup": args.warmup, "steps": args.steps,
+        "snapshot_every": int(os.environ.get("DEADPOOL_SNAPSHOT_EVERY", "0") or 0),
+        "threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(),
+        "step_s": periods, "body_s": bodies[: len(periods)], "loss": losses,
+    }
+
+
+def run_deadpool(args: argparse.Namespace) -> None:
+    """DeadPool mode: the demo's loop under ``rt.steps`` (snapshot cadence comes from the launcher)."""
+    import deadpool
+
+    total = args.warmup + args.steps + 1
+    rt = deadpool.init()
+    corpus = load_corpus()
+    model = build_model(args.size, seed=args.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup=10, total=total))
+    torch.manual_seed(args.seed + 1000 + max(0, int(os.environ.get("RANK", "0"))))
+    rt.track(model=model, optimizer=optimizer, sched=scheduler)
+    ddp = rt.ddp(model)
+    starts: list[float] = []
+    bodies: list[float] = []
+    losses: list[float] = []
+    for step in rt.steps(total):
+        started = time.perf_counter()
+        starts.append(started)
+        losses.append(_train_step(step, rt.rank, args, corpus, ddp, optimizer, scheduler))
+        bodies.append(time.perf_counter() - started)
+    rank, world = rt.rank, rt.world_size
+    stats = rt.stats()
+    rt.finish()
+    if rank == 0:
+        result = _summary(args, starts, bodies, losses, count_parameters(model), world)
+        result["stats"] = stats
+        # stall_s holds one entry per gated step (the last 200; the final step is the unmeasured extra one).
+        stalls = stats["stall_s"][-(args.steps + 1):][: args.steps] if len(stats["stall_s"]) > args.steps else []
+        result["stall_s"] = stalls
+        result["snapshot_bytes"] = stats["snapshot_bytes"] if result["snapshot_every"] <= total else 0
+        Path(args.out).write_text(json.dumps(result))
+
+
+def run_torch(args: argparse.Namespace) -> None:
+    """Plain DDP modes, with or without a per-step checkpoint."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = _loopback_store(rank, world, int(os.environ["MASTER_PORT"]))
+    torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                                         timeout=timedelta(seconds=PG_TIMEOUT_S))
+    total = args.warmup + args.steps + 1
+    corpus = load_corpus()
+    model = build_model(args.size, seed=args.seed)
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup=10, total=total))
+    torch.manual_seed(args.seed + 1000 + rank)
+    saver = None
+    if args.mode != "ddp":
+        if not args.ckpt_dir:
+            raise SystemExit(f"--mode {args.mode} needs --ckpt-dir (one directory shared by every rank)")
+        directory = Path(args.ckpt_dir) / args.mode
+        directory.mkdir(parents=True, exist_ok=True)
+        saver = Saver(args.mode, rank, directory, model, ddp, optimizer, scheduler)
+    starts: list[float] = []
+    bodies: list[float] = []
+    losses: list[float] = []
+    stalls: list[float] = []
+    try:
+        for step in range(total):
+            started = time.perf_counter()
+            starts.append(started)
+            losses.append(_train_step(step, rank, args, corpus, ddp, optimizer, scheduler))
+            if saver is not None:
+                stalls.append(saver.save())
+            bodies.append(time.perf_counter() - started)
+        if saver is not None:
+            saver.close()
+        torch.distributed.barrier()
+        if rank == 0:
+            result = _summary(args, starts, bodies, losses, count_parameters(model), world)
+            result["stall_s"] = stalls[args.warmup: args.warmup + args.steps]
+            result["snapshot_bytes"] = saver.nbytes() if saver is not None else 0
+            Path(args.out).write_text(json.dumps(result))
+        torch.distributed.barrier()
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def main() -> None:
+    args = _parse()
+    torch.set_num_threads(1)  # the demo's setting: one intra-op thread per worker
+    if args.mode == "deadpool":
+        run_deadpool(args)
+    else:
+        run_torch(args)
+
+
+if __name__ == "__main__":
+    main()
