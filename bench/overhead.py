@@ -142,6 +142,31 @@ def _busy_jiffies() -> int | None:
     return user + nice + system + irq + softirq + steal
 
 
+def _machine_busy(interval_s: float) -> float | None:
+    """Fraction of all CPUs busy over the next `interval_s` (None without /proc)."""
+    before = _busy_jiffies()
+    time.sleep(interval_s)
+    after = _busy_jiffies()
+    if before is None or after is None:
+        return None
+    return (after - before) / os.sysconf("SC_CLK_TCK") / (interval_s * (os.cpu_count() or 1))
+
+
+def wait_for_quiet(max_wait_s: float, threshold: float = 0.15) -> float:
+    """Wait (at most `max_wait_s`) until other processes leave the CPUs mostly idle; returns seconds waited.
+
+    Between rows nothing of this benchmark runs, so whatever keeps the CPUs busy belongs to someone
+    else, and a row started then measures the contention, not the system.  Bounded: on a host
+    that never quiets down the row runs anyway and its foreign_cpu column says so.
+    """
+    began = time.monotonic()
+    while time.monotonic() - began < max_wait_s:
+        busy = _machine_busy(1.0)
+        if busy is None or busy < threshold:
+            break
+    return time.monotonic() - began
+
+
 def _children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -205,7 +230,7 @@ def _run_group(commands: list[tuple[list[str], dict[str, str]]], log: Path, time
 
 
 def run_system(system: System, size: str, steps: int, warmup: int, per_step_s: float, work: Path,
-               verbose: bool) -> tuple[dict[str, Any], float, float]:
+               verbose: bool, quiet_wait_s: float = 0.0) -> tuple[dict[str, Any], float, float]:
     """One row's run: returns rank 0's result, the wall seconds, and the foreign CPU fraction.
 
     Raises:
@@ -229,6 +254,8 @@ def run_system(system: System, size: str, steps: int, warmup: int, per_step_s: f
             for r in range(WORLD)
         ]
     timeout_s = STARTUP_BOUND_S + (steps + warmup + 1) * per_step_s
+    if quiet_wait_s > 0:
+        wait_for_quiet(quiet_wait_s)
     busy0, cpu0, began = _busy_jiffies(), _children_cpu_s(), time.monotonic()
     status = _run_group(commands, log, timeout_s)
     wall = time.monotonic() - began
@@ -254,7 +281,7 @@ def _p99(values: list[float]) -> float:
 
 
 def measure(systems: list[System], sizes: list[str], table: dict[str, tuple[int, int, float]], repeat: int,
-            verbose: bool, work: Path) -> list[Row]:
+            verbose: bool, work: Path, quiet_wait_s: float = 0.0) -> list[Row]:
     """Every system at every size, `repeat` rounds each (median of the per-round medians)."""
     rows: list[Row] = []
     for size in sizes:
@@ -262,7 +289,8 @@ def measure(systems: list[System], sizes: list[str], table: dict[str, tuple[int,
         collected: dict[str, list[tuple[dict[str, Any], float, float]]] = {s.name: [] for s in systems}
         for _ in range(repeat):
             for system in systems:  # interleaved rounds: slow drifts of a shared host hit every row alike
-                collected[system.name].append(run_system(system, size, steps, warmup, per_step, work, verbose))
+                collected[system.name].append(run_system(system, size, steps, warmup, per_step, work, verbose,
+                                                                     quiet_wait_s))
         size_rows = []
         for system in systems:
             runs = collected[system.name]
@@ -350,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="rounds of every row (interleaved); medians of rounds")
     parser.add_argument("--systems", default=",".join(s.key for s in SYSTEMS),
                         help="comma-separated rows to run (default: all): " + ", ".join(s.key for s in SYSTEMS))
+    parser.add_argument("--quiet-wait", type=float, default=30.0,
+                        help="before each row, wait up to this many seconds for other processes to leave the "
+                             "CPUs idle (a shared host); 0: never wait")
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list of objects")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, results, events)")
     args = parser.parse_args(argv)
@@ -369,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="deadpool-overhead-"))
     began = time.monotonic()
     try:
-        rows = measure(systems, sizes, table, max(1, args.repeat), verbose=not args.json, work=work)
+        rows = measure(systems, sizes, table, max(1, args.repeat), verbose=not args.json, work=work,
+                       quiet_wait_s=args.quiet_wait)
     except RuntimeError as err:
         print(f"overhead benchmark failed: {err} (work directory {work} kept)", file=sys.stderr)
         return 1

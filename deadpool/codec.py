@@ -125,7 +125,7 @@ def _struct_checker(cls: type[Any]) -> Checker:
         if not required <= len(value) <= len(checks):
             raise _FieldError(f"{name}: expected {required}..{len(checks)} fields, got {len(value)}")
         kwargs = {}
-        for f, check, item in zip(fields, checks, value):
+        for f, check, item in zip(fields, checks, value, strict=False):  # trailing defaults may be absent
             try:
                 kwargs[f.name] = check(item)
             except _FieldError as err:
@@ -157,7 +157,8 @@ def encode(message: Message, secret: bytes | None = None) -> bytes:
     if tag is None:
         raise TypeError(f"{type(message).__name__} is not a registered message type")
     flags = FLAG_HMAC if secret else 0
-    body = MAGIC + bytes((PROTOCOL_VERSION, flags)) + msgpack.packb([tag, _to_wire(message)], use_bin_type=True)
+    payload: bytes = msgpack.packb([tag, _to_wire(message)], use_bin_type=True)
+    body = MAGIC + bytes((PROTOCOL_VERSION, flags)) + payload
     if secret:
         body += hmac.new(secret, body, hashlib.sha256).digest()
     return body

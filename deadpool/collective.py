@@ -27,6 +27,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store, TCPStore
 
 from deadpool.errors import WaitTimeout
 
@@ -40,14 +41,14 @@ class CollectiveAborted(Exception):
         self.cause = cause
 
 
-def connect_store(addr: str, timeout: float) -> dist.TCPStore:
+def connect_store(addr: str, timeout: float) -> TCPStore:
     """Client connection to the coordinator's TCPStore at ``host:port``."""
     host, port = addr.rsplit(":", 1)
-    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout), wait_for_workers=False)
 
 
 def create_group(
-    store: dist.Store,
+    store: Store,
     prefix: str,
     rank: int,
     world_size: int,
@@ -55,7 +56,7 @@ def create_group(
     interrupted: Callable[[], bool],
     connect_timeout: float,
     hostname: str = "",
-) -> dist.ProcessGroupGloo:
+) -> ProcessGroupGloo:
     """Build a gloo group under `prefix`, abandoning the attempt when interrupted.
 
     The constructor's full-mesh connect cannot be cancelled, so it runs in a
@@ -71,18 +72,18 @@ def create_group(
         CollectiveAborted: interrupted, or the constructor failed (a peer died meanwhile).
         WaitTimeout: the group did not form within `connect_timeout`.
     """
-    options = dist.ProcessGroupGloo._Options()
+    options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     options._timeout = timedelta(seconds=timeout)
     device_host = hostname or os.environ.get("DEADPOOL_BIND_HOST") or "127.0.0.1"
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=device_host)]
-    result: list[dist.ProcessGroupGloo] = []
+    options._devices = [ProcessGroupGloo.create_device(hostname=device_host)]
+    result: list[ProcessGroupGloo] = []
     failure: list[BaseException] = []
     done = threading.Event()
 
     def build() -> None:
         try:
-            result.append(dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, world_size, options))
-        except Exception as err:  # noqa: BLE001 - reported to the waiting thread below
+            result.append(ProcessGroupGloo(PrefixStore(prefix, store), rank, world_size, options))
+        except Exception as err:
             failure.append(err)
         finally:
             done.set()

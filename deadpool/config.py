@@ -31,6 +31,8 @@ class Config:
     send_timeout: float = 2.0  # one control message must be queued within this
     fence_by_kill: bool = True  # ask the dead member's host agent to SIGKILL it
     secret: str = ""  # shared secret for HMAC on every frame ("" = open, loopback only)
+    checkpoint_dir: str = ""  # disk checkpoints (the fallback when a seat and its buddy die together)
+    checkpoint_every: int = 0  # write one every this many steps; 0 = off
 
     @property
     def pg_timeout(self) -> float:
@@ -47,6 +49,8 @@ class Config:
             value = getattr(self, f.name)
             if isinstance(value, float) and not value > 0:
                 raise MisuseError(f"{f.name} must be positive, got {value}")
+        if self.checkpoint_every < 0 or (self.checkpoint_every and not self.checkpoint_dir):
+            raise MisuseError("checkpoint_every needs a checkpoint_dir and must be >= 0")
         if self.snapshot_every < 1:
             raise MisuseError(f"snapshot_every must be at least 1, got {self.snapshot_every}")
         if self.no_spare_policy not in ("stop", "wait"):

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import torch.distributed as dist
+from torch._C._distributed_c10d import TCPStore
 
 from deadpool import codec, decisions
 from deadpool.config import Config, raise_priority
@@ -51,8 +51,8 @@ from deadpool.messages import (
     ChaosResult,
     CollectiveFailed,
     CommitView,
-    FenceKill,
     Fenced,
+    FenceKill,
     Finished,
     Heartbeat,
     HeartbeatBatch,
@@ -75,6 +75,9 @@ from deadpool.transport import Transport, TransportError, open_transport
 from deadpool.view import View
 
 log = logging.getLogger("deadpool.coordinator")
+
+RATE_PER_S = 200.0  # sustained messages per member per second (heartbeats are 10/s)
+RATE_BURST = 400.0  # short bursts allowed above that (a swap's acks and reports)
 
 RECENT_EVENTS = 20  # events kept for `deadpool status`
 
@@ -168,6 +171,8 @@ class Coordinator:
         self.outcome: tuple[bool, str] | None = None  # (ok, reason) once the job ended
         self._done = asyncio.Event()
         self._senders: asyncio.TaskGroup | None = None
+        self._buckets: dict[str, tuple[float, float]] = {}  # member -> (tokens, last refill)
+        self._rate_limited: dict[str, int] = {}
         # A restarted coordinator knows nobody: it learns the view from the members (highest epoch wins)
         # instead of forming a first view, until this deadline passes with no member holding a view.
         self._recovering = recovering
@@ -186,7 +191,7 @@ class Coordinator:
             while not self._done.is_set():
                 try:
                     frames: list[memoryview] | None = await asyncio.wait_for(self._transport.recv(), tick)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     frames = None
                 while frames is not None:
                     await self._on_frames(frames)
@@ -282,11 +287,28 @@ class Coordinator:
                 await self._send(self.members[sender].control_addr,
                                  Fenced(sender, self.view.epoch if self.view else 0, self.fenced[sender]))
                 return
+            if not self._allow(sender, now):
+                return
             self.members[sender].last_seen = now
-            await self._on_member_message(message, now)
+            await self._on_member_message(message, sender, now)
 
-    async def _on_member_message(self, message: Message, now: float) -> None:
-        record = self.members[getattr(message, "sender")]
+    def _allow(self, sender: str, now: float) -> bool:
+        """Per-member rate limit (token bucket): a runaway or hostile member cannot flood the coordinator."""
+        tokens, last = self._buckets.get(sender, (RATE_BURST, now))
+        tokens = min(RATE_BURST, tokens + (now - last) * RATE_PER_S)
+        if tokens < 1.0:
+            self._buckets[sender] = (tokens, now)
+            self._rate_limited[sender] = self._rate_limited.get(sender, 0) + 1
+            count = self._rate_limited[sender]
+            if count <= 5 or count % 1000 == 0:
+                self.events.emit("rejected", reason="rate_limited", peer=sender, count=count,
+                                 detail=f"more than {RATE_PER_S:.0f} messages/s sustained")
+            return False
+        self._buckets[sender] = (tokens - 1.0, now)
+        return True
+
+    async def _on_member_message(self, message: Message, sender: str, now: float) -> None:
+        record = self.members[sender]
         if isinstance(message, Heartbeat):
             record.step, record.epoch = message.step, message.epoch
             record.snapshot_step, record.confirmed_step = message.snapshot_step, message.confirmed_step
@@ -297,7 +319,8 @@ class Coordinator:
             if rnd is None or message.epoch != rnd.epoch:
                 self.events.emit("rejected", reason="stale_ack", peer=message.sender, ack_epoch=message.epoch)
                 return
-            rnd.acks[message.sender] = decisions.Snapshots(message.local_steps, message.ward_steps)
+            rnd.acks[message.sender] = decisions.Snapshots(message.local_steps, message.ward_steps,
+                                                           message.disk_steps)
             await self._maybe_commit()
         elif isinstance(message, CollectiveFailed):
             self.events.emit("collective_error_reported", member=message.sender, step=message.step,
@@ -364,6 +387,8 @@ class Coordinator:
                          resume_step=reported.resume_step, reported_by=report.sender)
 
     async def _maybe_first_view(self) -> None:
+        if len(self.members) < self._world_size:
+            return  # seats cannot all be filled yet (building the view on every Join made startup O(members^2))
         seat_members = {r.seat_hint: r.member for r in self.members.values()
                         if r.role == "active" and r.member not in self.fenced}
         spares = [r.member for r in self.members.values() if r.role == "spare" and r.member not in self.fenced]
@@ -504,16 +529,28 @@ class Coordinator:
         rnd, view = self.round, self.view
         if rnd is None or view is None:
             return
+        # Cheap bound first: survivors >= seats - failed - fenced, so fewer acks cannot cover them all.
+        # Listing the survivors on every ack made a round O(seats^2) (simulate.py: ~1 s of CPU per round
+        # at 4,096 members).
+        if len(rnd.acks) < len(view.seats) - len(rnd.failed) - len(self.fenced):
+            return
         survivors = self._survivors()
         if any(member not in rnd.acks for member in survivors):
             return
-        resume, why = decisions.resume_step(view, sorted(rnd.failed), rnd.acks)
+        resume, sources, why = decisions.plan_restore(view, sorted(rnd.failed), rnd.acks)
+        from_disk = False
         if resume is None:
-            await self._fail_job(f"cannot restore the job in memory: {why}. Relaunch from a disk checkpoint.")
-            return
+            resume = decisions.disk_resume_step(rnd.acks)
+            if resume is None:
+                await self._fail_job(f"cannot restore the job in memory: {why}. No disk checkpoint is configured "
+                                     "or complete (--checkpoint-dir/--checkpoint-every); relaunch from one.")
+                return
+            from_disk = True
+            why = f"{why}; every seat rolls back to the disk checkpoint of step {resume}"
+            self.events.emit("disk_fallback", resume_step=resume, reason=why)
         spares = [s for s in view.spares if s not in rnd.replacements.values() and s not in self.fenced]
         new_view = decisions.next_view(view, rnd.epoch, rnd.replacements, spares, resume, self._hosts(),
-                                       self._bulk_addrs(), rebuild=True)
+                                       self._bulk_addrs(), rebuild=True, from_disk=from_disk, sources=sources)
         failed_at = {seat: self._failure_wall.get(member, self._wall()) for seat, member in rnd.failed.items()}
         for seat, member in rnd.failed.items():
             self._swaps.append(PendingSwap(seat, member, rnd.replacements[seat], failed_at[seat], rnd.epoch))
@@ -639,8 +676,8 @@ class Coordinator:
 
 # -- process entry point ------------------------------------------------------------------------
 
-def _start_store(host: str, port: int) -> dist.TCPStore:
-    return dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300))
+def _start_store(host: str, port: int) -> TCPStore:
+    return TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300))
 
 
 async def _amain(args: argparse.Namespace) -> int:
@@ -674,7 +711,7 @@ async def _amain(args: argparse.Namespace) -> int:
         async with asyncio.TaskGroup() as tasks:
             reader = tasks.create_task(transport.run())
             refresher = tasks.create_task(exporter.refresh_forever(coordinator.status)) if exporter else None
-            ok, reason = await coordinator.serve()
+            ok, _ = await coordinator.serve()
             await transport.close()
             reader.cancel()
             if refresher is not None:

@@ -41,7 +41,7 @@ class DataParallel(nn.Module):
             self._flat = torch.zeros(0)
         self._queued = False
         for param in self._params:
-            param.register_post_accumulate_grad_hook(self._on_grad_ready)
+            param.register_post_accumulate_grad_hook(self._on_grad_ready)  # type: ignore[no-untyped-call]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)

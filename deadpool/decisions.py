@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from deadpool.view import View, place_buddies
 
+DISK = "@disk"  # restore_from value: read the seat's state from the disk checkpoint
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshots:
@@ -19,6 +21,7 @@ class Snapshots:
 
     local_steps: Sequence[int]  # complete local snapshots
     ward_steps: Mapping[int, Sequence[int]]  # seat -> complete buddy copies held
+    disk_steps: Sequence[int] = ()  # steps with complete disk checkpoints of every seat
 
 
 def silent_members(now: float, last_seen: Mapping[str, float], failure_timeout: float) -> list[tuple[str, str]]:
@@ -53,42 +56,63 @@ def pick_spares(
     return chosen, reason
 
 
+def plan_restore(
+    view: View, failed_seats: Sequence[int], reports: Mapping[str, Snapshots]
+) -> tuple[int | None, dict[int, str], str]:
+    """The newest step every seat can restore from memory, and where each seat gets it.
+
+    A survivor restores from its own snapshots; a failed seat, or a survivor that
+    holds nothing yet (a spare whose adoption was interrupted by this failure),
+    restores from the copy its buddy keeps.  Returns the step (None when there is
+    none, with the reason naming the seat), the seats that must fetch from a
+    buddy (seat -> member), and the reason.
+    """
+    failed = set(failed_seats)
+    per_seat: list[dict[int, str | None]] = []
+    for seat, member in enumerate(view.seats):
+        held: dict[int, str | None] = {}
+        buddy_seat = view.buddies[seat]
+        if buddy_seat not in failed and buddy_seat != seat:
+            buddy_report = reports.get(view.seats[buddy_seat])
+            for step in buddy_report.ward_steps.get(seat, ()) if buddy_report else ():
+                held[step] = view.seats[buddy_seat]
+        report = reports.get(member) if seat not in failed else None
+        for step in report.local_steps if report else ():
+            held[step] = None  # local beats a copy
+        if not held:
+            if seat in failed and (buddy_seat in failed or buddy_seat == seat):
+                why = (f"seat {seat} and the seat holding its snapshot copy (seat {buddy_seat}) were both lost: "
+                       "no copy of its state survives in memory")
+            elif seat in failed:
+                why = (f"seat {seat}'s snapshot copy was held by seat {buddy_seat}, which no longer has one "
+                       "(its member changed or lost it): no copy of its state survives in memory")
+            else:
+                why = f"seat {seat} holds no snapshot and seat {buddy_seat} no copy of it"
+            return None, {}, why
+        per_seat.append(held)
+    common = set(per_seat[0]).intersection(*per_seat[1:]) if per_seat else set()
+    if not common:
+        return None, {}, "no snapshot step common to every seat"
+    best = max(common)
+    sources = {seat: source for seat, held in enumerate(per_seat) if (source := held[best]) is not None}
+    return best, sources, f"step {best} is the newest held by every seat"
+
+
 def resume_step(
     view: View, failed_seats: Sequence[int], reports: Mapping[str, Snapshots]
 ) -> tuple[int | None, str]:
-    """The newest step every seat can restore: survivors from memory, failed seats from their buddy.
+    """The newest step every seat can restore (see `plan_restore`), with the reason."""
+    step, _, reason = plan_restore(view, failed_seats, reports)
+    return step, reason
 
-    Returns None (with the reason, naming the lost seat) when no common step exists.
-    """
-    failed = set(failed_seats)
-    candidates: set[int] | None = None
-    for seat, member in enumerate(view.seats):
-        if seat in failed:
-            buddy_seat = view.buddies[seat]
-            if buddy_seat in failed or buddy_seat == seat:
-                return None, (
-                    f"seat {seat} and the seat holding its snapshot copy (seat {buddy_seat}) were both lost: "
-                    "no copy of its state survives in memory"
-                )
-            report = reports.get(view.seats[buddy_seat])
-            held = set(report.ward_steps.get(seat, ())) if report else set()
-            if not held:
-                return None, (
-                    f"seat {seat}'s snapshot copy was held by seat {buddy_seat}, which no longer has one "
-                    "(its member changed or lost it): no copy of its state survives in memory"
-                )
-            source = f"buddy seat {buddy_seat}"
-        else:
-            report = reports.get(member)
-            held = set(report.local_steps) if report else set()
-            source = f"seat {seat} (local)"
-        candidates = held if candidates is None else candidates & held
-        if not candidates:
-            return None, f"no snapshot step common to every seat (ran out at {source})"
-    if not candidates:
-        return None, "no seats"
-    best = max(candidates)
-    return best, f"step {best} is the newest held by every seat"
+
+def disk_resume_step(reports: Mapping[str, Snapshots]) -> int | None:
+    """The newest step with a complete disk checkpoint of every seat, as every survivor sees it."""
+    common: set[int] | None = None
+    for report in reports.values():
+        steps = set(report.disk_steps)
+        common = steps if common is None else common & steps
+    return max(common) if common else None
 
 
 def next_view(
@@ -100,12 +124,22 @@ def next_view(
     hosts: Mapping[str, str],
     bulk_addrs: Mapping[str, str],
     rebuild: bool,
+    from_disk: bool = False,
+    sources: Mapping[int, str] | None = None,
 ) -> View:
-    """The view after a change: replacements seated, spares updated, buddies re-placed."""
+    """The view after a change: replacements seated, spares updated, buddies re-placed.
+
+    Seats in `sources` (default: the replaced seats) fetch from the named member; with
+    `from_disk`, every seat restores from the disk checkpoint (``restore_from`` = DISK).
+    """
     seats = [replacements.get(seat, member) for seat, member in enumerate(view.seats)]
     members = set(seats) | set(spares)
     buddies, _ = place_buddies(seats, hosts)
-    restore_from = {seat: view.buddy_member(seat) for seat in replacements} if rebuild else {}
+    if sources is None:
+        sources = {seat: view.buddy_member(seat) for seat in replacements}
+    restore_from = dict(sources) if rebuild else {}
+    if from_disk:
+        restore_from = {seat: DISK for seat in range(len(seats))}
     return View(
         epoch=epoch,
         seats=seats,

@@ -75,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--failure-timeout", type=float, default=None, help="seconds of silence before death")
     parser.add_argument("--heartbeat-interval", type=float, default=None, help="seconds between heartbeats")
     parser.add_argument("--snapshot-every", type=int, default=None, help="snapshot every N steps (default 1)")
+    parser.add_argument("--checkpoint-dir", default="", help="disk checkpoints here (fallback when a seat and its "
+                        "buddy die together); a shared filesystem across hosts")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="write a disk checkpoint every N steps")
     parser.add_argument("--no-fence-kill", action="store_true",
                         help="do not kill members declared dead (testing zombies)")
     parser.add_argument("--host-name", default="", help="failure-domain name of this host (default: hostname)")
@@ -131,13 +134,17 @@ async def _start_coordinator(args: argparse.Namespace, world: int, events: str, 
                "--store-port", "0" if recover else str(args.master_port)]
     if recover:
         command.append("--recover")
+    if getattr(args, "metrics_port", -1) >= 0:
+        command += ["--metrics-port", str(args.metrics_port)]
     proc = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, env=env)
     assert proc.stdout is not None
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), COORDINATOR_START_TIMEOUT)
         ready = json.loads(line)
+        if ready.get("metrics"):
+            print(f"deadpool: Prometheus metrics at {ready['metrics']}", flush=True)
         return proc, ready["control"], ready["store"]
-    except (asyncio.TimeoutError, json.JSONDecodeError, KeyError):
+    except (TimeoutError, json.JSONDecodeError, KeyError):
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         raise MisuseError("the coordinator did not start (see its error above)") from None
@@ -185,6 +192,10 @@ class Launcher:
             overrides["snapshot_every"] = self.args.snapshot_every
         if self.args.no_fence_kill:
             overrides["fence_by_kill"] = False
+        if self.args.checkpoint_every:
+            overrides["checkpoint_every"] = self.args.checkpoint_every
+            folder = self.args.checkpoint_dir
+            overrides["checkpoint_dir"] = str(Path(folder).resolve()) if folder else ""
         # Every job is authenticated: a given secret (required across hosts), else a fresh one per job,
         # which the job file hands to operator tools on this host.
         secret = os.environ.get("DEADPOOL_SECRET") or secrets.token_hex(16)
@@ -210,7 +221,8 @@ class Launcher:
         spec = ",".join(args.chaos)
         base = {**env, "DEADPOOL_COORDINATOR": self.coordinator_addr, "DEADPOOL_EVENTS": events,
                 "DEADPOOL_CHAOS": spec, "DEADPOOL_HOST": self.host, "DEADPOOL_BIND_HOST": bind,
-                "WORLD_SIZE": str(self.world if args.nproc else 0), "MASTER_ADDR": store_host, "MASTER_PORT": store_port,
+                "WORLD_SIZE": str(self.world if args.nproc else 0),
+                "MASTER_ADDR": store_host, "MASTER_PORT": store_port,
                 "LOCAL_WORLD_SIZE": str(args.nproc), "PYTHONUNBUFFERED": "1"}
         for local in range(args.nproc + args.spares):
             spare = local >= args.nproc

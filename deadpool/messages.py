@@ -80,6 +80,7 @@ class PrepareAck:
     step: int  # last finished step of the live state
     local_steps: list[int]  # complete local snapshots held
     ward_steps: dict[int, list[int]]  # seat -> complete buddy copies held for that seat
+    disk_steps: list[int] = field(default_factory=list)  # steps with a complete disk checkpoint for every seat
 
 
 @dataclass(frozen=True, slots=True)

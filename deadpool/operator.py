@@ -100,7 +100,7 @@ async def _exchange(job: jobfile.JobInfo, build: Callable[[str, int], Message], 
                 f"could not reach the coordinator at {job.coordinator} within {timeout:g}s ({err}). "
                 "Nothing was changed. Is the job still running? `deadpool launch` prints the address."
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             failure = WaitTimeout(
                 f"no answer from the coordinator at {job.coordinator} within {timeout:g}s. Nothing is known to have "
                 "changed. Either the job ended, or the secret differs from the job's (set DEADPOOL_SECRET or "
@@ -355,9 +355,9 @@ def _job(args: argparse.Namespace) -> jobfile.JobInfo:
 
 def run_status(args: argparse.Namespace) -> int:
     """``deadpool status``: print the live view once, or every --watch seconds until the job ends."""
-    job = _job(args)
     if args.watch is not None and not args.watch > 0:
         raise MisuseError(f"--watch takes a positive number of seconds, got {args.watch}")
+    job = _job(args)
     if args.watch is None:
         status = asyncio.run(fetch_status(job, args.timeout, args.bind_host))
         _show(status, args.json)

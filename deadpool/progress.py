@@ -77,7 +77,8 @@ class JobProgress:
         span = window[-1][0] - window[0][0]
         if span < MIN_RATE_SPAN_S:  # the seats' reports of one step land together: no rate yet
             return None
-        return sum(n for _, n in window[1:]) / span
+        first = window[0][0]
+        return sum(n for ts, n in window if ts > first) / span  # what was done after the window opened
 
     def line(self) -> str:
         """One plain line, e.g. ``step 41 | 9,120 tok/s | spares 1 | epoch 3 | 1 swap (0.92 s)``."""

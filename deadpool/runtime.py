@@ -31,13 +31,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from deadpool import chaos as chaos_mod
+from deadpool.checkpoint import DiskCheckpointer, complete_steps
+from deadpool.checkpoint import load as checkpoint_load
 from deadpool.collective import CollectiveAborted, Waiter, connect_store, create_group
 from deadpool.config import Config
 from deadpool.ddp import DataParallel
-from deadpool.errors import FencedError, JobStopped, MisuseError, WaitTimeout
+from deadpool.decisions import DISK
+from deadpool.errors import JobStopped, MisuseError, WaitTimeout
 from deadpool.events import EventLog
 from deadpool.handoff import Command, Handoff
 from deadpool.heartbeat import Progress
@@ -54,7 +56,7 @@ from deadpool.messages import (
     Stop,
 )
 from deadpool.runtime_thread import RuntimeThread
-from deadpool.snapshot import SnapshotStore
+from deadpool.snapshot import Slot, SnapshotStore
 from deadpool.snapshot_actor import Fetch, LocalReady
 from deadpool.statetree import Manifest, flatten, materialize
 from deadpool.view import View
@@ -111,7 +113,11 @@ class Runtime:
         )
         self._thread.role_and_host = (self.role, self.host)
         self._thread.start()
-        self._snapshots = SnapshotStore(on_complete=self._on_snapshot_copied)
+        self._disk = DiskCheckpointer(self.config.checkpoint_dir, self.config.checkpoint_every)
+        self._snapshots = SnapshotStore(
+            on_complete=self._on_snapshot_copied,
+            after_copy=self._save_to_disk if self._disk.enabled else None,
+        )
         self._tracked: dict[str, Any] = {}
         self._optimizers: list[torch.optim.Optimizer] = []
         self._view: View | None = None
@@ -280,7 +286,7 @@ class Runtime:
     def _state(self) -> dict[str, Any]:
         state = {name: obj.state_dict() for name, obj in self._tracked.items()}
         rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             rng["cuda"] = torch.cuda.get_rng_state_all()
         state["__rng__"] = rng
         return state
@@ -303,6 +309,11 @@ class Runtime:
             for state in optimizer.state.values():
                 pointers.update(v.data_ptr() for v in state.values() if isinstance(v, torch.Tensor))
         return pointers
+
+    def _save_to_disk(self, slot: Slot) -> None:
+        """Copy thread: every N steps, the finished snapshot also goes to disk (background write)."""
+        if self.rank >= 0:
+            self._disk.maybe_save(slot, self.rank)
 
     def _on_snapshot_copied(self, slot: Any) -> None:
         """Copy thread: hand the finished snapshot to the SnapshotActor for streaming."""
@@ -463,9 +474,10 @@ class Runtime:
             if isinstance(command, Prepare) and command.epoch >= acked:
                 acked = command.epoch
                 self._snapshots.wait_copy(self.config.copy_timeout)
+                disk = complete_steps(self._disk.root, self.world_size) if self._disk.enabled else []
                 self._handoff.post(PrepareAck(
                     self.member, command.epoch, self._progress.step,
-                    self._snapshots.complete_steps(), self._handoff.ward_steps(),
+                    self._snapshots.complete_steps(), self._handoff.ward_steps(), disk,
                 ))
             elif isinstance(command, CommitView) and command.view.epoch > self._epoch:
                 if command.view.seat_of(self.member) is None:
@@ -499,6 +511,10 @@ class Runtime:
         self._chaos_point("recovery")
         if first_view:
             source, nbytes = "initial", 0
+        elif view.restore_from.get(seat) == DISK:
+            state, nbytes = checkpoint_load(self.config.checkpoint_dir, view.resume_step, seat)
+            self._load(state)
+            source = "disk"
         elif seat in view.restore_from:
             source, nbytes = "buddy", self._restore_from_buddy(view, seat)
         else:
@@ -551,7 +567,7 @@ class Runtime:
         manifest, frames = future.result()
         self._fetch_s = time.perf_counter() - fetch_started
         arena = torch.empty(max(manifest.nbytes, 1), dtype=torch.uint8)
-        arena_bytes = memoryview(arena.numpy()).cast("B")
+        arena_bytes = arena.numpy().data.cast("B")
         offset = 0
         for frame in frames:
             arena_bytes[offset : offset + len(frame)] = frame
@@ -599,6 +615,7 @@ class Runtime:
 
     def _shutdown(self) -> None:
         global _RUNTIME
+        self._disk.close()
         self._thread.stop(timeout=5.0)
         self._snapshots.close()
         self.events.close()

@@ -23,6 +23,7 @@ from typing import Any
 from deadpool import codec
 from deadpool.chaos import PartitionedTransport, PartitionSwitch
 from deadpool.config import Config
+from deadpool.errors import MisuseError
 from deadpool.events import EventLog
 from deadpool.handoff import Handoff
 from deadpool.heartbeat import HeartbeatActor, Progress
@@ -107,7 +108,7 @@ class RuntimeThread:
         asyncio.set_event_loop(loop)
         try:
             loop.run_until_complete(self._run())
-        except BaseException as err:  # noqa: BLE001 - reported to start() or logged; the thread must end cleanly
+        except BaseException as err:
             if not self._ready.is_set():
                 self._startup_error = err
                 self._ready.set()
@@ -123,6 +124,9 @@ class RuntimeThread:
 
     async def _run(self) -> None:
         host = self._bind_host
+        if not (host.startswith("127.") or host in ("localhost", "::1")) and not self._secret:
+            raise MisuseError(f"refusing to listen on {host} (not loopback) without a shared secret: "
+                              "set DEADPOOL_SECRET to the same value on every host")
         control_url = f"{self._scheme}://{host}:0" if self._scheme == "tcp" else f"{self._scheme}://"
         control = PartitionedTransport(open_transport(control_url, CONTROL_LIMITS), self.partition)
         bulk = PartitionedTransport(open_transport(control_url, BULK_LIMITS), self.partition)
@@ -143,7 +147,10 @@ class RuntimeThread:
         )
         self._membership, self._snapshots = membership, snapshots
         loop = asyncio.get_running_loop()
-        self._handoff.bind(lambda message: loop.call_soon_threadsafe(self._route_from_compute, message))
+        def post(message: Any) -> None:
+            loop.call_soon_threadsafe(self._route_from_compute, message)
+
+        self._handoff.bind(post)
         self._ready.set()
         try:
             async with asyncio.TaskGroup() as tasks:

@@ -49,7 +49,7 @@ class Slot:
     def payload(self) -> memoryview:
         """The arena's bytes (zero-copy), for streaming to the buddy."""
         assert self.arena is not None and self.manifest is not None
-        return memoryview(self.arena.numpy()).cast("B")[: self.manifest.nbytes]
+        return self.arena.numpy().data.cast("B")[: self.manifest.nbytes]
 
 
 @dataclass
@@ -62,9 +62,10 @@ class _CopyJob:
 class SnapshotStore:
     """Two local snapshot slots and the thread that fills them."""
 
-    def __init__(self, on_complete: Callable[[Slot], None]) -> None:
+    def __init__(self, on_complete: Callable[[Slot], None], after_copy: Callable[[Slot], None] | None = None) -> None:
         self._slots = [Slot(0), Slot(1)]
         self._on_complete = on_complete
+        self._after_copy = after_copy  # runs on the copy thread before the slot may be reused (disk checkpoints)
         self._jobs: queue.Queue[_CopyJob | None] = queue.Queue(maxsize=1)
         self._thread = threading.Thread(target=self._copy_loop, name="deadpool-snapshot-copy", daemon=True)
         self._thread.start()
@@ -98,7 +99,7 @@ class SnapshotStore:
             return slot
         arena_np = slot.arena.numpy()
         pairs = []
-        for spec, tensor in zip(manifest.tensors, tensors):
+        for spec, tensor in zip(manifest.tensors, tensors, strict=True):
             dst = arena_np[spec.offset : spec.offset + spec.nbytes]
             src = tensor.detach().reshape(-1).view(torch.uint8).numpy()
             if tensor.data_ptr() in background:
@@ -113,13 +114,13 @@ class SnapshotStore:
         """GPU path: async device-to-pinned-host copies on a side stream, completed by an event."""
         assert slot.arena is not None
         if self._cuda_stream is None:
-            self._cuda_stream = torch.cuda.Stream()
+            self._cuda_stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         stream = self._cuda_stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for spec, tensor in zip(manifest.tensors, tensors):
+            for spec, tensor in zip(manifest.tensors, tensors, strict=True):
                 view_tensor(slot.arena, spec).copy_(tensor.detach(), non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(stream)
         self._pending = slot
         self._jobs.put(_CopyJob(slot, [], cuda_event=event))
@@ -140,11 +141,16 @@ class SnapshotStore:
                 job.cuda_event.synchronize()
             for dst, src in job.pairs:
                 np.copyto(dst, src)
+            if self._after_copy is not None:
+                try:
+                    self._after_copy(job.slot)
+                except Exception:
+                    log.exception("disk checkpoint of step %d failed", job.slot.step)
             job.slot.complete = True
             job.slot.done.set()
             try:
                 self._on_complete(job.slot)
-            except Exception:  # noqa: BLE001 - the copy thread must survive a closed runtime
+            except Exception:
                 log.exception("snapshot completion callback failed")
 
     # -- waits and queries --------------------------------------------------------------------

@@ -80,7 +80,7 @@ class Manifest:
                 raise ValueError(f"unknown dtype {dtype!r}")
             if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
                 raise ValueError("bad tensor shape")
-            if not (isinstance(offset, int) and isinstance(size, int) and 0 <= offset and offset + size <= nbytes):
+            if not (isinstance(offset, int) and isinstance(size, int) and offset >= 0 and offset + size <= nbytes):
                 raise ValueError("tensor lies outside the arena")
             numel = 1
             for d in shape:

@@ -8,6 +8,7 @@ member adopts a view only if its epoch is newer than the one it holds.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -49,7 +50,7 @@ class View:
         return [ward for ward, buddy in enumerate(self.buddies) if buddy == seat and ward != seat]
 
 
-def place_buddies(seats: list[str], hosts: dict[str, str]) -> tuple[list[int], str]:
+def place_buddies(seats: Sequence[str], hosts: Mapping[str, str]) -> tuple[list[int], str]:
     """Choose, for every seat, the seat that keeps its snapshot copy.
 
     A uniform ring offset keeps the load even (every seat holds exactly one

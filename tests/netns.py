@@ -237,7 +237,7 @@ class Job:
     """
 
     def __init__(self, cluster: Cluster, workdir: Path, steps: int, nproc: int = 2, spares: int = 1,
-                 extra: Sequence[str] = (), secret: str = "") -> None:
+                 extra: Sequence[str] = (), secret: str = "", env: dict[str, str] | None = None) -> None:
         self.cluster = cluster
         self.workdir = workdir
         self.lines: list[list[tuple[float, str]]] = [[] for _ in cluster.hosts]
@@ -246,7 +246,7 @@ class Job:
         self.event_files = [workdir / f"events-host{h.index}.jsonl" for h in cluster.hosts]
         self.started = time.time()
         head = cluster.hosts[0]
-        env = {**os.environ, "DEADPOOL_SECRET": secret or os.urandom(16).hex(), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **(env or {}), "DEADPOOL_SECRET": secret or os.urandom(16).hex(), "PYTHONUNBUFFERED": "1"}
         for host in cluster.hosts:
             argv = [sys.executable, "-m", "deadpool.cli", "launch",
                     "--nnodes", str(len(cluster.hosts)), "--node-rank", str(host.index),

@@ -66,6 +66,19 @@ def test_resume_step_falls_back_when_buddy_lags() -> None:
     assert step is None and "no snapshot step common" in reason
 
 
+def test_interrupted_adoption_restores_from_the_buddy_again() -> None:
+    # Seat 2's spare was adopted, but a second failure interrupted it before it restored anything.
+    view = make_view()
+    reports = {
+        "m0": decisions.Snapshots([19], {3: [19]}),
+        "m1": decisions.Snapshots([19], {0: [19]}),
+        "m2": decisions.Snapshots([], {}),
+        "m3": decisions.Snapshots([19], {2: [18, 19]}),
+    }
+    step, sources, _ = decisions.plan_restore(view, [], reports)
+    assert step == 19 and sources == {2: "m3"}
+
+
 def test_resume_step_names_seat_lost_with_its_buddy() -> None:
     view = make_view()
     step, reason = decisions.resume_step(

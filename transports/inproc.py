@@ -76,7 +76,7 @@ class InProcTransport:
         copied = [memoryview(bytes(frame)) for frame in frames]
         try:
             await asyncio.wait_for(self._inbox.put(copied), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TransportError(f"{self._address} did not accept within {timeout:.2f}s") from None
 
     def forget(self, address: str) -> None:

@@ -165,7 +165,7 @@ class ZmqTransport:
             raise TransportError(f"cannot connect to {address!r}: {err}") from None
         try:
             await asyncio.wait_for(sock.send_multipart(list(frames), copy=False), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TransportError(f"send to {address} not accepted within {timeout:.2f}s") from None
         except asyncio.CancelledError:
             # close() or forget() closed the socket, and pyzmq cancelled our pending send.

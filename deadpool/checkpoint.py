@@ -1,0 +1,114 @@
+"""Disk checkpoints: the fallback when a seat and the seat holding its copy die together.
+
+Optional and off by default (``--checkpoint-dir DIR --checkpoint-every N``).
+Every N steps the newest local snapshot, already laid out in its arena, is
+written with ``torch.distributed.checkpoint.async_save`` (one checkpoint per
+seat: ``DIR/step-K/seat-S``), so the write runs in a background thread after a
+short staging copy.  A ``COMPLETE`` marker is written when the save finished;
+only marked checkpoints count, and the two newest complete steps are kept.
+
+The non-tensor state (the snapshot manifest: structure, RNG states, scheduler
+and optimizer settings) is written next to the tensors as msgpack, never
+pickle.  Restore rebuilds empty tensors from the manifest, lets DCP fill them
+in place, and unflattens: the result is bit-identical to the snapshot.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save
+
+from deadpool.snapshot import Slot
+from deadpool.statetree import Manifest, unflatten, view_tensor
+
+log = logging.getLogger("deadpool.checkpoint")
+
+MANIFEST = "deadpool-manifest.msgpack"
+COMPLETE = "COMPLETE"
+_STEP_DIR = re.compile(r"^step-(-?\d+)$")
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step}"
+
+
+def complete_steps(root: Path, world_size: int) -> list[int]:
+    """Steps for which every seat's checkpoint is complete (readable by any member on a shared filesystem)."""
+    steps: list[int] = []
+    if not root.is_dir():
+        return steps
+    for entry in root.iterdir():
+        match = _STEP_DIR.match(entry.name)
+        if match and all((entry / f"seat-{seat}" / COMPLETE).exists() for seat in range(world_size)):
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+class DiskCheckpointer:
+    """Writes this seat's snapshots to disk every N steps, in the background."""
+
+    def __init__(self, root: str, every: int) -> None:
+        self.root = Path(root)
+        self.every = every
+        self._pending: Any = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="deadpool-ckpt")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.every) and bool(str(self.root))
+
+    def maybe_save(self, slot: Slot, seat: int) -> bool:
+        """Start saving `slot` if its step is due; skipped (and logged) while the previous save still runs."""
+        if not self.enabled or slot.manifest is None or slot.arena is None or (slot.step + 1) % self.every:
+            return False
+        if self._pending is not None and not self._pending.done():
+            log.warning("disk checkpoint of step %d skipped: the previous one is still being written", slot.step)
+            return False
+        target = step_dir(self.root, slot.step) / f"seat-{seat}"
+        target.mkdir(parents=True, exist_ok=True)
+        (target / MANIFEST).write_bytes(slot.manifest.encode())
+        tensors = {str(i): view_tensor(slot.arena, spec) for i, spec in enumerate(slot.manifest.tensors)}
+        future = async_save({"tensors": tensors}, checkpoint_id=str(target), no_dist=True)
+        self._pending = self._executor.submit(self._finish, future, target, slot.step)
+        return True
+
+    def _finish(self, future: Any, target: Path, step: int) -> None:
+        """Background: wait for the write, mark it complete, keep only the two newest complete steps."""
+        result = future.result() if hasattr(future, "result") else future.upload_completion.result()
+        del result
+        (target / COMPLETE).write_text(str(step))
+        steps = sorted(int(m.group(1)) for e in self.root.iterdir() if (m := _STEP_DIR.match(e.name)))
+        for old in steps[:-3]:
+            shutil.rmtree(step_dir(self.root, old), ignore_errors=True)
+
+    def wait(self, timeout: float) -> None:
+        if self._pending is not None:
+            self._pending.result(timeout=timeout)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=False)
+
+
+def load(root: str, step: int, seat: int) -> tuple[Any, int]:
+    """The state a seat had after `step`, read back from disk, and its size in bytes.
+
+    Raises:
+        LookupError: no complete checkpoint of that step for that seat.
+    """
+    target = step_dir(Path(root), step) / f"seat-{seat}"
+    if not (target / COMPLETE).exists():
+        raise LookupError(f"no complete disk checkpoint of step {step} for seat {seat} under {root}")
+    manifest = Manifest.decode((target / MANIFEST).read_bytes(), max_nbytes=1 << 40)
+    arena = torch.empty(max(manifest.nbytes, 1), dtype=torch.uint8)
+    tensors = {str(i): view_tensor(arena, spec) for i, spec in enumerate(manifest.tensors)}
+    dcp_load({"tensors": tensors}, checkpoint_id=str(target), no_dist=True)
+    state = unflatten(manifest.skeleton, [tensors[str(i)].clone() for i in range(len(manifest.tensors))])
+    return state, manifest.nbytes

@@ -1,0 +1,184 @@
+"""Membership under hard failures: hangs, failures during a swap, double kills, lost copies,
+a dead coordinator, partitions and spares joining late.  Real processes, real signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors, launch
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 16
+SLOW = ("--step-delay", "0.15")
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
+    result = launch(tmp_path_factory.mktemp("baseline"), "--nproc", "4", "--spares", "1", steps=STEPS)
+    assert result.returncode == 0 and result.digest, result.output[-3000:]
+    return result
+
+
+def one_view_per_epoch(result: LaunchResult) -> None:
+    """No split brain: every epoch was committed at most once, and epochs only grew."""
+    epochs = [v["epoch"] for v in result.of("view_committed")]
+    assert max(Counter(epochs).values()) == 1, epochs
+    assert epochs == sorted(epochs)
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def wait_for(path: Path, predicate, timeout: float) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = read(path)
+        if predicate(events):
+            return events
+        time.sleep(0.1)
+    raise AssertionError(f"not seen within {timeout}s: {[e['event'] for e in read(path)][-30:]}")
+
+
+def test_hung_rank_is_fenced_by_kill_and_swapped(tmp_path: Path, baseline: LaunchResult) -> None:
+    result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "stop:rank=1:step=6:at=allreduce",
+                    steps=STEPS)
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.digest == baseline.digest
+    failed = result.of("member_failed")
+    assert [f["detected_by"] for f in failed] == ["heartbeat"]
+    stopped_at = result.of("chaos_injected")[0]["ts"]
+    # Detected within failure_timeout (2 s) plus slack; no survivor waited for the gloo timeout.
+    assert failed[0]["ts"] - stopped_at < 2.0 + 1.5
+    assert result.of("swap_completed")[0]["ts"] - stopped_at < 2.0 + 8.0
+    one_view_per_epoch(result)
+
+
+def test_second_failure_during_swap_converges(tmp_path: Path, baseline: LaunchResult) -> None:
+    result = launch(tmp_path, "--nproc", "4", "--spares", "2", "--chaos", "kill:rank=2:step=6",
+                    "--chaos", "kill:rank=0:step=6:at=recovery", steps=STEPS)
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.digest == baseline.digest
+    assert sorted(f["failed_rank"] for f in result.of("member_failed")) == [0, 2]
+    assert sorted(s["rank"] for s in result.of("swap_completed")) == [0, 2]
+    one_view_per_epoch(result)
+
+
+def test_two_simultaneous_kills_with_two_spares(tmp_path: Path, baseline: LaunchResult) -> None:
+    result = launch(tmp_path, "--nproc", "4", "--spares", "2", "--chaos", "kill:rank=1:step=6",
+                    "--chaos", "kill:rank=3:step=6", steps=STEPS)
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.digest == baseline.digest
+    assert sorted(s["rank"] for s in result.of("swap_completed")) == [1, 3]
+    one_view_per_epoch(result)
+
+
+def test_rank_and_its_buddy_lost_stops_with_error_naming_the_seat(tmp_path: Path) -> None:
+    # Seat 2's snapshot copy lives on seat 3: losing both loses seat 2's state.
+    result = launch(tmp_path, "--nproc", "4", "--spares", "2", "--chaos", "kill:rank=2:step=6",
+                    "--chaos", "kill:rank=3:step=6", steps=STEPS, timeout=120)
+    assert result.returncode != 0
+    failed = result.of("job_failed")
+    assert len(failed) == 1
+    assert "seat 2" in failed[0]["reason"] and "no copy of its state survives" in failed[0]["reason"]
+    assert "job FAILED" in result.output
+
+
+def test_partitioned_member_cannot_split_the_brain(tmp_path: Path, baseline: LaunchResult) -> None:
+    result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--no-fence-kill",
+                    "--chaos", "partition:rank=1:step=6", steps=STEPS, env={"DEADPOOL_VIEW_TIMEOUT": "10"})
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.digest == baseline.digest
+    one_view_per_epoch(result)
+    cut = result.of("chaos_injected")[0]
+    victim = cut["member"]
+    assert [f["failed_member"] for f in result.of("member_failed")] == [victim]
+    assert not [e for e in result.of("step_finished") if e["member"] == victim and e["ts"] > cut["ts"]]
+    assert not [e for e in result.of("restored") if e["member"] == victim]
+
+
+def test_coordinator_restart_rebuilds_view_and_handles_next_failure(tmp_path: Path, baseline: LaunchResult) -> None:
+    events = tmp_path / "events.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deadpool.cli", "launch", "--events", str(events), "--nproc", "4", "--spares", "1",
+         "--chaos", "kill:rank=2:step=12", str(DEMO), "--steps", str(STEPS), *SLOW],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        started = wait_for(events, lambda ev: any(e["event"] == "step_finished" and e["step"] >= 3 for e in ev), 120)
+        coordinator = next(e for e in started if e["event"] == "coordinator_started")
+        os.kill(coordinator["pid"], signal.SIGKILL)
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    result = LaunchResult(proc.returncode, output, read(events), 0.0)
+    assert_no_survivors(result)
+    assert result.returncode == 0, output[-4000:]
+    assert result.digest == baseline.digest
+    assert len(result.of("coordinator_started")) == 2 and result.of("coordinator_started")[1]["recovering"]
+    adopted = result.of("view_adopted")
+    assert adopted, "the restarted coordinator learned the view from the members"
+    failed = result.of("member_failed")
+    assert len(failed) == 1 and failed[0]["failed_rank"] == 2 and failed[0]["ts"] > adopted[0]["ts"]
+    assert result.of("swap_completed")
+
+
+def test_spare_joins_running_job_and_is_adopted_later(tmp_path: Path, baseline: LaunchResult) -> None:
+    events = tmp_path / "events.jsonl"
+    env = {**os.environ, "DEADPOOL_SECRET": "joining-spare-secret"}
+    job = subprocess.Popen(
+        [sys.executable, "-m", "deadpool.cli", "launch", "--events", str(events), "--nproc", "4", "--spares", "0",
+         "--chaos", "kill:rank=1:step=13", str(DEMO), "--steps", str(STEPS), "--step-delay", "0.6"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
+    extra = None
+    try:
+        started = wait_for(events, lambda ev: any(e["event"] == "step_finished" for e in ev), 120)
+        address = next(e for e in started if e["event"] == "coordinator_started")["address"]
+        extra = subprocess.Popen(
+            [sys.executable, "-m", "deadpool.cli", "launch", "--events", str(events), "--nproc", "0", "--spares", "1",
+             "--coordinator", address, str(DEMO), "--steps", str(STEPS), "--step-delay", "0.6"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
+        joined = wait_for(events, lambda ev: any(e["event"] == "view_committed" and e["spares"] for e in ev), 120)
+        joined_at_step = max(e["step"] for e in joined if e["event"] == "step_finished")
+        assert joined_at_step < 13, "the spare must join before the failure for this test to mean anything"
+        output, _ = job.communicate(timeout=240)
+        extra_output, _ = extra.communicate(timeout=60)
+    finally:
+        for proc in (job, extra):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    result = LaunchResult(job.returncode, output, read(events), 0.0)
+    assert_no_survivors(result)
+    assert result.returncode == 0, output[-4000:]
+    assert extra.returncode == 0, extra_output[-3000:]
+    assert result.digest == baseline.digest
+    swap = result.of("swap_completed")
+    assert len(swap) == 1 and swap[0]["rank"] == 1 and ":spare0:" in swap[0]["new_member"]
+
+
+def test_rank_and_its_buddy_lost_falls_back_to_disk_checkpoint(tmp_path: Path, baseline: LaunchResult) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    result = launch(tmp_path, "--nproc", "4", "--spares", "2", "--checkpoint-dir", str(checkpoints),
+                    "--checkpoint-every", "4", "--chaos", "kill:rank=2:step=10", "--chaos", "kill:rank=3:step=10",
+                    steps=STEPS)
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.digest == baseline.digest, "rolled back to disk, and still bit-identical"
+    fallback = result.of("disk_fallback")
+    assert len(fallback) == 1 and fallback[0]["resume_step"] == 7
+    restored = result.of("restored")
+    assert restored and all(r["source"] == "disk" and r["step"] == 7 for r in restored)
+    assert {r["rank"] for r in restored} == {0, 1, 2, 3}
+    assert sorted(s["rank"] for s in result.of("swap_completed")) == [2, 3]

@@ -1,0 +1,224 @@
+"""Three hosts, one `deadpool launch` each, and a whole host lost.
+
+The hosts are Linux network namespaces on this machine (see ``netns.py``):
+each has its own address on a private bridge (10.77.0.10-12, inside the
+namespaces only), so the coordinator, the TCPStore, gloo and the snapshot
+streams all run over real TCP between distinct addresses, and "losing a host"
+is done for real: every process in it SIGKILLed at once, or its link cut
+while its processes live on.
+
+Each host runs ``deadpool launch --nnodes 3 --node-rank I --nproc-per-node 2
+--spares 1`` (6 seats, 3 spares, one per host); host 0 also runs the
+coordinator on a fixed port that hosts 1 and 2 are given, as ``srun`` would
+start them.  Host 2 (seats 4 and 5 and a spare) is the one lost: the spares of
+hosts 0 and 1 take its seats, restored from buddies on host 0, and training
+ends with the same final state digest as the failure-free run.
+
+Needs root (namespaces); skipped with the reason otherwise.  About 3 minutes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import netns
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 12
+FAULT_AFTER_STEP = 4  # host 2 is lost when rank 0 has printed this step
+LOST = 2  # the host that is lost
+# A paused worker's wait for the view (and a survivor's wait for its buddy's confirmation) is bounded by
+# view_timeout; lowered from 60 s so that a cut-off host's workers give up within the test's time.
+VIEW_TIMEOUT = 20.0
+ENV = {"DEADPOOL_VIEW_TIMEOUT": str(VIEW_TIMEOUT)}
+JOB_TIMEOUT = 150.0
+
+
+@dataclass
+class Run:
+    """What one 3-host job did."""
+
+    name: str
+    codes: dict[int, int | None]
+    outputs: list[str]
+    events: list[dict[str, Any]]
+    digest: str | None
+    started: float
+    fault_at: float = 0.0  # wall clock of the kill / the cut
+    killed_pids: list[int] = field(default_factory=list)
+    cut_host_exits: dict[str, float] = field(default_factory=dict)  # process -> seconds after the cut
+    cut_host_left: list[str] = field(default_factory=list)  # still running at the deadline
+    leftovers_killed: list[str] = field(default_factory=list)  # killed by the harness at teardown
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event") == kind]
+
+    def tail(self) -> str:
+        return "\n".join(f"---- host{i}\n{out[-2500:]}" for i, out in enumerate(self.outputs))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _namespaces_available() -> None:
+    reason = netns.unavailable_reason()
+    if reason:
+        pytest.skip(f"multi-host test needs network namespaces: {reason}")
+
+
+def _run(tmp: Path, name: str, fault: str = "") -> Run:
+    """One job on three fresh namespace hosts; `fault` is '', 'kill' or 'cut' (of host LOST)."""
+    with netns.Cluster(3) as cluster:
+        job = netns.Job(cluster, tmp, STEPS, env=ENV)
+        run = Run(name, {}, [], [], None, job.started)
+        try:
+            _, line = job.wait_line(0, r"^deadpool: coordinator ", 90)
+            assert f"tcp://{cluster.hosts[0].addr}:{netns.COORDINATOR_PORT}" in line, line
+            if fault:
+                job.wait_line(0, rf"^\[rank0\] step +{FAULT_AFTER_STEP} ", 120)
+                run.fault_at = time.time()
+                if fault == "kill":
+                    run.killed_pids = cluster.kill_host(cluster.hosts[LOST])
+                else:
+                    cut_pids = {pid: netns.describe(pid) for pid in cluster.pids(cluster.hosts[LOST])}
+                    cluster.cut_link(cluster.hosts[LOST])
+            survivors = [h.index for h in cluster.hosts if not (fault and h.index == LOST)]
+            run.codes = job.wait(survivors, JOB_TIMEOUT)
+            if fault == "cut":
+                _watch_cut_host(cluster, run, cut_pids)
+            else:
+                # Nothing may outlive a launcher that returned: poll the namespaces briefly.
+                deadline = time.monotonic() + 5.0
+                while any(cluster.pids(h) for h in cluster.hosts) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+        finally:
+            run.outputs = [job.output(h.index) for h in cluster.hosts]
+    run.leftovers_killed = cluster.killed_at_teardown
+    run.events = job.events()
+    run.digest = job.digest(0)
+    return run
+
+
+def _watch_cut_host(cluster: netns.Cluster, run: Run, pids: dict[int, str]) -> None:
+    """Record when each process of the cut-off host exits, up to a bound every one of its waits respects."""
+    bound = VIEW_TIMEOUT + 15.0
+    deadline = run.fault_at + bound
+    while time.time() < deadline:
+        for pid, what in pids.items():
+            if what not in run.cut_host_exits and not netns.alive(pid):
+                run.cut_host_exits[what] = round(time.time() - run.fault_at, 1)
+        if len(run.cut_host_exits) == len(pids):
+            break
+        time.sleep(0.2)
+    run.cut_host_left = [what for what in pids.values() if what not in run.cut_host_exits]
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    run = _run(tmp_path_factory.mktemp("baseline"), "baseline")
+    assert run.codes == {0: 0, 1: 0, 2: 0}, run.tail()
+    assert run.digest, run.tail()
+    assert not run.leftovers_killed, f"processes outlived the job: {run.leftovers_killed}"
+    return run
+
+
+@pytest.fixture(scope="module")
+def host_killed(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return _run(tmp_path_factory.mktemp("kill"), "kill", fault="kill")
+
+
+@pytest.fixture(scope="module")
+def link_cut(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    yield _run(tmp_path_factory.mktemp("cut"), "cut", fault="cut")
+
+
+def _host(member: str) -> str:
+    return member.split(":", 1)[0]  # member ids are HOST:LABEL:RANDOM (launch --host-name)
+
+
+def test_three_hosts_train_over_tcp_with_cross_host_buddies(baseline: Run) -> None:
+    joined = [e for e in baseline.of("member_joined") if e.get("source_process") == "worker"]
+    assert len(joined) == 9, "2 actives and 1 spare on each of the 3 hosts"
+    for record in joined:
+        index = int(_host(record["member"]).removeprefix("host"))
+        address = f"tcp://{netns.SUBNET}.{10 + index}:"
+        assert record["control_addr"].startswith(address) and record["bulk_addr"].startswith(address), record
+    started = baseline.of("coordinator_started")[0]
+    assert started["address"] == f"tcp://{netns.SUBNET}.10:{netns.COORDINATOR_PORT}"
+    assert started["store"] == f"{netns.SUBNET}.10:{netns.STORE_PORT}"
+    first = baseline.of("view_committed")[0]
+    assert [_host(m) for m in first["seats"]] == ["host0", "host0", "host1", "host1", "host2", "host2"]
+    last = baseline.of("view_committed")[-1]  # spares may join after the first view: each one commits a view
+    assert sorted(_host(m) for m in last["spares"]) == ["host0", "host1", "host2"]
+    _assert_copies_on_other_hosts(baseline)
+    assert not baseline.of("member_failed")
+    assert baseline.of("training_finished")[0]["step"] == STEPS - 1
+
+
+def _assert_copies_on_other_hosts(run: Run) -> None:
+    """Every committed view keeps each seat's snapshot copy on another host than the seat."""
+    for view in run.of("view_committed"):
+        seats, buddies = view["seats"], view["buddies"]
+        for seat, member in enumerate(seats):
+            assert _host(seats[buddies[seat]]) != _host(member), f"epoch {view['epoch']}: seat {seat}"
+
+
+def _assert_host_replaced(run: Run, baseline: Run) -> dict[str, float]:
+    """Host 2's seats went to the spares of hosts 0 and 1, restored from buddies; bit-identical end."""
+    assert run.codes == {0: 0, 1: 0}, run.tail()
+    assert run.digest == baseline.digest, f"a run that lost a host must end bit-identical\n{run.tail()}"
+    failed = {e["failed_member"] for e in run.of("member_failed")}
+    assert {_host(m) for m in failed} == {f"host{LOST}"}, failed
+    assert len(failed) == 3, "both actives and the spare of the lost host"
+    swap = [v for v in run.of("view_committed") if v.get("failed_seats")]
+    assert len(swap) == 1 and swap[0]["failed_seats"] == [4, 5], swap
+    new = swap[0]["seats"]
+    assert sorted(_host(new[4]) + _host(new[5])) == sorted("host0host1"), "one spare from each surviving host"
+    assert all(":spare" in new[s] for s in (4, 5)) and not swap[0]["spares"]
+    restored = {e["rank"]: e for e in run.of("restored") if e["source"] == "buddy"}
+    assert sorted(restored) == [4, 5] and all(r["bytes"] > 1_000_000 for r in restored.values())
+    _assert_copies_on_other_hosts(run)
+    completed = {e["rank"]: e for e in run.of("swap_completed")}
+    assert sorted(completed) == [4, 5]
+    assert run.of("training_finished")[0]["step"] == STEPS - 1
+    detected = min(e["ts"] for e in run.of("member_failed"))
+    recovered = max(e["ts"] for e in completed.values())
+    figures = {
+        "fault_to_detected_s": round(detected - run.fault_at, 2),
+        "fault_to_recovered_s": round(recovered - run.fault_at, 2),
+        "coordinator_recovery_s": max(e["recovery_s"] for e in completed.values()),
+        "resume_step": swap[0]["resume_step"],
+        "run_s": round(time.time() - run.started, 1),
+    }
+    print(f"\n{run.name}: {figures}; detected by {sorted({e['detected_by'] for e in run.of('member_failed')})}")
+    assert figures["fault_to_recovered_s"] < 30, figures
+    return figures
+
+
+def test_whole_host_killed_seats_refilled_from_other_hosts_bit_identical(host_killed: Run, baseline: Run) -> None:
+    assert len(host_killed.killed_pids) == 4, "the agent, 2 actives and the spare of the lost host"
+    _assert_host_replaced(host_killed, baseline)
+    assert not host_killed.leftovers_killed, f"processes outlived the job: {host_killed.leftovers_killed}"
+
+
+def test_host_link_cut_seats_refilled_bit_identical(link_cut: Run, baseline: Run) -> None:
+    _assert_host_replaced(link_cut, baseline)
+    assert {e["detected_by"] for e in link_cut.of("member_failed")} == {"heartbeat"}, "no exit report crosses a cut"
+    # The cut-off host's actives give up within their bounded waits (they cannot learn they were fenced).
+    actives = [what for what in link_cut.cut_host_exits if "train_gpt.py" in what]
+    print(f"cut host: exits after the cut (s): {link_cut.cut_host_exits}; still running: {link_cut.cut_host_left}")
+    assert len(actives) >= 2, f"the cut-off host's active workers did not exit: {link_cut.cut_host_left}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: a cut-off host's spare waits for a seat up to 7 days and its `deadpool launch` agent waits "
+    "for the coordinator's Stop without a bound; neither can learn it was fenced, so both outlive the job "
+    "(the harness kills them)",
+)
+def test_cut_off_host_leaves_no_process(link_cut: Run) -> None:
+    assert not link_cut.cut_host_left, f"still running {VIEW_TIMEOUT + 15:.0f}s after the cut: {link_cut.cut_host_left}"
