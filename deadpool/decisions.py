@@ -38,18 +38,22 @@ def pick_spares(
 ) -> tuple[dict[int, str] | None, str]:
     """Choose a spare for every failed seat, or None when there are too few.
 
-    A spare on another host than the failed seat's buddy is preferred, so the
-    new member and the copy of its neighbour's state do not share a failure
-    domain; otherwise spares are taken in the order they joined.
+    Spares on a host that just lost a seat come last: when a whole host goes,
+    its members' heartbeats expire one tick apart, and its spare, not yet
+    declared dead, would otherwise be seated and lost again within the swap.
+    Next, a spare on another host than the failed seat's buddy is preferred,
+    so the new member and the copy of its neighbour's state do not share a
+    failure domain.  Ties go to the spare that joined first.
     """
     if len(spares) < len(failed_seats):
         return None, f"{len(failed_seats)} seat(s) lost but only {len(spares)} spare(s) left"
     available = list(spares)
+    failed_hosts = {hosts.get(view.seats[seat], "") for seat in failed_seats} - {""}
     chosen: dict[int, str] = {}
     for seat in sorted(failed_seats):
         buddy_host = hosts.get(view.buddy_member(seat), "")
-        preferred = [s for s in available if hosts.get(s, "") != buddy_host]
-        spare = (preferred or available)[0]
+        # min() keeps the first of equals: join order within a preference class.
+        spare = min(available, key=lambda s: (hosts.get(s, "") in failed_hosts, hosts.get(s, "") == buddy_host))
         available.remove(spare)
         chosen[seat] = spare
     reason = ", ".join(f"seat {seat} <- {spare}" for seat, spare in sorted(chosen.items()))

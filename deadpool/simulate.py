@@ -401,8 +401,16 @@ class Simulation:
         self._current: _ViewInfo | None = None  # newest view delivered to the members
         self._quiet_after = 0  # tick after which the newest rebuilt view has reported its first step
         self._settle_view: tuple[View, set[str]] | None = None  # the coordinator's view and its members
+        self._agents: list[_Agent] = []
+        self._members: list[_Member] = []
+        self._by_id: dict[str, _Member] = {}
+        self._by_addr: dict[str, _Member | _Agent] = {}
+        self._member_buckets: list[list[_Member]] = [[] for _ in range(self._hb_ticks)]  # by heartbeat phase
+        self._agent_buckets: list[list[_Agent]] = [[] for _ in range(self._hb_ticks)]
         self._build_cluster()
-        self._failures = self._schedule_failures()
+        failures_from = self._ticks(cfg.join_s + 0.5 + cfg.steady_s)
+        self._steady = (self._ticks(cfg.join_s + 0.5), failures_from)  # ticks measured as steady state
+        self._failures = self._schedule_failures(failures_from)
         self._victims: dict[str, _Failure] = {}
         # checks and metrics
         self.violations: list[str] = []
@@ -436,13 +444,8 @@ class Simulation:
     def _build_cluster(self) -> None:
         """Members on hosts of members_per_host, seats first and spares last; joins at seeded random times."""
         cfg, rng = self.config, self._rng
-        self._agents: list[_Agent] = []
-        self._members: list[_Member] = []
-        self._by_id: dict[str, _Member] = {}
-        self._by_addr: dict[str, _Member | _Agent] = {}
-        self._member_buckets: list[list[_Member]] = [[] for _ in range(self._hb_ticks)]
-        self._agent_buckets: list[list[_Agent]] = [[] for _ in range(self._hb_ticks)]
         join_ticks = self._ticks(cfg.join_s)
+        joins: list[tuple[int, _Member]] = []
         for index in range(cfg.members):
             h = index // cfg.members_per_host
             host = f"node{h:05d}"
@@ -463,17 +466,18 @@ class Simulation:
             self._by_addr[member.control_addr] = member
             joined = rng.randrange(join_ticks)
             self._member_buckets[joined % self._hb_ticks].append(member)
+            joins.append((joined, member))
+        rng.shuffle(joins)  # within a tick too, seats and spares join in random order
+        for joined, member in joins:
             self._at(joined, functools.partial(self._join, member))
         for agent in self._agents:
             hello = AgentHello(agent.agent_id, agent.host, agent.control_addr, {m.member: m.pid for m in agent.members})
             self._at(0, functools.partial(self.send, hello))
 
-    def _schedule_failures(self) -> list[_Failure]:
+    def _schedule_failures(self, start: int) -> list[_Failure]:
         """K failures: kinds rotate, the second waits for a view change, the third hits a spare."""
         cfg, rng = self.config, self._rng
-        start = self._ticks(cfg.join_s + 0.5 + cfg.steady_s)
         end = max(start, self._ticks(cfg.duration - self.coordinator_config.failure_timeout - 1.0))
-        self._steady = (self._ticks(cfg.join_s + 0.5), start)
         kinds = [HANG, CRASH, ZOMBIE]
         rng.shuffle(kinds)
         failures = []
@@ -843,7 +847,7 @@ class Simulation:
             "view_change_s_max": _round(max(change, default=None)),
             "swaps_completed": self._swaps,
             "job": "running" if outcome is None else ("finished" if outcome[0] else "failed"),
-            "job_failure_reason": "" if outcome is None or outcome[0] else outcome[1],
+            "job_failure_reason": "" if outcome is None or outcome[0] else _shorten(outcome[1]),
             "false_positives": self._false_positives,
             "fenced_rejections": self._fenced_rejections,
             "spurious_rebuilds": self._spurious_rebuilds,
@@ -872,6 +876,10 @@ def adaptive_interval(members: int, beats_per_s: float = 65_536.0, base: float =
     ``DEADPOOL_HEARTBEAT_INTERVAL``, so no protocol change is needed.
     """
     return max(base, round(members / beats_per_s, 3))
+
+
+def _shorten(text: str, limit: int = 400) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _round(value: float | None) -> float | None:

@@ -28,7 +28,7 @@ from typing import Any
 import netns
 import pytest
 
-pytestmark = pytest.mark.e2e
+from deadpool import decisions
 
 STEPS = 12
 FAULT_AFTER_STEP = 4  # host 2 is lost when rank 0 has printed this step
@@ -63,8 +63,8 @@ class Run:
         return "\n".join(f"---- host{i}\n{out[-2500:]}" for i, out in enumerate(self.outputs))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _namespaces_available() -> None:
+@pytest.fixture(scope="module")
+def namespaces() -> None:
     reason = netns.unavailable_reason()
     if reason:
         pytest.skip(f"multi-host test needs network namespaces: {reason}")
@@ -118,7 +118,7 @@ def _watch_cut_host(cluster: netns.Cluster, run: Run, pids: dict[int, str]) -> N
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> Run:
+def baseline(tmp_path_factory: pytest.TempPathFactory, namespaces: None) -> Run:
     run = _run(tmp_path_factory.mktemp("baseline"), "baseline")
     assert run.codes == {0: 0, 1: 0, 2: 0}, run.tail()
     assert run.digest, run.tail()
@@ -127,12 +127,12 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 
 @pytest.fixture(scope="module")
-def host_killed(tmp_path_factory: pytest.TempPathFactory) -> Run:
+def host_killed(tmp_path_factory: pytest.TempPathFactory, namespaces: None) -> Run:
     return _run(tmp_path_factory.mktemp("kill"), "kill", fault="kill")
 
 
 @pytest.fixture(scope="module")
-def link_cut(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+def link_cut(tmp_path_factory: pytest.TempPathFactory, namespaces: None) -> Iterator[Run]:
     yield _run(tmp_path_factory.mktemp("cut"), "cut", fault="cut")
 
 
@@ -140,6 +140,7 @@ def _host(member: str) -> str:
     return member.split(":", 1)[0]  # member ids are HOST:LABEL:RANDOM (launch --host-name)
 
 
+@pytest.mark.e2e
 def test_three_hosts_train_over_tcp_with_cross_host_buddies(baseline: Run) -> None:
     joined = [e for e in baseline.of("member_joined") if e.get("source_process") == "worker"]
     assert len(joined) == 9, "2 actives and 1 spare on each of the 3 hosts"
@@ -199,12 +200,14 @@ def _assert_host_replaced(run: Run, baseline: Run) -> dict[str, float]:
     return figures
 
 
+@pytest.mark.e2e
 def test_whole_host_killed_seats_refilled_from_other_hosts_bit_identical(host_killed: Run, baseline: Run) -> None:
     assert len(host_killed.killed_pids) == 4, "the agent, 2 actives and the spare of the lost host"
     _assert_host_replaced(host_killed, baseline)
     assert not host_killed.leftovers_killed, f"processes outlived the job: {host_killed.leftovers_killed}"
 
 
+@pytest.mark.e2e
 def test_host_link_cut_seats_refilled_bit_identical(link_cut: Run, baseline: Run) -> None:
     _assert_host_replaced(link_cut, baseline)
     assert {e["detected_by"] for e in link_cut.of("member_failed")} == {"heartbeat"}, "no exit report crosses a cut"
@@ -214,6 +217,7 @@ def test_host_link_cut_seats_refilled_bit_identical(link_cut: Run, baseline: Run
     assert len(actives) >= 2, f"the cut-off host's active workers did not exit: {link_cut.cut_host_left}"
 
 
+@pytest.mark.e2e
 @pytest.mark.xfail(
     strict=True,
     reason="known gap: a cut-off host's spare waits for a seat up to 7 days and its `deadpool launch` agent waits "
@@ -222,3 +226,15 @@ def test_host_link_cut_seats_refilled_bit_identical(link_cut: Run, baseline: Run
 )
 def test_cut_off_host_leaves_no_process(link_cut: Run) -> None:
     assert not link_cut.cut_host_left, f"still running {VIEW_TIMEOUT + 15:.0f}s after the cut: {link_cut.cut_host_left}"
+
+
+def test_spares_of_the_lost_host_are_picked_last() -> None:
+    """Pure: a whole-host loss is declared seat by seat; the lost host's spare (silent, not yet declared
+    dead) must not be seated, and the two seats go to the spares of the two surviving hosts."""
+    hosts = {f"m{i}": f"host{i // 2}" for i in range(6)} | {f"s{h}": f"host{h}" for h in range(3)}
+    view, _ = decisions.first_view({i: f"m{i}" for i in range(6)}, 6, ["s2", "s1", "s0"], "x:1", hosts, {})
+    assert view is not None and view.buddies == [2, 3, 4, 5, 0, 1]  # ring offset 2: copies on another host
+    first, _ = decisions.pick_spares([5], view, ["s2", "s1", "s0"], hosts)  # seat 5's heartbeat expired first
+    assert first == {5: "s1"}
+    both, _ = decisions.pick_spares([4, 5], view, ["s2", "s1", "s0"], hosts)  # then seat 4's
+    assert both == {4: "s1", 5: "s0"}

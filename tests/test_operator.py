@@ -33,7 +33,7 @@ from deadpool.cli import main as cli_main
 from deadpool.metrics import CoordinatorMetrics
 from deadpool.progress import EventTail, JobProgress
 
-STEPS = 60
+STEPS = 50
 STEP_DELAY = 0.3
 TORCHRUN_SCRIPT = REPO / "tests" / "torchrun_style.py"
 
