@@ -46,6 +46,7 @@ RANDOM_ACTIONS = ("kill", "stop")  # cont undoes a stop; alone it injects nothin
 SETTLE_TIMEOUT = 120.0  # chaos random waits this long for the job to be ready for the next failure
 SILENT_AFTER_S = 1.0  # status flags a seat whose member was not heard from for this long (ten heartbeats)
 STATUS_WIDTH = 140  # columns of the table when the output is not a terminal (a log, a pipe)
+EVENT_WIDTH = 130  # an event line longer than this is cut, so each event stays on one line
 
 
 # -- one request, one reply ---------------------------------------------------------------------
@@ -277,12 +278,16 @@ def render_status(status: dict[str, Any], events: int = 8) -> Any:
         )
     parts.append(table)
     spares = [s for s in status.get("spares", []) if isinstance(s, dict)]
-    spare_table = Table(title=f"spares ({len(spares)})", title_justify="left", expand=False)
-    for column in ("member", "host", "pid", "heartbeat"):
-        spare_table.add_column(column)
-    for s in spares:
-        spare_table.add_row(str(s.get("member")), str(s.get("host")), str(s.get("pid")), _age(s.get("heartbeat_age_s")))
-    parts.append(spare_table)
+    if spares:
+        spare_table = Table(title=f"spares ({len(spares)})", title_justify="left", expand=False)
+        for column in ("member", "host", "pid", "heartbeat"):
+            spare_table.add_column(column)
+        for s in spares:
+            spare_table.add_row(str(s.get("member")), str(s.get("host")), str(s.get("pid")),
+                                _age(s.get("heartbeat_age_s")))
+        parts.append(spare_table)
+    else:
+        parts.append(Text("spares (0): none left; the next failure stops the job", style="yellow"))
     if status.get("fenced"):
         parts.append(Text(f"fenced (dead, never readmitted): {', '.join(map(str, status['fenced']))}"))
     recent = [e for e in status.get("recent_events", []) if isinstance(e, dict)][-events:]
@@ -302,7 +307,8 @@ def _event_line(record: dict[str, Any]) -> str:
     rank = record.get("rank")
     where = f" rank {rank}" if isinstance(rank, int) and rank >= 0 else ""
     detail = " ".join(f"{k}={record[k]}" for k in _EVENT_DETAIL if record.get(k) not in (None, ""))
-    return f"  {stamp} e{record.get('epoch')} {record.get('event')}{where} {who} {detail}".rstrip()[:200]
+    line = f"  {stamp} e{record.get('epoch')} {record.get('event')}{where} {who} {detail}".rstrip()
+    return line if len(line) <= EVENT_WIDTH else line[: EVENT_WIDTH - 1] + "…"
 
 
 # -- the command line -----------------------------------------------------------------------------
