@@ -43,6 +43,7 @@ class Slot:
     step: int = -2  # -2: empty; -1: the initial state
     generation: str = ""  # process group generation (store prefix) the snapshot was taken in
     complete: bool = False
+    pinned: bool = False  # page-locked host memory (the GPU path's copy target)
     sequence: int = 0  # capture order: the newest of two snapshots of the same step is the higher one
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -50,6 +51,16 @@ class Slot:
         """The arena's bytes (zero-copy), for streaming to the buddy."""
         assert self.arena is not None and self.manifest is not None
         return self.arena.numpy().data.cast("B")[: self.manifest.nbytes]
+
+
+def on_accelerator(tensors: list[torch.Tensor]) -> bool:
+    """The GPU path is taken when any tracked tensor lives on a CUDA device."""
+    return any(t.is_cuda for t in tensors)
+
+
+def allocate_arena(nbytes: int, pinned: bool) -> torch.Tensor:
+    """A flat byte arena; pinned (page-locked) for device-to-host copies that run asynchronously."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
 
 
 @dataclass
@@ -90,9 +101,10 @@ class SnapshotStore:
         slot.done.clear()
         self._sequence += 1
         slot.step, slot.generation, slot.manifest, slot.sequence = step, generation, manifest, self._sequence
-        on_gpu = any(t.is_cuda for t in tensors)
-        if slot.arena is None or slot.arena.numel() < manifest.nbytes or (on_gpu and not slot.arena.is_pinned()):
-            slot.arena = torch.empty(max(manifest.nbytes, 1), dtype=torch.uint8, pin_memory=on_gpu)
+        on_gpu = on_accelerator(tensors)
+        if slot.arena is None or slot.arena.numel() < manifest.nbytes or (on_gpu and not slot.pinned):
+            slot.arena = allocate_arena(max(manifest.nbytes, 1), pinned=on_gpu)
+            slot.pinned = on_gpu
         self.bytes_per_snapshot = manifest.nbytes
         if on_gpu:
             self._capture_cuda(slot, manifest, tensors)
