@@ -106,9 +106,12 @@ class Row:
     body_s_median: float = 0.0
     stall_median_s: float = 0.0
     final_loss: float = 0.0
+    cpu_s_per_step: float = 0.0
+    cpu_ratio: float = 0.0
     foreign_cpu: float = 0.0
     wall_s: float = 0.0
     runs: list[float] = field(default_factory=list)
+    threads_cpu_s_per_step: dict[str, float] = field(default_factory=dict)  # all ranks, by thread name
 
 
 def free_port() -> int:
@@ -271,6 +274,13 @@ def run_system(system: System, size: str, steps: int, warmup: int, per_step_s: f
         reason = "timed out" if status == 124 else f"exit status {status}"
         raise RuntimeError(f"{system.name} ({size}) failed: {reason}; log kept at {log}")
     result = json.loads(out.read_text())
+    per_rank = [json.loads(f.read_text()) for f in sorted(run_dir.glob("result.json.cpu*"))]
+    result["cpu_s_per_step"] = sum(r["cpu_s_per_step"] for r in per_rank) if len(per_rank) == WORLD else 0.0
+    threads: dict[str, float] = {}
+    for record in per_rank:
+        for name, value in record.get("threads_cpu_s_per_step", {}).items():
+            threads[name] = threads.get(name, 0.0) + value
+    result["threads_cpu_s_per_step"] = {k: round(v, 5) for k, v in sorted(threads.items(), key=lambda kv: -kv[1])}
     shutil.rmtree(run_dir / "ckpt", ignore_errors=True)
     return result, wall, foreign
 
@@ -304,12 +314,15 @@ def measure(systems: list[System], sizes: list[str], table: dict[str, tuple[int,
                 body_s_median=statistics.median(statistics.median(r["body_s"][warmup:]) for r, _, _ in runs),
                 stall_median_s=statistics.median(stalls) if stalls else 0.0,
                 final_loss=float(first["loss"][-1]) if first["loss"] else 0.0,
-                foreign_cpu=max(f for _, _, f in runs), wall_s=sum(w for _, w, _ in runs), runs=medians,
+                cpu_s_per_step=statistics.median(r["cpu_s_per_step"] for r, _, _ in runs),
+                foreign_cpu=max(f for _, _, f in runs),
+                threads_cpu_s_per_step=first.get("threads_cpu_s_per_step", {}), wall_s=sum(w for _, w, _ in runs), runs=medians,
             ))
         # The ratio's baseline is plain DDP; a run without it (--systems) compares to its first row.
-        baseline = next((r for r in size_rows if r.mode == "ddp"), size_rows[0]).step_s_median
+        base_row = next((r for r in size_rows if r.mode == "ddp"), size_rows[0])
         for row in size_rows:
-            row.ratio = row.step_s_median / baseline if baseline > 0 else float("nan")
+            row.ratio = row.step_s_median / base_row.step_s_median if base_row.step_s_median > 0 else float("nan")
+            row.cpu_ratio = row.cpu_s_per_step / base_row.cpu_s_per_step if base_row.cpu_s_per_step > 0 else float("nan")
         rows.extend(size_rows)
     return rows
 
@@ -329,12 +342,13 @@ def render(rows: list[Row], elapsed: float, repeat: int) -> str:
     import torch
 
     head = f"{'system':31s} {'size':5s} {'params':>7s} {'step_s_median':>13s} {'ratio':>6s} " \
-           f"{'stall_p99_s':>11s} {'snapshot_bytes':>14s} {'foreign_cpu':>11s}"
+           f"{'stall_p99_s':>11s} {'snapshot_bytes':>14s} {'cpu_s_step':>10s} {'cpu_ratio':>9s} {'foreign_cpu':>11s}"
     lines = [head, "-" * len(head)]
     for row in rows:
         lines.append(
             f"{row.system:31s} {row.size:5s} {row.params / 1e6:6.1f}M {row.step_s_median:13.4f} {row.ratio:6.3f} "
-            f"{row.stall_p99_s:11.4f} {_human_bytes(row.snapshot_bytes):>14s} {row.foreign_cpu:11.0%}"
+            f"{row.stall_p99_s:11.4f} {_human_bytes(row.snapshot_bytes):>14s} {row.cpu_s_per_step:10.4f} "
+            f"{row.cpu_ratio:9.3f} {row.foreign_cpu:11.0%}"
         )
     steps = ", ".join(f"{size}: {rows_of[0].steps} measured steps" for size, rows_of in _by_size(rows).items())
     gpu = "a CUDA device was present" if torch.cuda.is_available() else \
@@ -356,6 +370,9 @@ def render(rows: list[Row], elapsed: float, repeat: int) -> str:
         "    backward, for bit-identical replay, instead of bucketed all-reduces overlapped with backward).",
         "    The snapshot cost is 'snapshot every step' relative to this row; the difference between this row",
         "    and plain DDP is the all-reduce path and the runtime thread, not snapshots.",
+        "  cpu_s_step: CPU seconds per measured step summed over the 4 ranks (all their threads: copy, runtime,",
+        "    gloo, ZeroMQ; not the launcher or coordinator); cpu_ratio: the same to plain DDP.  Less sensitive",
+        "    than wall time to other load on the host: on a host with fewer cores than ranks, step time follows it.",
         "  foreign_cpu: share of the machine's CPUs used by other processes during the row (shared host);",
         "    rows above a few percent were disturbed.",
     ]
@@ -367,6 +384,15 @@ def _by_size(rows: list[Row]) -> dict[str, list[Row]]:
     for row in rows:
         out.setdefault(row.size, []).append(row)
     return out
+
+
+def _raise_on_terminate() -> None:
+    """Turn SIGTERM into an exception, so an interrupted benchmark still kills the workers it started."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -397,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     table = dict(QUICK_STEPS if args.quick else DEFAULT_STEPS)
     for size, (steps, warmup, per_step) in list(table.items()):
         table[size] = (args.steps or steps, warmup if args.warmup < 0 else args.warmup, per_step)
+    _raise_on_terminate()
     work = Path(tempfile.mkdtemp(prefix="deadpool-overhead-"))
     began = time.monotonic()
     try:
@@ -405,6 +432,10 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as err:
         print(f"overhead benchmark failed: {err} (work directory {work} kept)", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"overhead benchmark interrupted; its workers were stopped (work directory {work} kept)",
+              file=sys.stderr)
+        return 130
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     elapsed = time.monotonic() - began

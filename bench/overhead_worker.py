@@ -21,7 +21,7 @@ Step time is the wall time from the start of one step to the start of the next o
 captures its snapshot inside ``rt.steps()`` between two iterations, which a timer around the loop
 body alone would not see.  The script runs ``warmup + steps + 1`` steps so that the last measured
 step has a successor; rank 0 writes the per-step times (and, for DeadPool, ``rt.stats()``) to
-``--out``.
+``--out``, and every rank writes its CPU time per measured step to ``OUT.cpuRANK``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -130,6 +131,70 @@ class Saver:
         return sum(p.stat().st_size for p in self.directory.rglob("*") if p.is_file())
 
 
+def _name_os_threads() -> None:
+    """Give Python threads their names at the OS level (Python 3.11 does not), for the CPU breakdown."""
+    for thread in threading.enumerate():
+        if thread.native_id is None or thread is threading.main_thread():
+            continue
+        try:
+            Path(f"/proc/self/task/{thread.native_id}/comm").write_text(thread.name[:15])
+        except OSError:
+            continue  # not Linux, or the thread ended meanwhile
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds of each thread of this process so far, by thread name (Linux /proc; {} elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    totals: dict[str, float] = {}
+    try:
+        tasks = list(Path("/proc/self/task").iterdir())
+    except OSError:
+        return totals
+    for task in tasks:
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        name = name.rstrip("0123456789/")  # pool threads with numbered names count together
+        totals[name] = totals.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return totals
+
+
+class CpuClock:
+    """This process's CPU time (all threads: copy, runtime, gloo, ZeroMQ) over the measured steps.
+
+    Wall time on a 2-core host shared by 4 ranks depends on whatever else runs; CPU time per
+    step is the work a system adds, and stays comparable when the host is busy.  Every rank
+    writes its own figure, and a per-thread breakdown (which thread does the extra work), next
+    to rank 0's result file.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.first, self.last = args.warmup, args.warmup + args.steps
+        self.out = args.out
+        self.began = self.ended = 0.0
+        self.threads_began: dict[str, float] = {}
+        self.threads_ended: dict[str, float] = {}
+
+    def at(self, step: int) -> None:
+        if step == self.first:
+            _name_os_threads()
+            self.began = time.process_time()
+            self.threads_began = _thread_cpu()
+        elif step == self.last:
+            self.ended = time.process_time()
+            self.threads_ended = _thread_cpu()
+
+    def write(self, rank: int) -> None:
+        steps = self.last - self.first
+        per_step = (self.ended - self.began) / steps if self.ended and steps > 0 else 0.0
+        threads = {name: round((t - self.threads_began.get(name, 0.0)) / max(1, steps), 6)
+                   for name, t in self.threads_ended.items()}
+        Path(f"{self.out}.cpu{rank}").write_text(json.dumps(
+            {"rank": rank, "cpu_s_per_step": per_step, "threads_cpu_s_per_step": threads}))
+
+
 def _train_step(step: int, rank: int, args: argparse.Namespace, corpus: torch.Tensor, ddp: torch.nn.Module,
                 optimizer: torch.optim.Optimizer, scheduler: Any) -> float:
     """The demo's step body (demos/train_gpt.py), unchanged; returns the loss."""
@@ -170,12 +235,15 @@ def run_deadpool(args: argparse.Namespace) -> None:
     starts: list[float] = []
     bodies: list[float] = []
     losses: list[float] = []
+    cpu = CpuClock(args)
     for step in rt.steps(total):
         started = time.perf_counter()
         starts.append(started)
+        cpu.at(step)
         losses.append(_train_step(step, rt.rank, args, corpus, ddp, optimizer, scheduler))
         bodies.append(time.perf_counter() - started)
     rank, world = rt.rank, rt.world_size
+    cpu.write(rank)
     stats = rt.stats()
     rt.finish()
     if rank == 0:
@@ -215,15 +283,18 @@ def run_torch(args: argparse.Namespace) -> None:
     losses: list[float] = []
     stalls: list[float] = []
     try:
+        cpu = CpuClock(args)
         for step in range(total):
             started = time.perf_counter()
             starts.append(started)
+            cpu.at(step)
             losses.append(_train_step(step, rank, args, corpus, ddp, optimizer, scheduler))
             if saver is not None:
                 stalls.append(saver.save())
             bodies.append(time.perf_counter() - started)
         if saver is not None:
             saver.close()
+        cpu.write(rank)
         torch.distributed.barrier()
         if rank == 0:
             result = _summary(args, starts, bodies, losses, count_parameters(model), world)

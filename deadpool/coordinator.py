@@ -260,6 +260,10 @@ class Coordinator:
             record = self.members.get(message.member)
             if record is not None:
                 record.exited = True
+            if message.returncode == 0:
+                # A clean exit is how a finished seat or a released spare ends; its Finished may still be on
+                # the way. If it was not finished, its silence is caught by the heartbeat timeout.
+                return
             if message.member in self.members and not self._seat_finished(message.member):
                 how = f"signal {-message.returncode}" if message.returncode < 0 else f"exit code {message.returncode}"
                 await self.declare_dead(message.member, "exit", f"process ended ({how})")

@@ -26,7 +26,6 @@ import logging
 import random
 import secrets
 import socket
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -287,7 +286,7 @@ def render_status(status: dict[str, Any], events: int = 8) -> Any:
                                 _age(s.get("heartbeat_age_s")))
         parts.append(spare_table)
     else:
-        parts.append(Text("spares (0): none left; the next failure stops the job", style="yellow"))
+        parts.append(Text("spares (0): none left", style="yellow"))
     if status.get("fenced"):
         parts.append(Text(f"fenced (dead, never readmitted): {', '.join(map(str, status['fenced']))}"))
     recent = [e for e in status.get("recent_events", []) if isinstance(e, dict)][-events:]
@@ -328,7 +327,8 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     _add_connection_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the status document as JSON (for scripts)")
     parser.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
-                        help="refresh every SECONDS (default 2) until the job ends")
+                        help="refresh every SECONDS (default 2) until the job ends (with --json: one document "
+                             "per line)")
 
 
 def add_chaos_arguments(parser: argparse.ArgumentParser) -> None:
@@ -451,5 +451,5 @@ def _run_random(args: argparse.Namespace) -> int:
 
     done = asyncio.run(random_chaos(job, args.seed, args.failures, args.interval, actions, args.timeout,
                                     args.settle_timeout, args.bind_host, report))
-    print(f"deadpool chaos random: {done} failures injected", file=sys.stderr, flush=True)
+    print(f"deadpool chaos random: {done} failure{'s' if done != 1 else ''} injected", flush=True)
     return 0

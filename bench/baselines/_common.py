@@ -8,6 +8,7 @@ bench/recovery.py can put them side by side with DeadPool's.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import resource
@@ -90,8 +91,13 @@ def run_bounded(cmd: Sequence[str], env: dict[str, str], log_path: Path, timeout
     began = time.monotonic()
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
-            list(cmd), env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=str(REPO),
+            list(cmd),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=str(REPO),
         )
         try:
             code = proc.wait(timeout=timeout_s)
@@ -158,7 +164,7 @@ def summarize(events: list[dict[str, Any]], world: int, mode: str, total_s: floa
     if steps:
         result["train_span_s"] = round(steps[-1][0] - steps[0][0], 3)
         result["first_step_ts"] = steps[0][0]
-    gaps = [b[0] - a[0] for a, b in zip(steps, steps[1:]) if b[2] == a[2] and b[1] == a[1] + 1]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(steps) if b[2] == a[2] and b[1] == a[1] + 1]
     if gaps:
         result["median_step_s"] = round(statistics.median(gaps), 4)
         result["mean_step_s"] = round(statistics.fmean(gaps), 4)
@@ -192,6 +198,18 @@ def summarize(events: list[dict[str, Any]], world: int, mode: str, total_s: floa
     else:
         result["recovery_s"] = None
         result["steps_recomputed"] = None
+    # Where the recovery time goes: when the last rank of the next incarnation
+    # reached each point, relative to the kill.
+    phases: dict[str, float] = {}
+    for name in ("worker_started", "pg_ready", "resumed"):
+        stamps = [
+            float(r["ts"])
+            for r in events
+            if r.get("event") == name and int(r.get("launch", 0)) * 1000 + int(r.get("attempt", 0)) > killed_in
+        ]
+        if stamps:
+            phases[name] = round(max(stamps) - kill_ts, 3)
+    result["recovery_phases_s"] = phases
     return result
 
 

@@ -20,8 +20,18 @@ from bench.baselines.restart_baseline import run_restart_baseline
 from bench.baselines.torchft_baseline import run_torchft_baseline
 
 COLUMNS = [
-    "name", "ok", "total_s", "median_step_s", "mean_step_s", "recovery_s", "catchup_s", "rejoin_s",
-    "steps_recomputed", "degraded_steps", "busy_share_before", "cpu_foreign_share",
+    "name",
+    "ok",
+    "total_s",
+    "median_step_s",
+    "mean_step_s",
+    "recovery_s",
+    "catchup_s",
+    "rejoin_s",
+    "steps_recomputed",
+    "degraded_steps",
+    "busy_share_before",
+    "cpu_foreign_share",
 ]
 
 
@@ -30,24 +40,45 @@ def runs(steps: int, kill_rank: int, kill_step: int, root: Path, which: set[str]
     plan: list[tuple[str, Any]] = []
     for k in (1, 10):
         if "restart" in which:
-            plan.append((f"torchrun K={k} no-failure", lambda k=k: run_restart_baseline(
-                steps, None, None, k, 4, root / f"restart-k{k}-ok")))
-            plan.append((f"torchrun K={k} kill@{kill_step}", lambda k=k: run_restart_baseline(
-                steps, kill_rank, kill_step, k, 4, root / f"restart-k{k}-kill")))
+            plan.append(
+                (
+                    f"torchrun K={k} no-failure",
+                    lambda k=k: run_restart_baseline(steps, None, None, k, 4, root / f"restart-k{k}-ok"),
+                )
+            )
+            plan.append(
+                (
+                    f"torchrun K={k} kill@{kill_step}",
+                    lambda k=k: run_restart_baseline(steps, kill_rank, kill_step, k, 4, root / f"restart-k{k}-kill"),
+                )
+            )
     if "restart" in which:
         # At kill_step=20 a K=10 checkpoint was just written; half an interval later
         # shows the lost work that K=10 usually costs.
         late = kill_step + 5
-        plan.append((f"torchrun K=10 kill@{late}", lambda: run_restart_baseline(
-            steps, kill_rank, late, 10, 4, root / "restart-k10-kill-late")))
+        plan.append(
+            (
+                f"torchrun K=10 kill@{late}",
+                lambda: run_restart_baseline(steps, kill_rank, late, 10, 4, root / "restart-k10-kill-late"),
+            )
+        )
     if "relaunch" in which:
-        plan.append((f"full relaunch K=10 kill@{kill_step}", lambda: run_restart_baseline(
-            steps, kill_rank, kill_step, 10, 4, root / "relaunch-k10-kill", mode="relaunch")))
+        plan.append(
+            (
+                f"full relaunch K=10 kill@{kill_step}",
+                lambda: run_restart_baseline(
+                    steps, kill_rank, kill_step, 10, 4, root / "relaunch-k10-kill", mode="relaunch"
+                ),
+            )
+        )
     if "torchft" in which:
-        plan.append(("torchft no-failure", lambda: run_torchft_baseline(
-            steps, None, None, root / "torchft-ok")))
-        plan.append((f"torchft kill@{kill_step}", lambda: run_torchft_baseline(
-            steps, kill_rank, kill_step, root / "torchft-kill")))
+        plan.append(("torchft no-failure", lambda: run_torchft_baseline(steps, None, None, root / "torchft-ok")))
+        plan.append(
+            (
+                f"torchft kill@{kill_step}",
+                lambda: run_torchft_baseline(steps, kill_rank, kill_step, root / "torchft-kill"),
+            )
+        )
     return plan
 
 

@@ -47,8 +47,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 # The shared demo model lives in demos/ at the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.baselines.torchrun_loopback import create_store  # noqa: E402
-from demos.gpt import build_model, get_batch, load_corpus, lr_lambda  # noqa: E402
+from bench.baselines.torchrun_loopback import create_store
+from demos.gpt import build_model, get_batch, load_corpus, lr_lambda
 
 CKPT_PREFIX = "ckpt-"
 KILL_MARKER = "killed.marker"
@@ -128,13 +128,14 @@ def init_distributed(rank: int, world: int, timeout: timedelta, attempt_prefix: 
     """
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = int(os.environ["MASTER_PORT"])
-    store: dist.Store
+    store: Any
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        store = dist.TCPStore(addr, port, is_master=False, timeout=timeout)
+        store = dist.TCPStore(addr, port, is_master=False, timeout=timeout)  # type: ignore[attr-defined]
         if attempt_prefix:
-            store = dist.PrefixStore(f"attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            store = dist.PrefixStore(f"attempt-{attempt}", store)  # type: ignore[attr-defined]
         else:
-            store = dist.PrefixStore("default_pg", store)  # exactly what env:// does
+            store = dist.PrefixStore("default_pg", store)  # type: ignore[attr-defined]  # what env:// does
     else:
         store = create_store(addr, port, world_size=world, is_master=rank == 0, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         events.emit("step_finished", step=step, loss=round(loss.item(), 5))
         if args.ckpt_every > 0 and (step + 1) % args.ckpt_every == 0:
             began = time.time()
-            path, size = save_checkpoint(ckpt_dir, step + 1, model, opt, sched, rank, world)
+            _path, size = save_checkpoint(ckpt_dir, step + 1, model, opt, sched, rank, world)
             if rank == 0:
                 events.emit("checkpoint_saved", step=step, done=step + 1, bytes=size, s=round(time.time() - began, 4))
 

@@ -27,6 +27,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -39,10 +40,18 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.baselines._common import REPO, CpuMeter, child_env, free_port, kill_pids, load_average, read_events, read_pids
+from bench.baselines._common import (
+    REPO,
+    CpuMeter,
+    child_env,
+    free_port,
+    kill_pids,
+    load_average,
+    read_events,
+    read_pids,
+)
 
 TRAIN = REPO / "bench" / "baselines" / "torchft_train.py"
-
 
 
 def lighthouse_command() -> list[str]:
@@ -63,8 +72,13 @@ def lighthouse_command() -> list[str]:
 def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as handle:
         return subprocess.Popen(
-            cmd, env=env, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=str(REPO),
+            cmd,
+            env=env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=str(REPO),
         )
 
 
@@ -116,7 +130,7 @@ def summarize_torchft(
     # much later on its own, so the max would mislead.
     steps = sorted((min(float(r["ts"]) for r in rows), step, rows) for step, rows in commits.items())
     result: dict[str, Any] = {"mode": "torchft", "total_s": round(total_s, 3)}
-    gaps = [b[0] - a[0] for a, b in zip(steps, steps[1:]) if b[1] == a[1] + 1]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(steps) if b[1] == a[1] + 1]
     if gaps:
         result["median_step_s"] = round(statistics.median(gaps), 4)
         result["mean_step_s"] = round(statistics.fmean(gaps), 4)
@@ -138,7 +152,8 @@ def summarize_torchft(
     result["resume_step"] = kill_step
     result["steps_recomputed"] = 0
     rejoined = [
-        r for r in events
+        r
+        for r in events
         if r.get("event") == "step_finished" and r.get("rank") == kill_replica and int(r.get("launch", 0)) > 0
     ]
     # Rejoined = the restarted replica commits a step together with all the others.
@@ -167,14 +182,17 @@ def run_torchft_baseline(
     grad_sync: str = "ddp",
     timeout_s: float = 240.0,
     heartbeat_timeout_ms: int = 1000,
-    join_timeout_ms: int = 1000,
+    join_timeout_ms: int = 60000,
     op_timeout_s: float = 30.0,
 ) -> dict[str, Any]:
     """Run one TorchFT job (failure-free if ``kill_replica`` is None); return its numbers.
 
     ``heartbeat_timeout_ms`` is how long the lighthouse keeps a silent replica in
     the quorum (torchft's default is 5000; 1000 here so detection is not the
-    bottleneck; managers heartbeat every 100 ms).  Everything is bounded by
+    bottleneck; managers heartbeat every 100 ms).  ``join_timeout_ms`` is how long
+    a quorum waits for live (heartbeating) replicas that have not asked yet; it is
+    left at torchft's 60000 because a short one (1000 was tried) drops replicas that
+    are merely slow on a loaded machine, which then heal and skew the numbers.  Everything is bounded by
     ``timeout_s`` and every process is stopped on the way out.
     """
     work = Path(workdir)
@@ -195,7 +213,8 @@ def run_torchft_baseline(
 
     def replica_cmd(replica: int) -> list[str]:
         cmd = [
-            sys.executable, str(TRAIN),
+            sys.executable,
+            str(TRAIN),
             f"--replica={replica}",
             f"--lighthouse=http://127.0.0.1:{lighthouse_port}",
             f"--steps={steps}",

@@ -47,9 +47,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.baselines.restart_train import state_digest  # noqa: E402
-from bench.baselines.torchrun_loopback import create_store  # noqa: E402
-from demos.gpt import build_model, get_batch, load_corpus, lr_lambda  # noqa: E402
+from bench.baselines.restart_train import state_digest
+from bench.baselines.torchrun_loopback import create_store
+from demos.gpt import build_model, get_batch, load_corpus, lr_lambda
 
 LOOPBACK = "127.0.0.1"
 
@@ -93,10 +93,10 @@ class _LoopbackHTTPServer(ThreadingHTTPServer):
 
 def loopback_torchft() -> type:
     """Rebind torchft's servers to loopback; returns the checkpoint transport class to use."""
-    import torchft.checkpointing.http_transport as http_transport
-    import torchft.manager as manager_mod
+    import torchft.checkpointing.http_transport as http_transport  # type: ignore[import-untyped]
+    import torchft.manager as manager_mod  # type: ignore[import-untyped]
 
-    http_transport._IPv6HTTPServer = _LoopbackHTTPServer  # type: ignore[attr-defined, misc]
+    http_transport._IPv6HTTPServer = _LoopbackHTTPServer
     original_server = manager_mod.ManagerServer
 
     def manager_server(**kwargs: Any) -> Any:
@@ -105,9 +105,9 @@ def loopback_torchft() -> type:
         kwargs["hostname"] = LOOPBACK
         return original_server(**kwargs)
 
-    manager_mod.ManagerServer = manager_server  # type: ignore[misc]
+    manager_mod.ManagerServer = manager_server
 
-    class LoopbackHTTPTransport(http_transport.HTTPTransport):  # type: ignore[misc, name-defined]
+    class LoopbackHTTPTransport(http_transport.HTTPTransport):  # type: ignore[misc]
         def address(self) -> str:
             port = self._server.socket.getsockname()[1]
             return f"http://{LOOPBACK}:{port}/checkpoint/"
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     events = Events(args.events, args.replica)
     events.emit("worker_started")
     transport_cls = loopback_torchft()
-    from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
+    from torchft import DistributedDataParallel, Manager, ProcessGroupGloo  # type: ignore[import-untyped, unused-ignore]
 
     # The replica group's TCPStore (world 1), hosted here, loopback only.
     store = create_store(LOOPBACK, 0, world_size=1, is_master=True, timeout=timedelta(seconds=args.timeout))

@@ -20,7 +20,7 @@ from typing import Any
 import torch.distributed as dist
 
 LOOPBACK = "127.0.0.1"
-_TCPStore = dist.TCPStore
+_TCPStore: Any = dist.TCPStore  # type: ignore[attr-defined]
 
 
 def _listen(port: int) -> tuple[int, int]:
@@ -46,7 +46,7 @@ def create_store(
     multi_tenant: bool = False,
     master_listen_fd: int | None = None,
     use_libuv: bool = True,
-) -> dist.TCPStore:
+) -> Any:
     """``TCPStore`` with the same signature; a server listens on loopback only.
 
     A client (``is_master=False``) is created unchanged but pointed at 127.0.0.1,
@@ -57,7 +57,7 @@ def create_store(
         "is_master": is_master,
         "wait_for_workers": wait_for_workers,
         "multi_tenant": multi_tenant,
-        "use_libuv": True,  # the legacy backend ignores master_listen_fd here (hangs)
+        "use_libuv": True,  # a non-libuv server given a listening fd hung in a test here
     }
     if timeout is not None:
         kwargs["timeout"] = timeout
@@ -73,10 +73,10 @@ def patch_torch_elastic() -> None:
     """Route every TCPStore the elastic agent creates through ``create_store``."""
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
 
-    static_tcp_rendezvous.TCPStore = create_store  # type: ignore[assignment, misc]
-    c10d_rendezvous_backend.TCPStore = create_store  # type: ignore[assignment, misc]
+    static_tcp_rendezvous.TCPStore = create_store  # type: ignore[attr-defined, assignment]
+    c10d_rendezvous_backend.TCPStore = create_store  # type: ignore[attr-defined, assignment]
     # dynamic_rendezvous and elastic.utils.distributed call ``dist.TCPStore`` directly.
-    dist.TCPStore = create_store  # type: ignore[assignment, misc]
+    dist.TCPStore = create_store  # type: ignore[attr-defined, assignment]
 
 
 def main() -> None:
@@ -87,4 +87,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
+    sys.exit(0)
