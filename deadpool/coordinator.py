@@ -76,6 +76,7 @@ from deadpool.view import View
 
 log = logging.getLogger("deadpool.coordinator")
 
+MAX_BLIND_REBUILDS = 3  # rebuilds that fix nothing, in a row, before the job is failed with a reason
 RATE_PER_S = 200.0  # sustained messages per member per second (heartbeats are 10/s)
 RATE_BURST = 400.0  # short bursts allowed above that (a swap's acks and reports)
 
@@ -172,6 +173,7 @@ class Coordinator:
         self._done = asyncio.Event()
         self._senders: asyncio.TaskGroup | None = None
         self._buckets: dict[str, tuple[float, float]] = {}  # member -> (tokens, last refill)
+        self._blind_rebuilds = 0  # rebuilds with nobody dead since the last finished step (bounded)
         self._rate_limited: dict[str, int] = {}
         # A restarted coordinator knows nobody: it learns the view from the members (highest epoch wins)
         # instead of forming a first view, until this deadline passes with no member holding a view.
@@ -570,6 +572,7 @@ class Coordinator:
         await self._broadcast([*view.seats, *view.spares], CommitView(view))
 
     async def _on_recovered(self, message: Recovered) -> None:
+        self._blind_rebuilds = 0  # a step finished under the new view: the last rebuild worked
         for swap in [s for s in self._swaps if s.new_member == message.sender and message.epoch >= s.epoch]:
             self._swaps.remove(swap)
             recovery = message.ts - swap.failed_at
@@ -631,8 +634,16 @@ class Coordinator:
         grace = min(1.0, self._config.failure_timeout / 2)
         if self._suspect_since is not None and self.round is None and now - self._suspect_since > grace:
             self._suspect_since = None
-            if self.view is not None:
-                await self._start_round({}, "a collective failed but no member was found dead: rebuilding the group")
+            if self.view is None:
+                return
+            self._blind_rebuilds += 1
+            if self._blind_rebuilds > MAX_BLIND_REBUILDS:
+                await self._fail_job(
+                    f"collectives failed {self._blind_rebuilds} times in a row with every member alive and no step "
+                    "finished in between: the ranks cannot reach each other over the process group's transport "
+                    "(check --bind-host / the addresses gloo uses, firewalls and the ports between hosts)")
+                return
+            await self._start_round({}, "a collective failed but no member was found dead: rebuilding the group")
 
     # -- views for operators ------------------------------------------------------------------
 

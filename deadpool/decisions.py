@@ -141,7 +141,10 @@ def next_view(
     buddies, _ = place_buddies(seats, hosts)
     if sources is None:
         sources = {seat: view.buddy_member(seat) for seat in replacements}
-    restore_from = dict(sources) if rebuild else {}
+    # A view that only changes the spare pool (a spare joined or was lost) keeps the pending restores:
+    # a swap's spares may still be fetching from the sources named by the view it builds on, and every
+    # member's SnapshotActor keeps ward copies only for its wards and for seats in `restore_from`.
+    restore_from = dict(sources) if rebuild else dict(view.restore_from)
     if from_disk:
         restore_from = {seat: DISK for seat in range(len(seats))}
     return View(

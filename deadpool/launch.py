@@ -181,6 +181,7 @@ class Launcher:
         self.events_path = ""
         self.env: dict[str, str] = {}
         self.welcomed = False
+        self.last_contact = time.monotonic()  # last answer from the coordinator (it answers every hello)
 
     def _config_env(self) -> dict[str, str]:
         overrides: dict[str, Any] = {}
@@ -256,6 +257,7 @@ class Launcher:
         async with asyncio.TaskGroup() as tasks:
             background = [tasks.create_task(self.transport.run()), tasks.create_task(self._inbox())]
             background.append(tasks.create_task(self._hello()))
+            background.append(tasks.create_task(self._watch_contact()))
             if not getattr(self.args, "no_progress", False):
                 background.append(tasks.create_task(progress.follow(self.events_path, self.world,
                                                                     self.args.spares)))
@@ -294,6 +296,26 @@ class Launcher:
             proc, _, _ = await _start_coordinator(self.args, self.world, self.events_path, self.env,
                                                   bind=self.coordinator_addr, recover=True)
 
+    async def _watch_contact(self) -> None:
+        """A host cut off from the coordinator stops its own workers after a bound.
+
+        Its actives were replaced long ago (missed heartbeats) and its spares can no
+        longer be adopted; without this they would wait for a Stop that cannot
+        arrive.  The bound is the view timeout: far longer than a coordinator restart.
+        """
+        bound = Config.from_env(self.env).view_timeout
+        while self.stop is None:
+            await asyncio.sleep(1.0)
+            silent = time.monotonic() - self.last_contact
+            if silent > bound:
+                reason = (f"no answer from the coordinator at {self.coordinator_addr} for {silent:.0f}s "
+                          f"(view timeout {bound:.0f}s): this host is cut off; its members were replaced. "
+                          "Stopping this host's workers.")
+                print(f"deadpool: {reason}", file=sys.stderr, flush=True)
+                self.stop = Stop(False, reason)
+                self.stop_event.set()
+                return
+
     async def _hello(self) -> None:
         """Register with the coordinator, and keep repeating it: a restarted coordinator must re-learn us."""
         assert self.transport is not None
@@ -311,6 +333,7 @@ class Launcher:
             message = codec.decode(frames[0], self.secret)
             if isinstance(message, Welcome):
                 self.welcomed = True
+                self.last_contact = time.monotonic()
             elif isinstance(message, FenceKill):
                 self._fence_kill(message.member)
             elif isinstance(message, SignalMember):

@@ -529,12 +529,18 @@ class Simulation:
             return
         self.stop_member(member, DEAD, returncode=-9)
 
-    def _collective_failed(self, victim: _Member, neighbours: list[str]) -> None:
-        """The dead seat's ring neighbours see their collective fail (gloo: 15-100 ms after a SIGKILL)."""
+    def _collective_failed(self, victim: _Member, neighbours: list[str], epoch: int) -> None:
+        """The dead seat's ring neighbours see their collective fail (gloo: 15-100 ms after a SIGKILL).
+
+        Only a neighbour still blocked in that view's collective reports it: one that has already
+        answered a Prepare aborted the collective, and the report would have reached the coordinator
+        before its PrepareAck (one ordered channel per member).
+        """
         for member_id in neighbours:
             member = self._by_id[member_id]
-            if member.running and member.view is not None and member.paused_step is None:
-                self.send(CollectiveFailed(member.member, member.view.view.epoch, member.step(self),
+            if (member.running and member.view is not None and member.view.view.epoch == epoch
+                    and member.paused_step is None):
+                self.send(CollectiveFailed(member.member, epoch, member.step(self),
                                            f"Connection reset by peer ({victim.member})"))
 
     def _wake(self, member: _Member) -> None:
@@ -558,7 +564,9 @@ class Simulation:
             if current is not None and seat is not None and self.stall_tick == self.tick:
                 neighbours = [current.view.seats[s] for s in [current.view.buddies[seat], *current.wards.get(seat, [])]
                               if s != seat]
-                self._at(self.tick + self._rng.randint(2, 10), lambda: self._collective_failed(member, neighbours))
+                epoch = current.view.epoch
+                self._at(self.tick + self._rng.randint(2, 10),
+                         lambda: self._collective_failed(member, neighbours, epoch))
         else:
             self.stop_member(member, FROZEN, returncode=None)
             if failure.kind == ZOMBIE:
@@ -676,6 +684,7 @@ class Simulation:
         coordinator = self.coordinator
         limit = CONTROL_LIMITS.max_frame_bytes
         inbound, self._inbound = self._inbound, []
+        had_view = coordinator.view is not None  # the tick that forms the first view is startup, not a change
         t0 = time.process_time()
         for frame in inbound:
             message = codec.decode(frame, None, limit)
@@ -698,9 +707,9 @@ class Simulation:
             self._steady_msgs += len(inbound)
             self._steady_handle_cpu += t1 - t0
             self._steady_tick_cpu += t2 - t1
-        if self._view_change_tick:
-            self._view_change_tick = False
+        if self._view_change_tick and had_view:
             self._cpu_view_change_max = max(self._cpu_view_change_max, spent)
+        self._view_change_tick = False
 
     def _settled(self) -> bool:
         """Every failure fired and resolved, no view change in progress, swaps reported, zombies woken and gone."""
@@ -909,4 +918,10 @@ def format_table(result: dict[str, Any]) -> str:
     width = max(len(key) for key, _ in rows)
     lines = [f"{key:<{width}}  {value}" for key, value in rows]
     lines += [f"  violation: {text}" for text in result.get("violations", [])]
+    if result.get("frames_dropped_oversize"):
+        lines.append(
+            f"note: a CommitView of {result['view_frame_bytes']:,} bytes is over the members' control-frame limit, "
+            "so every member dropped it, as real workers would; to study the protocol past that point, rerun "
+            "with a larger --max-frame-bytes."
+        )
     return "\n".join(lines)

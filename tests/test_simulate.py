@@ -73,6 +73,16 @@ def test_more_failures_than_spares_ends_in_a_reported_job_failure() -> None:
     assert result["virtual_s"] < config.duration  # ended when the job failed, not at a time limit
 
 
+def test_a_view_over_the_frame_limit_is_dropped_and_the_job_fails_cleanly() -> None:
+    # A 64-member view is ~7 kB; with a 4 kB limit no member ever holds a view, so nobody can answer
+    # Prepare: the coordinator must end the job (prepare timeout, then no spares), not hang.
+    result = simulate.simulate(SimConfig(members=64, failures=1, seed=1, max_frame_bytes=4000))
+    assert result["frames_dropped_oversize"] > 0 and result["view_frame_bytes"] > 4000
+    assert result["job"] == "failed"
+    assert result["invariant_violations"] == 0, result["violations"]
+    assert "--max-frame-bytes" in simulate.format_table(result)
+
+
 def test_aggregation_divides_the_coordinators_message_rate() -> None:
     plain = simulate.simulate(SimConfig(members=256, failures=0, seed=1))
     batched = simulate.simulate(SimConfig(members=256, failures=0, seed=1, aggregate=True))
