@@ -506,7 +506,9 @@ class Coordinator:
         assert self.view is not None
         failed = dict(self.round.failed) if self.round else {}
         failed.update(newly_failed)
-        pool = [s for s in self.view.spares if s not in self.fenced]
+        # Freshest heartbeat first: a spare that died silently (not yet detected) is the last one chosen.
+        pool = sorted((s for s in self.view.spares if s not in self.fenced),
+                      key=lambda s: -self.members[s].last_seen if s in self.members else 0.0)
         replacements, why = decisions.pick_spares(sorted(failed), self.view, pool, self._hosts())
         if replacements is None:
             lost = ", ".join(f"rank {seat} ({member})" for seat, member in sorted(failed.items()))

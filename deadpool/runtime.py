@@ -260,7 +260,7 @@ class Runtime:
         if "tokens" in self._report and elapsed > 0:
             fields["tokens_per_s"] = round(self._report["tokens"] / elapsed, 1)
         self.events.emit("step_finished", epoch=self._epoch, rank=self.rank, step=step, **fields)
-        if self._recovering_epoch == self._epoch:
+        if self._recovering_epoch and self._recovering_epoch <= self._epoch:  # later spare-only views count too
             self._recovering_epoch = 0
             self._handoff.post(Recovered(self.member, self._epoch, step, time.time()))
         return self._drain_commands()

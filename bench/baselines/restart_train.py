@@ -118,7 +118,8 @@ def init_distributed(rank: int, world: int, timeout: timedelta, attempt_prefix: 
     puts each rank's listening address under fixed keys
     (``default_pg/0//cpu//0/<rank>``), so a restarted rank can read a key left by
     the dead attempt before the new peer overwrites it, and gloo's connectFullMesh
-    then dials a closed port: "Connection refused".  Namespacing the keys by
+    then dials a closed port ("Connection refused"), or, depending on which rank
+    starts first, the group blocks until its timeout.  Namespacing the keys by
     TORCHELASTIC_RESTART_COUNT gives every attempt a clean key space; this is the
     fix (``--no-attempt-prefix`` reproduces the failure).
 
