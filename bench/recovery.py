@@ -1,0 +1,223 @@
+"""Recovery benchmark: DeadPool hot-swap against what users run today, on the same work, in one run.
+
+For the same model (demos/gpt.py 'small', 3.3M parameters), world size (4), steps
+(40) and failure (SIGKILL of rank 2 at the start of step 20), it runs:
+
+- DeadPool: ``deadpool launch --nproc 4 --spares 1`` (hot-swap from the buddy's in-memory copy);
+- the restart baseline: the same training under ``torchrun --max-restarts`` with a disk
+  checkpoint every K steps (K=1 and K=10), resumed after the restart
+  (bench/baselines/restart_baseline.py; FINDINGS.md there explains why stock torchrun's
+  gloo restart fails here and the per-attempt store prefix that makes it work);
+- TorchFT (PyPI ``torchft``), its lighthouse on 127.0.0.1, the killed replica group restarted
+  (bench/baselines/torchft_baseline.py), where it installs and runs; otherwise one line says why;
+- plain DDP without checkpoints, failure-free: the reference for the overhead ratio.
+
+Columns: time from the kill to the first step every rank finished after recovery
+(``recovery_s``), steps recomputed, total wall time of the run with one failure, and the
+failure-free median step time as a ratio to plain DDP.  Medians over ``--repeat`` runs (3 by
+default).  ``--json`` prints the rows; ``--plot OUT.png`` draws every system's step timeline.
+
+    python bench/recovery.py [--repeat 3] [--json] [--plot recovery.png] [--systems deadpool,torchrun,torchft]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.baselines.restart_baseline import run_restart_baseline  # noqa: E402
+
+STEPS, KILL_RANK, KILL_STEP, WORLD = 40, 2, 20, 4
+
+
+def _all_ranks_finished(events: list[dict[str, Any]]) -> list[tuple[float, int, int]]:
+    """(ts, step, epoch) when every seat finished a step under a view, in time order."""
+    finished: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for record in events:
+        if record.get("event") == "step_finished":
+            finished[(int(record["epoch"]), int(record["step"]))].append(float(record["ts"]))
+    return sorted((max(ts), step, epoch) for (epoch, step), ts in finished.items() if len(ts) >= WORLD)
+
+
+def run_deadpool(kill: bool, workdir: Path) -> dict[str, Any]:
+    """One DeadPool job; the same numbers as the baselines' drivers report."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    events_path = workdir / "events.jsonl"
+    command = [sys.executable, "-m", "deadpool.cli", "launch", "--no-progress", "--events", str(events_path),
+               "--nproc", str(WORLD), "--spares", "1"]
+    if kill:
+        command += ["--chaos", f"kill:rank={KILL_RANK}:step={KILL_STEP}"]
+    command += [str(REPO / "demos" / "train_gpt.py"), "--steps", str(STEPS)]
+    started = time.monotonic()
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
+    total = time.monotonic() - started
+    events = [json.loads(line) for line in events_path.read_text().splitlines() if line.strip()]
+    steps = _all_ranks_finished(events)
+    result: dict[str, Any] = {"ok": proc.returncode == 0, "total_s": round(total, 3)}
+    same_epoch_gaps = [b[0] - a[0] for a, b in zip(steps, steps[1:]) if a[2] == b[2] and b[1] == a[1] + 1]
+    if same_epoch_gaps:
+        result["median_step_s"] = round(statistics.median(same_epoch_gaps), 4)
+    kills = [r for r in events if r.get("event") == "chaos_injected"]
+    if kills:
+        kill_ts = float(kills[0]["ts"])
+        before = [s for s in steps if s[0] <= kill_ts]
+        after = [s for s in steps if s[0] > kill_ts and s[2] > (before[-1][2] if before else 0)]
+        last_before = max((s[1] for s in before), default=-1)
+        if after:
+            result["recovery_s"] = round(after[0][0] - kill_ts, 3)
+            result["steps_recomputed"] = max(0, last_before + 1 - after[0][1])
+        swap = [r for r in events if r.get("event") == "swap_completed"]
+        result["swap_recovery_s"] = swap[0]["recovery_s"] if swap else None
+    result["timeline"] = [(round(ts - steps[0][0], 3), step) for ts, step, _ in steps] if steps else []
+    if kills and steps:
+        result["kill_at_s"] = round(float(kills[0]["ts"]) - steps[0][0], 3)
+    return result
+
+
+def _timeline_from(result: dict[str, Any], workdir: Path) -> None:
+    """Baseline drivers leave events.jsonl in their workdir: derive the same timeline from it."""
+    path = workdir / "events.jsonl"
+    if "timeline" in result or not path.exists():
+        return
+    finished: dict[tuple[int, int], list[float]] = defaultdict(list)
+    kills = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("event") == "step_finished":
+            incarnation = int(record.get("launch", 0)) * 1000 + int(record.get("attempt", 0))
+            finished[(incarnation, int(record["step"]))].append(float(record["ts"]))
+        elif record.get("event") == "killing":
+            kills.append(float(record["ts"]))
+    steps = sorted((max(ts), step) for (_, step), ts in finished.items() if len(ts) >= WORLD)
+    if steps:
+        result["timeline"] = [(round(ts - steps[0][0], 3), step) for ts, step in steps]
+        if kills:
+            result["kill_at_s"] = round(kills[0] - steps[0][0], 3)
+
+
+def measure(systems: set[str], repeat: int, root: Path) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+    """Run everything `repeat` times; return the table rows, one timeline per system, and notes."""
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    notes: list[str] = []
+    plan: list[tuple[str, bool, Any]] = []
+    plan.append(("plain DDP", False, lambda w: run_restart_baseline(STEPS, None, None, 1_000_000, WORLD, w)))
+    if "deadpool" in systems:
+        plan.append(("DeadPool hot-swap", False, lambda w: run_deadpool(False, w)))
+        plan.append(("DeadPool hot-swap", True, lambda w: run_deadpool(True, w)))
+    if "torchrun" in systems:
+        for k in (1, 10):
+            plan.append((f"torchrun restart, ckpt every {k}", False,
+                         lambda w, k=k: run_restart_baseline(STEPS, None, None, k, WORLD, w)))
+            plan.append((f"torchrun restart, ckpt every {k}", True,
+                         lambda w, k=k: run_restart_baseline(STEPS, KILL_RANK, KILL_STEP, k, WORLD, w)))
+    if "torchft" in systems:
+        try:
+            import torchft  # noqa: F401
+
+            from bench.baselines.torchft_baseline import run_torchft_baseline
+
+            plan.append(("TorchFT", False, lambda w: run_torchft_baseline(STEPS, None, None, w)))
+            plan.append(("TorchFT", True, lambda w: run_torchft_baseline(STEPS, KILL_RANK, KILL_STEP, w)))
+        except ImportError as err:
+            notes.append(f"TorchFT: not measured: it does not import here ({err})")
+    for rep in range(repeat):
+        for index, (name, kill, run) in enumerate(plan):
+            workdir = root / f"{rep}-{index}"
+            print(f"[{rep + 1}/{repeat}] {name}{' with a kill' if kill else ''} ...", file=sys.stderr, flush=True)
+            try:
+                result = run(workdir)
+            except Exception as err:  # noqa: BLE001 - one failed system must not hide the others' rows
+                result = {"ok": False, "error": repr(err)}
+            _timeline_from(result, workdir)
+            runs[f"{name}|{kill}"].append(result)
+
+    def med(items: list[dict[str, Any]], key: str) -> float | None:
+        values = [r[key] for r in items if isinstance(r.get(key), (int, float))]
+        return round(statistics.median(values), 3) if values else None
+
+    ddp_step = med(runs["plain DDP|False"], "median_step_s")
+    rows, timelines = [], {}
+    for name in dict.fromkeys(n for n, _, _ in plan if n != "plain DDP"):
+        ok_runs, kill_runs = runs[f"{name}|False"], runs[f"{name}|True"]
+        step = med(ok_runs, "median_step_s")
+        rows.append({
+            "system": name,
+            "recovery_s": med(kill_runs, "recovery_s"),
+            "steps_recomputed": med(kill_runs, "steps_recomputed"),
+            "total_s": med(kill_runs, "total_s"),
+            "overhead_ratio": round(step / ddp_step, 3) if step and ddp_step else None,
+            "failure_free_step_s": step,
+            "runs_ok": f"{sum(1 for r in kill_runs if r.get('ok', r.get('finished')))}/{len(kill_runs)}",
+        })
+        if kill_runs and kill_runs[0].get("timeline"):
+            timelines[name] = kill_runs[0]
+    notes.append(f"plain DDP (torch DDP, no checkpoints) median step: {ddp_step} s")
+    return rows, timelines, notes
+
+
+def plot(timelines: dict[str, Any], out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(9, 4.5))
+    for name, result in timelines.items():
+        points = result["timeline"]
+        line, = axis.plot([t for t, _ in points], [s for _, s in points], marker=".", label=name)
+        if "kill_at_s" in result:
+            axis.axvline(result["kill_at_s"], color=line.get_color(), linestyle=":", alpha=0.6)
+    axis.set_xlabel("seconds since the first step")
+    axis.set_ylabel("step finished by every rank")
+    axis.set_title(f"SIGKILL of rank {KILL_RANK} at step {KILL_STEP} (dotted: the kill)")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--systems", default="deadpool,torchrun,torchft")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plot", default="")
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    root = Path(tempfile.mkdtemp(prefix="deadpool-recovery-bench-"))
+    rows, timelines, notes = measure(set(args.systems.split(",")), args.repeat, root)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        header = f"{'system':36s} {'recovery_s':>10s} {'recomputed':>10s} {'total_s':>8s} {'overhead':>8s} {'ok':>5s}"
+        print(header)
+        for row in rows:
+            print(f"{row['system']:36s} {row['recovery_s']!s:>10s} {row['steps_recomputed']!s:>10s} "
+                  f"{row['total_s']!s:>8s} {row['overhead_ratio']!s:>8s} {row['runs_ok']:>5s}")
+        print(f"(medians over {args.repeat} run(s); world 4, {STEPS} steps, SIGKILL rank {KILL_RANK} at step "
+              f"{KILL_STEP}; load average {os.getloadavg()[0]:.1f})")
+        for note in notes:
+            print(note)
+    if args.plot:
+        plot(timelines, args.plot)
+        print(f"timeline written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
