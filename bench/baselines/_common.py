@@ -201,6 +201,9 @@ def summarize(events: list[dict[str, Any]], world: int, mode: str, total_s: floa
     # Where the recovery time goes: when the last rank of the next incarnation
     # reached each point, relative to the kill.
     phases: dict[str, float] = {}
+    for record in events:
+        if record.get("event") in ("torchrun_exited", "torchrun_started") and float(record["ts"]) > kill_ts:
+            phases.setdefault(str(record["event"]), round(float(record["ts"]) - kill_ts, 3))
     for name in ("worker_started", "pg_ready", "resumed"):
         stamps = [
             float(r["ts"])

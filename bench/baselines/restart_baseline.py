@@ -73,6 +73,13 @@ def torchrun_command(
     ]
 
 
+def _driver_event(path: Path, event: str, launch: int, **fields: Any) -> None:
+    """The driver's own events (rank -1) in the workers' file: when each torchrun ran."""
+    record = {"ts": round(time.time(), 6), "event": event, "rank": -1, "step": -1, "launch": launch, **fields}
+    with path.open("a") as handle:
+        handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+
 def run_restart_baseline(
     steps: int = 40,
     kill_rank: int | None = 2,
@@ -128,7 +135,9 @@ def run_restart_baseline(
                 break
             env = child_env(BASELINE_PIDFILE=str(pidfile), BASELINE_LAUNCH=str(launch))
             cmd = torchrun_command(world, free_port(), 1 if mode == "torchrun" else 0, train_args)
+            _driver_event(events_path, "torchrun_started", launch=launch)
             code, _ = run_bounded(cmd, env, log_path, left)
+            _driver_event(events_path, "torchrun_exited", launch=launch, returncode=code)
             codes.append(code)
             if code == 0 or code == 124:
                 break
