@@ -63,10 +63,27 @@ def launch(
     proc = subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO
     )
-    records = [json.loads(line) for line in events.read_text().splitlines() if line.strip()] if events.exists() else []
-    result = LaunchResult(proc.returncode, proc.stdout + proc.stderr, records, time.monotonic() - started)
+    result = LaunchResult(proc.returncode, proc.stdout + proc.stderr, read_events(events), time.monotonic() - started)
     assert_no_survivors(result)
     return result
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The events written so far (a job may still be appending)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for(path: Path, predicate: Any, timeout: float) -> list[dict[str, Any]]:
+    """Poll a live job's events until `predicate(events)` holds; fail the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = read_events(path)
+        if predicate(events):
+            return events
+        time.sleep(0.1)
+    raise AssertionError(f"not seen within {timeout}s; last events: {[e['event'] for e in read_events(path)][-30:]}")
 
 
 def assert_no_survivors(result: LaunchResult) -> None:

@@ -5,42 +5,24 @@ Real processes, real ZeroMQ sockets on 127.0.0.1, real SIGSTOP / SIGCONT.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import zmq
+from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors, launch, read_events, wait_for
 
 from deadpool import codec
 from deadpool.messages import CommitView, Heartbeat, Join, Prepare, SnapshotHeader
 from deadpool.view import View
-from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors, launch
 
 pytestmark = pytest.mark.e2e
 
 STEPS = 16
 SECRET = "test-secret-0123456789"
-
-
-def read_events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def wait_for(path: Path, predicate, timeout: float) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = read_events(path)
-        if predicate(events):
-            return events
-        time.sleep(0.1)
-    raise AssertionError(f"condition not met within {timeout}s; events: {[e['event'] for e in read_events(path)]}")
 
 
 def start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:

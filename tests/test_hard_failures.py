@@ -4,18 +4,15 @@ a dead coordinator, partitions and spares joining late.  Real processes, real si
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors, launch
+from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors, launch, read_events, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -35,20 +32,6 @@ def one_view_per_epoch(result: LaunchResult) -> None:
     epochs = [v["epoch"] for v in result.of("view_committed")]
     assert max(Counter(epochs).values()) == 1, epochs
     assert epochs == sorted(epochs)
-
-
-def read(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def wait_for(path: Path, predicate, timeout: float) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = read(path)
-        if predicate(events):
-            return events
-        time.sleep(0.1)
-    raise AssertionError(f"not seen within {timeout}s: {[e['event'] for e in read(path)][-30:]}")
 
 
 def test_hung_rank_is_fenced_by_kill_and_swapped(tmp_path: Path, baseline: LaunchResult) -> None:
@@ -123,7 +106,7 @@ def test_coordinator_restart_rebuilds_view_and_handles_next_failure(tmp_path: Pa
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    result = LaunchResult(proc.returncode, output, read(events), 0.0)
+    result = LaunchResult(proc.returncode, output, read_events(events), 0.0)
     assert_no_survivors(result)
     assert result.returncode == 0, output[-4000:]
     assert result.digest == baseline.digest
@@ -160,7 +143,7 @@ def test_spare_joins_running_job_and_is_adopted_later(tmp_path: Path, baseline: 
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-    result = LaunchResult(job.returncode, output, read(events), 0.0)
+    result = LaunchResult(job.returncode, output, read_events(events), 0.0)
     assert_no_survivors(result)
     assert result.returncode == 0, output[-4000:]
     assert extra.returncode == 0, extra_output[-3000:]

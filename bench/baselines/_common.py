@@ -201,8 +201,9 @@ def summarize(events: list[dict[str, Any]], world: int, mode: str, total_s: floa
     # Where the recovery time goes: when the last rank of the next incarnation
     # reached each point, relative to the kill.
     phases: dict[str, float] = {}
+    back_at = after[0][0] if after else float("inf")
     for record in events:
-        if record.get("event") in ("torchrun_exited", "torchrun_started") and float(record["ts"]) > kill_ts:
+        if record.get("event") in ("torchrun_exited", "torchrun_started") and kill_ts < float(record["ts"]) < back_at:
             phases.setdefault(str(record["event"]), round(float(record["ts"]) - kill_ts, 3))
     for name in ("worker_started", "pg_ready", "resumed"):
         stamps = [

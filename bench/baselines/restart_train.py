@@ -87,6 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--ckpt-every", type=int, default=10, help="K: checkpoint every K steps (0: never)")
     parser.add_argument("--ckpt-dir", required=True)
+    parser.add_argument("--keep-ckpts", type=int, default=2, help="how many newest checkpoints to keep (0: all)")
     parser.add_argument("--kill-rank", type=int, default=-1)
     parser.add_argument("--kill-step", type=int, default=-1)
     parser.add_argument("--events", default=None, help="JSON-lines file (default: stdout)")
@@ -165,6 +166,7 @@ def save_checkpoint(
     sched: torch.optim.lr_scheduler.LRScheduler,
     rank: int,
     world: int,
+    keep: int = 2,
 ) -> tuple[Path | None, int]:
     """Write the checkpoint for ``done`` finished steps; returns (path, bytes) on rank 0.
 
@@ -193,7 +195,11 @@ def save_checkpoint(
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-    return path, path.stat().st_size
+    size = path.stat().st_size
+    # Keep the newest few, as users do (K=1 over 40 steps would otherwise leave 1.6 GB).
+    for old in sorted(ckpt_dir.glob(f"{CKPT_PREFIX}*.pt"))[:-keep]:
+        old.unlink(missing_ok=True)
+    return path, size
 
 
 def ddp_warmup(
@@ -289,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         events.emit("step_finished", step=step, loss=round(loss.item(), 5))
         if args.ckpt_every > 0 and (step + 1) % args.ckpt_every == 0:
             began = time.time()
-            _path, size = save_checkpoint(ckpt_dir, step + 1, model, opt, sched, rank, world)
+            _path, size = save_checkpoint(ckpt_dir, step + 1, model, opt, sched, rank, world, args.keep_ckpts)
             if rank == 0:
                 events.emit("checkpoint_saved", step=step, done=step + 1, bytes=size, s=round(time.time() - began, 4))
 
