@@ -9,7 +9,11 @@ run:
 
 - ``plain DDP``: torch DDP, no checkpoint (the baseline, ratio 1.00);
 - ``deadpool snapshot every step``: DeadPool, in-memory snapshot after every
-  step, streamed to the buddy (the default);
+  step, held by the buddy (the default; on one host the buddy maps the ward's
+  shared-memory slot instead of receiving it);
+- ``deadpool snapshot every step, buddy over TCP``: the same with
+  ``--shm-dir ""``: every snapshot streamed to the buddy over ZeroMQ, as
+  between hosts;
 - ``deadpool (snapshots off)``: DeadPool with ``--snapshot-every`` larger than
   the run, so no snapshot is taken.  DeadPool's ``rt.ddp`` is not torch DDP (one
   fixed-layout all-reduce after backward, for bit-identical replay, instead of
@@ -73,11 +77,13 @@ class System:
     name: str
     mode: str
     snapshot_every: int | None = None
+    launch_args: tuple[str, ...] = ()  # extra `deadpool launch` arguments
 
 
 SYSTEMS = (
     System("ddp", "plain DDP", "ddp"),
     System("deadpool", "deadpool snapshot every step", "deadpool", 1),
+    System("deadpool_tcp", "deadpool snapshot every step, buddy over TCP", "deadpool", 1, ("--shm-dir", "")),
     System("deadpool_off", "deadpool (snapshots off)", "deadpool", 1_000_000),
     System("torch_save", "torch.save every step", "torch_save"),
     System("dcp_save", "dcp.save every step", "dcp_save"),
@@ -135,6 +141,7 @@ def _child_env(**extra: str) -> dict[str, str]:
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
     })
     env.pop("DEADPOOL_SNAPSHOT_EVERY", None)  # the launcher's flag sets it per row
+    env.pop("DEADPOOL_SHM_DIR", None)  # likewise: the default (shared memory on one host) unless a row says
     env.update(extra)
     return env
 
@@ -250,7 +257,8 @@ def run_system(system: System, size: str, steps: int, warmup: int, per_step_s: f
                    "--warmup", str(warmup), "--out", str(out), "--ckpt-dir", str(run_dir / "ckpt")]
     if system.mode == "deadpool":
         launch = [sys.executable, "-m", "deadpool.cli", "launch", "--nproc", str(WORLD), "--spares", "0",
-                  "--events", str(run_dir / "events.jsonl"), "--snapshot-every", str(system.snapshot_every)]
+                  "--events", str(run_dir / "events.jsonl"), "--snapshot-every", str(system.snapshot_every),
+                  *system.launch_args]
         commands = [(launch + worker_args, _child_env())]
     else:
         port = str(free_port())
@@ -348,12 +356,13 @@ def render(rows: list[Row], elapsed: float, repeat: int) -> str:
     """The table and the notes that say how to read it."""
     import torch
 
-    head = f"{'system':31s} {'size':5s} {'params':>7s} {'step_s_median':>13s} {'ratio':>6s} " \
+    width = max([31, *(len(row.system) for row in rows)])
+    head = f"{'system':{width}s} {'size':5s} {'params':>7s} {'step_s_median':>13s} {'ratio':>6s} " \
            f"{'stall_p99_s':>11s} {'snapshot_bytes':>14s} {'cpu_s_step':>10s} {'cpu_ratio':>9s} {'foreign_cpu':>11s}"
     lines = [head, "-" * len(head)]
     for row in rows:
         lines.append(
-            f"{row.system:31s} {row.size:5s} {row.params / 1e6:6.1f}M {row.step_s_median:13.4f} {row.ratio:6.3f} "
+            f"{row.system:{width}s} {row.size:5s} {row.params / 1e6:6.1f}M {row.step_s_median:13.4f} {row.ratio:6.3f} "
             f"{row.stall_p99_s:11.4f} {_human_bytes(row.snapshot_bytes):>14s} {row.cpu_s_per_step:10.4f} "
             f"{row.cpu_ratio:9.3f} {row.foreign_cpu:11.0%}"
         )
@@ -373,6 +382,8 @@ def render(rows: list[Row], elapsed: float, repeat: int) -> str:
         "    the previous save plus the async_save call); with under 100 steps the p99 is the maximum.",
         "  snapshot_bytes: one snapshot of the state (DeadPool: per-seat arena; every seat holds its own and",
         "    a copy of its ward's; torch.save: the file; DCP: the checkpoint directory).",
+        "  deadpool snapshot every step: on one host each buddy maps its ward's shared-memory slot (no copy);",
+        "    ', buddy over TCP' (--shm-dir \"\") streams every snapshot over ZeroMQ instead, as between hosts.",
         "  deadpool (snapshots off): DeadPool's rt.ddp is not torch DDP (one fixed-layout all-reduce after",
         "    backward, for bit-identical replay, instead of bucketed all-reduces overlapped with backward).",
         "    The snapshot cost is 'snapshot every step' relative to this row; the difference between this row",

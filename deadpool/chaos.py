@@ -12,7 +12,8 @@ Grammar: ``ACTION:KEY=VALUE[:KEY=VALUE...]`` with
   for spares
 - ``at=`` where inside the step: ``boundary`` (default: before step N starts),
   ``backward`` (during step N's backward pass) or ``allreduce`` (after step N's
-  gradient all-reduce was issued, while it is in flight) or ``recovery``
+  gradient all-reduce was issued, while it is in flight) or ``broadcast``
+  (a ZeRO optimizer's parameter broadcast of step N in flight) or ``recovery``
   (while adopting the view that repairs a failure hit during step N: a failure
   during a swap in progress)
 
@@ -33,7 +34,7 @@ from deadpool.errors import MisuseError
 from deadpool.transport import Frame, Transport
 
 ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "partition": None}
-POINTS = ("boundary", "backward", "allreduce", "recovery")
+POINTS = ("boundary", "backward", "allreduce", "broadcast", "recovery")
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,5 +180,5 @@ class PartitionedTransport:
     def dropped(self) -> int:
         return self._inner.dropped()
 
-    async def close(self) -> None:
-        await self._inner.close()
+    async def close(self, linger: float = 0.0) -> None:
+        await self._inner.close(linger)

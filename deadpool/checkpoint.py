@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import async_save
 
 from deadpool.snapshot import Slot
 from deadpool.statetree import Manifest, unflatten, view_tensor
@@ -60,6 +58,10 @@ class DiskCheckpointer:
         self.every = every
         self._pending: Any = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="deadpool-ckpt")
+        if self.enabled:
+            # torch.distributed.checkpoint pulls in DTensor (half a CPU-second): imported only by jobs that
+            # write checkpoints, and here, not on the copy thread in the middle of a step.
+            import torch.distributed.checkpoint  # noqa: F401
 
     @property
     def enabled(self) -> bool:
@@ -76,6 +78,8 @@ class DiskCheckpointer:
         target.mkdir(parents=True, exist_ok=True)
         (target / MANIFEST).write_bytes(slot.manifest.encode())
         tensors = {str(i): view_tensor(slot.arena, spec) for i, spec in enumerate(slot.manifest.tensors)}
+        from torch.distributed.checkpoint.state_dict_saver import async_save
+
         future = async_save({"tensors": tensors}, checkpoint_id=str(target), no_dist=True)
         self._pending = self._executor.submit(self._finish, future, target, slot.step)
         return True
@@ -109,6 +113,8 @@ def load(root: str, step: int, seat: int) -> tuple[Any, int]:
     manifest = Manifest.decode((target / MANIFEST).read_bytes(), max_nbytes=1 << 40)
     arena = torch.empty(max(manifest.nbytes, 1), dtype=torch.uint8)
     tensors = {str(i): view_tensor(arena, spec) for i, spec in enumerate(manifest.tensors)}
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
     dcp_load({"tensors": tensors}, checkpoint_id=str(target), no_dist=True)
     state = unflatten(manifest.skeleton, [tensors[str(i)].clone() for i in range(len(manifest.tensors))])
     return state, manifest.nbytes

@@ -8,10 +8,15 @@ process-group timeout) are computed here, once.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from deadpool.errors import MisuseError
+
+
+def default_shm_dir() -> str:
+    """``/dev/shm`` where it exists: snapshot slots there let a buddy on the same host map them, not copy them."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +38,7 @@ class Config:
     secret: str = ""  # shared secret for HMAC on every frame ("" = open, loopback only)
     checkpoint_dir: str = ""  # disk checkpoints (the fallback when a seat and its buddy die together)
     checkpoint_every: int = 0  # write one every this many steps; 0 = off
+    shm_dir: str = field(default_factory=default_shm_dir)  # same-host buddy copies via files here; "" = off
 
     @property
     def pg_timeout(self) -> float:
@@ -53,6 +59,8 @@ class Config:
             raise MisuseError("checkpoint_every needs a checkpoint_dir and must be >= 0")
         if self.snapshot_every < 1:
             raise MisuseError(f"snapshot_every must be at least 1, got {self.snapshot_every}")
+        if self.shm_dir and not os.path.isabs(self.shm_dir):
+            raise MisuseError(f"shm_dir must be an absolute path (or empty to turn it off), got {self.shm_dir!r}")
         if self.no_spare_policy not in ("stop", "wait"):
             raise MisuseError(f"no_spare_policy must be 'stop' or 'wait', got {self.no_spare_policy!r}")
         if self.failure_timeout <= 2 * self.heartbeat_interval:

@@ -39,8 +39,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from torch._C._distributed_c10d import TCPStore
-
 from deadpool import codec, decisions
 from deadpool.config import Config, raise_priority
 from deadpool.events import EventLog
@@ -70,8 +68,7 @@ from deadpool.messages import (
     ViewReport,
     Welcome,
 )
-from deadpool.runtime_thread import CONTROL_LIMITS, new_event_loop
-from deadpool.transport import Transport, TransportError, open_transport
+from deadpool.transport import CONTROL_LIMITS, Transport, TransportError, new_event_loop, open_transport
 from deadpool.view import View
 
 log = logging.getLogger("deadpool.coordinator")
@@ -83,6 +80,8 @@ RATE_BURST = 400.0  # short bursts allowed above that (a swap's acks and reports
 RECENT_EVENTS = 20  # events kept for `deadpool status`
 
 if TYPE_CHECKING:
+    from torch._C._distributed_c10d import TCPStore
+
     from deadpool.metrics import CoordinatorMetrics
 
 
@@ -201,7 +200,8 @@ class Coordinator:
                     # inbox is not a missed heartbeat.
                     frames = await self._transport.recv() if self._transport.pending() else None
                 await self.tick(self._clock())
-            await asyncio.sleep(0.2)  # let the last sends (Stop) leave
+        # Every send was handed to the transport when the group above closed; the last ones (Stop) leave
+        # when the process closes its transport with a linger (see _amain).
         assert self.outcome is not None
         return self.outcome
 
@@ -693,8 +693,35 @@ class Coordinator:
 
 # -- process entry point ------------------------------------------------------------------------
 
-def _start_store(host: str, port: int) -> TCPStore:
-    return TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300))
+def _listen(host: str, port: int) -> socket.socket:
+    """The store's listening socket, bound before torch is imported (see ``_start_store``).
+
+    Raises:
+        OSError: the address cannot be bound (the port is in use, the host is not this machine's).
+    """
+    if host:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host, port), family=family, backlog=1024)
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(("", port), family=socket.AF_INET6, backlog=1024, dualstack_ipv6=True)
+    return socket.create_server(("", port), backlog=1024)
+
+
+def _start_store(host: str, listener: socket.socket) -> TCPStore:
+    """Serve the TCPStore on a socket that already listens.
+
+    Workers start when the coordinator has printed its addresses; importing torch
+    for the store (about a CPU-second) happens after that, beside their own imports,
+    instead of before them.  A client that connects meanwhile waits in the listen
+    backlog; none does before the first view, which needs the store served.  The
+    socket is bound to the coordinator's address, not every interface (a TCPStore
+    binds the wildcard address when it binds itself).
+    """
+    from torch._C._distributed_c10d import TCPStore
+
+    port = listener.getsockname()[1]
+    return TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300),
+                    master_listen_fd=listener.detach(), use_libuv=True)
 
 
 async def _amain(args: argparse.Namespace) -> int:
@@ -708,28 +735,35 @@ async def _amain(args: argparse.Namespace) -> int:
     if isinstance(exporter, str):
         print(f"deadpool coordinator: {exporter}", file=sys.stderr)
         return 2
-    store = _start_store(host if host != "0.0.0.0" else "", args.store_port)
+    store_bind = host if host != "0.0.0.0" else ""
+    try:
+        listener = _listen(store_bind, args.store_port)
+    except OSError as err:
+        print(f"deadpool coordinator: cannot listen for the TCPStore on {store_bind or '*'}:{args.store_port} "
+              f"({err}); free the port or choose another (--master-port) and retry.", file=sys.stderr)
+        return 2
     store_host = args.advertise or (host if host not in ("0.0.0.0", "") else socket.gethostname())
+    store_addr = f"{store_host}:{listener.getsockname()[1]}"
     transport = open_transport(args.bind, CONTROL_LIMITS)
     events = EventLog(args.events or None, member="coordinator", source="coordinator")
-    coordinator = Coordinator(transport, config, args.world_size, f"{store_host}:{store.port}", events,
-                              recovering=args.recover)
     address = transport.address
     metrics_url = ""
     if exporter is not None:
         events.listeners.append(exporter.on_event)
         metrics_url = exporter.url
-    events.emit("coordinator_started", address=address, store=f"{store_host}:{store.port}", pid=os.getpid(),
+    events.emit("coordinator_started", address=address, store=store_addr, pid=os.getpid(),
                 recovering=args.recover,
                 world_size=args.world_size, metrics=metrics_url)
-    print(json.dumps({"control": address, "store": f"{store_host}:{store.port}", "metrics": metrics_url}),
-          flush=True)
+    print(json.dumps({"control": address, "store": store_addr, "metrics": metrics_url}), flush=True)
+    # Members' first messages wait in the bound control socket until serve() reads them.
+    store = _start_store(store_bind, listener)
+    coordinator = Coordinator(transport, config, args.world_size, store_addr, events, recovering=args.recover)
     try:
         async with asyncio.TaskGroup() as tasks:
             reader = tasks.create_task(transport.run())
             refresher = tasks.create_task(exporter.refresh_forever(coordinator.status)) if exporter else None
             ok, _ = await coordinator.serve()
-            await transport.close()
+            await transport.close(linger=config.send_timeout)  # returns once the Stops have left
             reader.cancel()
             if refresher is not None:
                 refresher.cancel()
@@ -782,4 +816,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Everything is closed (events file, sockets, the store); the interpreter's teardown of torch's
+    # modules (0.5-1 s on a busy host) would only hold up the launcher, which waits for this exit.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(status)

@@ -54,4 +54,5 @@ class DataParallel(nn.Module):
 
     def _end_of_backward(self) -> None:
         self._queued = False
-        self._runtime._average_gradients(self._params, self._flat)
+        if not self._runtime._average_gradients(self._params, self._flat):
+            self._flat = torch.zeros_like(self._flat)  # the abandoned all-reduce may still write into the old one

@@ -28,14 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deadpool import codec, jobfile, progress
+from deadpool import codec, jobfile, progress, shm
 from deadpool.chaos import parse as parse_chaos
 from deadpool.config import Config, raise_priority
 from deadpool.errors import MisuseError
 from deadpool.events import read_events
 from deadpool.messages import AgentHello, FenceKill, ProcessExited, SignalMember, Stop, Welcome
-from deadpool.runtime_thread import CONTROL_LIMITS
-from deadpool.transport import Transport, TransportError, open_transport
+from deadpool.transport import CONTROL_LIMITS, Transport, TransportError, open_transport
 
 COORDINATOR_START_TIMEOUT = 60.0
 WORKER_EXIT_GRACE = 30.0
@@ -78,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-dir", default="", help="disk checkpoints here (fallback when a seat and its "
                         "buddy die together); a shared filesystem across hosts")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="write a disk checkpoint every N steps")
+    parser.add_argument("--shm-dir", default=None, metavar="DIR",
+                        help="snapshot slots are files in this shared-memory directory, so a buddy on the same host "
+                             "maps them instead of receiving them over TCP (default: /dev/shm; \"\" turns it off)")
     parser.add_argument("--no-fence-kill", action="store_true",
                         help="do not kill members declared dead (testing zombies)")
     parser.add_argument("--host-name", default="", help="failure-domain name of this host (default: hostname)")
@@ -115,6 +117,9 @@ def validate(args: argparse.Namespace) -> None:
         raise MisuseError(f"--metrics-port must be in 0..65535, got {args.metrics_port}")
     if args.node_rank > 0 and not args.coordinator:
         raise MisuseError("hosts other than --node-rank 0 need --coordinator tcp://HOST:PORT of host 0's coordinator")
+    shm_dir = getattr(args, "shm_dir", None)
+    if shm_dir and not Path(shm_dir).is_dir():
+        raise MisuseError(f"--shm-dir {shm_dir!r} is not a directory (give \"\" to send buddy copies over TCP)")
     if not Path(args.script).is_file():
         raise MisuseError(f"training script {args.script!r} does not exist")
     for spec in args.chaos:
@@ -180,7 +185,11 @@ class Launcher:
         self.coordinator_addr = ""
         self.events_path = ""
         self.env: dict[str, str] = {}
+        self.shm_dir = ""  # where this host's workers keep their snapshot slot files (removed after they exit)
         self.welcomed = False
+        self.coordinator_gone = False  # the local coordinator process ended the job (or gave up restarting)
+        self.coordinator_proc: asyncio.subprocess.Process | None = None  # the local coordinator, if this agent runs it
+        self.terminated = False  # SIGTERM arrived
         self.last_contact = time.monotonic()  # last answer from the coordinator (it answers every hello)
 
     def _config_env(self) -> dict[str, str]:
@@ -193,6 +202,8 @@ class Launcher:
             overrides["snapshot_every"] = self.args.snapshot_every
         if self.args.no_fence_kill:
             overrides["fence_by_kill"] = False
+        if getattr(self.args, "shm_dir", None) is not None:
+            overrides["shm_dir"] = str(Path(self.args.shm_dir).resolve()) if self.args.shm_dir else ""
         if self.args.checkpoint_every:
             overrides["checkpoint_every"] = self.args.checkpoint_every
             folder = self.args.checkpoint_dir
@@ -202,6 +213,7 @@ class Launcher:
         secret = os.environ.get("DEADPOOL_SECRET") or secrets.token_hex(16)
         config = Config.from_env(**overrides, secret=secret)
         self.secret = config.secret.encode()
+        self.shm_dir = config.shm_dir
         return config.to_env()
 
     async def run(self) -> int:
@@ -244,13 +256,36 @@ class Launcher:
             job_file = jobfile.write(jobfile.JobInfo(self.coordinator_addr, self.secret.decode(), events, os.getpid()),
                                      self.agent_id)
             print(f"deadpool: coordinator {self.coordinator_addr}; events {events}", flush=True)
+        self.coordinator_proc = coordinator_proc
+        main = asyncio.current_task()
+        assert main is not None
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self._on_sigterm, main)  # a scheduler stopping the job
         try:
             return await self._supervise(coordinator_proc)
+        except asyncio.CancelledError:
+            if not self.terminated:
+                raise
+            return 128 + signal.SIGTERM
         finally:
+            loop.remove_signal_handler(signal.SIGTERM)
             await self._terminate_all()
+            if self.coordinator_proc is not None and self.coordinator_proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.coordinator_proc.terminate()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.coordinator_proc.wait(), 3.0)
+            for worker in self.workers:
+                self._remove_shm_files(worker)
             await self.transport.close()
             if job_file is not None:
                 jobfile.remove(job_file)
+
+    def _on_sigterm(self, main: asyncio.Task[int]) -> None:
+        """SIGTERM (SLURM, Kubernetes, kill): stop every worker and the coordinator, remove their files."""
+        print("deadpool: SIGTERM: stopping this host's workers", file=sys.stderr, flush=True)
+        self.terminated = True
+        main.cancel()
 
     async def _supervise(self, coordinator_proc: asyncio.subprocess.Process | None) -> int:
         assert self.transport is not None
@@ -288,6 +323,7 @@ class Launcher:
         while True:
             code = await proc.wait()
             if code in (0, 1) or self.stop is not None or restarts >= MAX_COORDINATOR_RESTARTS:
+                self.coordinator_gone = True
                 return code
             restarts += 1
             print(f"deadpool: the coordinator died ({'signal ' + str(-code) if code < 0 else 'exit ' + str(code)}); "
@@ -295,6 +331,7 @@ class Launcher:
                   file=sys.stderr, flush=True)
             proc, _, _ = await _start_coordinator(self.args, self.world, self.events_path, self.env,
                                                   bind=self.coordinator_addr, recover=True)
+            self.coordinator_proc = proc
 
     async def _watch_contact(self) -> None:
         """A host cut off from the coordinator stops its own workers after a bound.
@@ -363,12 +400,23 @@ class Launcher:
         """Report a worker's exit to the coordinator at once: the fastest failure signal."""
         code = await worker.proc.wait()
         worker.returncode = code
-        if self.transport is None:
+        self._remove_shm_files(worker)
+        if self.transport is None or self.stop is not None or self.coordinator_gone:
+            # The job has ended: nobody needs the report, and a send to a coordinator that has exited
+            # would hold the launcher's exit for the whole send timeout.
             return
         with contextlib.suppress(TransportError):
             await self.transport.send(self.coordinator_addr,
                                       [codec.encode(ProcessExited(self.agent_id, worker.member, code), self.secret)],
                                       2.0)
+
+    def _remove_shm_files(self, worker: Worker) -> None:
+        """An exited worker's snapshot slot files go; a buddy that mapped one keeps its mapping."""
+        try:
+            shm.remove_files(self.shm_dir, worker.member, worker.proc.pid)
+        except OSError as err:
+            print(f"deadpool: could not remove {worker.label}'s snapshot files in {self.shm_dir}: {err}",
+                  file=sys.stderr, flush=True)
 
     async def _terminate_all(self) -> None:
         alive = [w for w in self.workers if w.proc.returncode is None]

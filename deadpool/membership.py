@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from deadpool import codec
@@ -39,6 +40,17 @@ class Inbound:
 
 
 @dataclass(frozen=True, slots=True)
+class Drain:
+    """Queued behind the compute thread's messages: `done` runs once each of them was handed to the transport.
+
+    Shutdown waits for it, so a seat's last report (``Finished``, posted just before
+    ``rt.finish()``) is sent before the transport closes instead of racing the close.
+    """
+
+    done: Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
 class ViewChanged:
     """Sent to the SnapshotActor when a newer view is adopted."""
 
@@ -62,7 +74,7 @@ class MembershipActor:
         reconnected: asyncio.Event,
         identity: tuple[str, str, int, str, str],
     ) -> None:
-        self.inbox: asyncio.Queue[Inbound | Outbound] = asyncio.Queue(maxsize=256)
+        self.inbox: asyncio.Queue[Inbound | Outbound | Drain] = asyncio.Queue(maxsize=256)
         self._member = member
         self._coordinator = coordinator
         self._transport = transport
@@ -92,6 +104,8 @@ class MembershipActor:
                     if isinstance(step, int):
                         self._last_step = max(self._last_step, step)
                     await self._send(item.message)
+                elif isinstance(item, Drain):
+                    item.done()
                 else:
                     await self._on_message(item.message)
 

@@ -161,7 +161,7 @@ class FenceKill:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotHeader:
-    """First frame of a snapshot transfer; payload frames follow in the same message."""
+    """First frame of a snapshot transfer; payload frames follow in the same message (or it names a file)."""
 
     sender: str  # member id of the sender
     epoch: int  # sender's view epoch
@@ -170,16 +170,20 @@ class SnapshotHeader:
     nbytes: int  # total payload bytes across the following frames
     manifest: bytes  # encoded layout of the tensors and the non-tensor state
     digest: bytes = b""  # optional BLAKE2b of the payload, checked when present
+    shm_path: str = ""  # same host: the payload lies in this shared-memory file, and no payload frames follow
+    shm_offset: int = 0  # byte offset of the payload in shm_path
 
 
 @dataclass(frozen=True, slots=True)
 class SnapshotAck:
-    """The buddy confirms it holds a complete copy of (seat, step)."""
+    """The buddy confirms it holds a complete copy of (seat, step), or says why it could not take it."""
 
     sender: str  # member id of the buddy
     epoch: int  # buddy's view epoch
     seat: int  # seat of the copy
     step: int  # step of the copy
+    error: str = ""  # non-empty: the copy was not taken as offered (shared memory refused); resend over the wire
+    header_epoch: int = -1  # epoch of the SnapshotHeader this answers (a late ack from an older view is ignored)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,8 +34,7 @@ from typing import Any
 from deadpool import codec, jobfile
 from deadpool.errors import MisuseError, PeerFailure, WaitTimeout
 from deadpool.messages import ChaosCommand, ChaosResult, Message, StatusReply, StatusRequest
-from deadpool.runtime_thread import CONTROL_LIMITS
-from deadpool.transport import TransportError, open_transport
+from deadpool.transport import CONTROL_LIMITS, TransportError, open_transport
 
 log = logging.getLogger("deadpool.operator")
 

@@ -31,8 +31,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch._C._distributed_c10d import BroadcastOptions
 
 from deadpool import chaos as chaos_mod
+from deadpool import zero as zero_mod
 from deadpool.checkpoint import DiskCheckpointer, complete_steps
 from deadpool.checkpoint import load as checkpoint_load
 from deadpool.collective import CollectiveAborted, Waiter, connect_store, create_group
@@ -66,6 +68,7 @@ log = logging.getLogger("deadpool")
 _RUNTIME: Runtime | None = None
 _RETIRED_GROUPS: list[Any] = []  # groups and store clients are never destroyed (that can block or abort)
 _EXIT_STATUS = [0]
+_FINISHED = [False]  # rt.finish() ran: nothing of DeadPool's is left for the interpreter's teardown
 
 
 def init() -> Runtime:
@@ -117,9 +120,12 @@ class Runtime:
         self._snapshots = SnapshotStore(
             on_complete=self._on_snapshot_copied,
             after_copy=self._save_to_disk if self._disk.enabled else None,
+            shm_dir=self.config.shm_dir,
+            member=self.member,
         )
         self._tracked: dict[str, Any] = {}
         self._optimizers: list[torch.optim.Optimizer] = []
+        self._zero_shards: list[zero_mod.ZeroShard] = []
         self._view: View | None = None
         self._group: Any = None
         self._waiter = Waiter(self._handoff.condition, self._is_interrupted)
@@ -171,9 +177,28 @@ class Runtime:
             if name.startswith("__"):
                 raise MisuseError(f"rt.track(): names starting with '__' are reserved, got {name!r}")
             self._tracked[name] = obj
+            if zero_mod.is_zero(obj):
+                shard = zero_mod.ZeroShard(obj, self._broadcast_zero_shards)
+                self._tracked[name] = shard  # a seat snapshots its own shard, not the (unconsolidated) whole
+                self._zero_shards.append(shard)
             if isinstance(obj, torch.optim.Optimizer):
                 self._optimizers.append(obj)
                 obj.register_step_pre_hook(self._optimizer_pre_step)
+
+    def zero_optimizer(
+        self, params: Any, optimizer_class: type[torch.optim.Optimizer], **defaults: Any,
+    ) -> torch.optim.Optimizer:
+        """A ``torch.distributed.optim.ZeroRedundancyOptimizer`` (optimizer state sharded across seats).
+
+        Build it here rather than directly: it needs a process group when it is built, and
+        DeadPool's groups change with every view (a spare does not know its seat yet).  Track it
+        like any optimizer; each seat's snapshot then holds its own shard, and a swap restores the
+        dead seat's shard from its buddy.
+
+        Raises:
+            MisuseError: torch.distributed has a default group already, or an unsupported option.
+        """
+        return zero_mod.build(params, optimizer_class, **defaults)
 
     def ddp(self, model: torch.nn.Module) -> DataParallel:
         """Wrap `model` for data-parallel training across the seats (rebuilds itself after swaps)."""
@@ -215,14 +240,15 @@ class Runtime:
     def stats(self) -> dict[str, Any]:
         """Snapshot costs of this worker so far: stalls, sizes and memory held (the memory report)."""
         stalls = sorted(self._stalls)
-        sent, held = self._thread.snapshot_stats()
+        sent, held, shared = self._thread.snapshot_stats()
         return {
             "stall_s": list(self._stalls),
             "stall_p50_s": stalls[len(stalls) // 2] if stalls else 0.0,
             "stall_p99_s": stalls[min(len(stalls) - 1, int(0.99 * len(stalls)))] if stalls else 0.0,
             "snapshot_bytes": self._snapshots.bytes_per_snapshot,
             "own_snapshots_bytes": self._snapshots.memory_bytes(),
-            "buddy_copies_bytes": held,
+            "buddy_copies_bytes": held,  # copies in memory of this worker's own
+            "buddy_copies_shared_bytes": shared,  # copies held as mappings of a same-host ward's slots: no extra memory
             "streamed_bytes": sent,
         }
 
@@ -306,7 +332,8 @@ class Runtime:
         for optimizer in self._optimizers:
             for group in optimizer.param_groups:
                 pointers.update(p.data_ptr() for p in group["params"])
-            for state in optimizer.state.values():
+            inner: torch.optim.Optimizer = getattr(optimizer, "optim", optimizer)  # ZeRO: the local shard's optimizer
+            for state in inner.state.values():
                 pointers.update(v.data_ptr() for v in state.values() if isinstance(v, torch.Tensor))
         return pointers
 
@@ -358,10 +385,15 @@ class Runtime:
         self._gated_step = self._step
         return True
 
-    def _average_gradients(self, params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
-        """End of backward: one fixed-layout all-reduce of every gradient, waited on interruptibly."""
+    def _average_gradients(self, params: list[torch.nn.Parameter], flat: torch.Tensor) -> bool:
+        """End of backward: one fixed-layout all-reduce of every gradient, waited on interruptibly.
+
+        Returns False when `flat` was handed to an all-reduce that was abandoned: that operation
+        may still complete later (a SIGSTOPped peer resumes) and write into it, so the caller
+        must not reuse the buffer.
+        """
         if not self._gate() or self._group is None or self._view is None:
-            return
+            return True
         if flat.numel() == 0:
             flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
         offset = 0
@@ -378,7 +410,7 @@ class Runtime:
             self._waiter.wait(work, f"gradient all-reduce of step {self._step}", self.config.pg_timeout)
         except (CollectiveAborted, RuntimeError) as err:
             self._poison_step(err)
-            return
+            return False
         flat.div_(self._view.world_size)
         offset = 0
         for param in params:
@@ -389,6 +421,36 @@ class Runtime:
             else:
                 param.grad.copy_(averaged)
             offset += n
+        return True
+
+    def _broadcast_zero_shards(self, zero: Any) -> None:
+        """ZeRO's parameter broadcast after its local step: on the view's group, waited on interruptibly.
+
+        Other seats' shards are received into fresh buffers and copied into the parameters only
+        once every broadcast completed: an abandoned broadcast may still complete later (a
+        SIGSTOPped peer resumes) and must not write into live parameters.
+        """
+        shard = next(s for s in self._zero_shards if s.zero is zero)
+        if self._poison is not None or self._group is None:
+            return  # the step is rolled back anyway
+        received: list[tuple[torch.Tensor, torch.Tensor]] = []
+        try:
+            works = []
+            for rank, tensor in shard.shard_tensors():
+                options = BroadcastOptions()
+                options.rootRank = rank
+                if rank != self.rank:
+                    received.append((tensor, torch.empty_like(tensor)))
+                    tensor = received[-1][1]
+                works.append(self._group.broadcast([tensor], options))
+            self._chaos_point("broadcast")
+            for work in works:
+                self._waiter.wait(work, f"ZeRO parameter broadcast of step {self._step}", self.config.pg_timeout)
+        except (CollectiveAborted, RuntimeError) as err:
+            self._poison_step(err)
+            return
+        for live, staged in received:
+            live.copy_(staged)
 
     def _poison_step(self, err: BaseException) -> None:
         """Mark the step as lost; tell the coordinator unless it is the one that interrupted us."""
@@ -509,6 +571,8 @@ class Runtime:
         first_view = self._view is None and view.resume_step == -1 and seat not in view.restore_from
         started = time.perf_counter()
         self._chaos_point("recovery")
+        for shard in self._zero_shards:  # a spare takes the dead seat's partition before loading its shard
+            shard.seat(seat, view.world_size, None)
         if first_view:
             source, nbytes = "initial", 0
         elif view.restore_from.get(seat) == DISK:
@@ -537,6 +601,8 @@ class Runtime:
         )
         torch.set_rng_state(rng[0])
         random.setstate(rng[1])
+        for shard in self._zero_shards:
+            shard.seat(seat, view.world_size, self._group)
         self._set_view(view)
         self._poison = None
         self._gated_step = -2
@@ -592,7 +658,8 @@ class Runtime:
         # Python's `random` is seeded from the OS unless the script seeds it: restored, but not digested.
         state["__rng__"].pop("python")
         parts = {name: state_digest(value) for name, value in state.items()}
-        mine = torch.frombuffer(bytearray(bytes.fromhex(state_digest(state))), dtype=torch.uint8)
+        seat_digest = state_digest(state)  # hashed once: each pass over the state delays this seat's exit
+        mine = torch.frombuffer(bytearray(bytes.fromhex(seat_digest)), dtype=torch.uint8)
         gathered = [torch.zeros(32, dtype=torch.uint8) for _ in range(self._view.world_size)]
         try:
             work = self._group.allgather([gathered], [mine])
@@ -606,10 +673,12 @@ class Runtime:
         self._finished = True
         self._handoff.post(Finished(self.member, self._epoch, self.rank, max_steps - 1, self.final_digest))
         self.events.emit("seat_finished", epoch=self._epoch, rank=self.rank, step=max_steps - 1,
-                         state_digest=self.final_digest, seat_digest=state_digest(state), parts=parts)
+                         state_digest=self.final_digest, seat_digest=seat_digest, parts=parts)
         stats = self.stats()
         self.events.emit("snapshot_memory", rank=self.rank, own_snapshots_bytes=stats["own_snapshots_bytes"],
-                         buddy_copies_bytes=stats["buddy_copies_bytes"], snapshot_bytes=stats["snapshot_bytes"],
+                         buddy_copies_bytes=stats["buddy_copies_bytes"],
+                         buddy_copies_shared_bytes=stats["buddy_copies_shared_bytes"],
+                         snapshot_bytes=stats["snapshot_bytes"],
                          stall_p99_s=round(stats["stall_p99_s"], 6))
         return True
 
@@ -620,6 +689,7 @@ class Runtime:
         self._snapshots.close()
         self.events.close()
         _RUNTIME = None
+        _FINISHED[0] = True
 
 
 def state_digest(state: Any) -> str:
@@ -656,16 +726,19 @@ def _install_excepthook() -> None:
 
 
 def _exit_guard() -> None:
-    """At exit after a failure, skip the destructors of process groups.
+    """At exit, skip the destructors of process groups and the interpreter's teardown.
 
     Gloo aborts the process when a group whose op was abandoned is destructed,
-    and a group whose peers died can block the interpreter's exit.  So when
-    groups were retired, or the script ended with an uncaught exception, the
-    process ends here with the status Python would have used (1 after an
-    uncaught exception); a clean run exits normally.
+    and a group whose peers died can block the interpreter's exit.  After
+    ``rt.finish()`` (a released spare too) nothing of DeadPool's is left to clean
+    up, while tearing down torch's modules takes 1-2 s on a busy host, which the
+    launcher and the job's wall time would wait for.  So when groups were
+    retired, the runtime finished, or the script ended with an uncaught
+    exception, the process ends here with the status Python would have used (1
+    after an uncaught exception); other processes exit normally.
     """
     runtime = _RUNTIME
-    if not _RETIRED_GROUPS and _EXIT_STATUS[0] == 0:
+    if not _RETIRED_GROUPS and _EXIT_STATUS[0] == 0 and not _FINISHED[0]:
         return
     if runtime is not None:
         runtime._thread.stop(timeout=1.0)

@@ -27,30 +27,19 @@ from deadpool.errors import MisuseError
 from deadpool.events import EventLog
 from deadpool.handoff import Handoff
 from deadpool.heartbeat import HeartbeatActor, Progress
-from deadpool.membership import Inbound, MembershipActor, Outbound
+from deadpool.membership import Drain, Inbound, MembershipActor, Outbound
 from deadpool.messages import Message, RestoreReply, RestoreRequest, SnapshotAck, SnapshotHeader, Stop
 from deadpool.snapshot_actor import CHUNK_BYTES, Bulk, Fetch, LocalReady, SnapshotActor
-from deadpool.transport import Limits, Transport, open_transport
+from deadpool.transport import CONTROL_LIMITS, Limits, Transport, new_event_loop, open_transport
 
 log = logging.getLogger("deadpool.runtime")
 
 _BULK_TYPES = (SnapshotHeader, SnapshotAck, RestoreRequest, RestoreReply)
-CONTROL_LIMITS = Limits(max_frame_bytes=1 << 20, max_frames=1, inbox_size=256, send_hwm=64)
 BULK_LIMITS = Limits(max_frame_bytes=CHUNK_BYTES + (1 << 20), max_frames=4097, inbox_size=8, send_hwm=8)
 
 
 class Shutdown:
     """Posted by the compute thread to end the runtime thread."""
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop where installed (lower latency heartbeats), the standard loop elsewhere."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
 
 
 class RuntimeThread:
@@ -135,7 +124,7 @@ class RuntimeThread:
         config = self._config
         snapshots = SnapshotActor(
             self.member, bulk, self._handoff, self._progress, self._events, self._secret,
-            send_timeout=max(30.0, config.send_timeout),
+            send_timeout=max(30.0, config.send_timeout), shm_dir=config.shm_dir,
         )
         heartbeat = HeartbeatActor(
             self.member, self._coordinator, control, self._progress, config.heartbeat_interval, self._secret
@@ -162,7 +151,8 @@ class RuntimeThread:
                 tasks.create_task(membership.run())
                 tasks.create_task(snapshots.run())
                 await self._stop_event.wait()
-                await control.close()
+                # What the membership actor handed over (a seat's Finished) still reaches the coordinator.
+                await control.close(linger=config.send_timeout)
                 await bulk.close()
                 raise _Stopping
         except* _Stopping:
@@ -206,7 +196,11 @@ class RuntimeThread:
         assert self._membership is not None and self._snapshots is not None and self._stop_event is not None
         try:
             if isinstance(message, Shutdown):
-                self._stop_event.set()
+                # Stopping is ordered after the messages posted before it: the membership actor sends them first.
+                try:
+                    self._membership.inbox.put_nowait(Drain(self._stop_event.set))
+                except asyncio.QueueFull:
+                    self._stop_event.set()
             elif isinstance(message, (LocalReady, Fetch)):
                 self._snapshots.inbox.put_nowait(message)
             else:
@@ -216,10 +210,10 @@ class RuntimeThread:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def snapshot_stats(self) -> tuple[int, int]:
-        """(bytes streamed to the buddy, bytes held for wards), for the memory report."""
+    def snapshot_stats(self) -> tuple[int, int, int]:
+        """(bytes streamed to the buddy, bytes held for wards, bytes of ward slots mapped), for the memory report."""
         s = self._snapshots
-        return (s.bytes_sent, s.bytes_held_for_wards) if s else (0, 0)
+        return (s.bytes_sent, s.bytes_held_for_wards, s.bytes_shared_for_wards) if s else (0, 0, 0)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the loop (idempotent), waiting at most `timeout` seconds."""

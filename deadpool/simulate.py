@@ -89,8 +89,7 @@ from deadpool.messages import (
     Stop,
     Welcome,
 )
-from deadpool.runtime_thread import CONTROL_LIMITS
-from deadpool.transport import Frame, TransportError
+from deadpool.transport import CONTROL_LIMITS, Frame, TransportError
 from deadpool.view import View
 
 REAL_TIME_KEYS: tuple[str, ...] = (
@@ -215,8 +214,8 @@ class CapturingTransport:
     def dropped(self) -> int:
         return 0
 
-    async def close(self) -> None:
-        """Nothing to close."""
+    async def close(self, linger: float = 0.0) -> None:
+        """Nothing to close (sends land in the outbox at once)."""
 
 
 @dataclass(slots=True)

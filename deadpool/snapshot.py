@@ -12,11 +12,18 @@ is the only place snapshots can stall compute, and it is measured.
 On CPU the copy thread uses numpy (one thread, releases the GIL, ~12 GB/s,
 and never competes for torch's intra-op pool).  On GPU the copy goes through
 a side CUDA stream into pinned host memory and an event marks it complete.
+
+On CPU the arenas are files in a shared-memory directory when one is
+configured (``shm.py``): a buddy on the same host then maps the slot instead
+of receiving it over TCP.  Without one, or when the file cannot be made, the
+arena is ordinary anonymous memory and the buddy gets its copy over the wire.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
+import os
 import queue
 import threading
 import time
@@ -27,8 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from deadpool import shm
 from deadpool.errors import WaitTimeout
-from deadpool.statetree import Manifest, flatten, layout, materialize, view_tensor
+from deadpool.statetree import Manifest, TensorSpec, flatten, layout, materialize, view_tensor
 
 log = logging.getLogger("deadpool.snapshot")
 
@@ -46,6 +54,8 @@ class Slot:
     pinned: bool = False  # page-locked host memory (the GPU path's copy target)
     sequence: int = 0  # capture order: the newest of two snapshots of the same step is the higher one
     done: threading.Event = field(default_factory=threading.Event)
+    shm_path: str = ""  # the shared-memory file the arena lives in ("" for anonymous or pinned memory)
+    mapping: mmap.mmap | None = None  # the file's mapping, referenced for as long as the arena is
 
     def payload(self) -> memoryview:
         """The arena's bytes (zero-copy), for streaming to the buddy."""
@@ -73,8 +83,16 @@ class _CopyJob:
 class SnapshotStore:
     """Two local snapshot slots and the thread that fills them."""
 
-    def __init__(self, on_complete: Callable[[Slot], None], after_copy: Callable[[Slot], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_complete: Callable[[Slot], None],
+        after_copy: Callable[[Slot], None] | None = None,
+        shm_dir: str = "",
+        member: str = "",
+    ) -> None:
         self._slots = [Slot(0), Slot(1)]
+        self._shm_dir = shm_dir  # CPU arenas become files here, for a buddy on the same host to map
+        self._member = member
         self._on_complete = on_complete
         self._after_copy = after_copy  # runs on the copy thread before the slot may be reused (disk checkpoints)
         self._jobs: queue.Queue[_CopyJob | None] = queue.Queue(maxsize=1)
@@ -83,6 +101,11 @@ class SnapshotStore:
         self._pending: Slot | None = None
         self._cuda_stream: Any = None
         self._sequence = 0
+        self._layout_key: list[tuple[torch.dtype, torch.Size]] = []
+        self._layout_specs: tuple[TensorSpec, ...] | None = None
+        self._layout_nbytes = 0
+        self._target_views: dict[int, tuple[torch.Tensor, tuple[TensorSpec, ...], list[np.ndarray[Any, Any]]]] = {}
+        self._source_views: dict[tuple[int, int], np.ndarray[Any, Any]] = {}
         self.bytes_per_snapshot = 0
 
     # -- capture ------------------------------------------------------------------------------
@@ -95,7 +118,7 @@ class SnapshotStore:
         """
         self.wait_copy(timeout=60.0)
         skeleton, tensors = flatten(state)
-        manifest = layout(tensors, skeleton)
+        manifest = self._layout(skeleton, tensors)
         slot = self._free_slot()
         slot.complete = False
         slot.done.clear()
@@ -103,24 +126,68 @@ class SnapshotStore:
         slot.step, slot.generation, slot.manifest, slot.sequence = step, generation, manifest, self._sequence
         on_gpu = on_accelerator(tensors)
         if slot.arena is None or slot.arena.numel() < manifest.nbytes or (on_gpu and not slot.pinned):
-            slot.arena = allocate_arena(max(manifest.nbytes, 1), pinned=on_gpu)
-            slot.pinned = on_gpu
+            self._allocate(slot, max(manifest.nbytes, 1), on_gpu)
+        assert slot.arena is not None
         self.bytes_per_snapshot = manifest.nbytes
         if on_gpu:
             self._capture_cuda(slot, manifest, tensors)
             return slot
-        arena_np = slot.arena.numpy()
         pairs = []
-        for spec, tensor in zip(manifest.tensors, tensors, strict=True):
-            dst = arena_np[spec.offset : spec.offset + spec.nbytes]
-            src = tensor.detach().reshape(-1).view(torch.uint8).numpy()
-            if tensor.data_ptr() in background:
+        for dst, (pointer, src) in zip(self._targets(slot, manifest), self._sources(tensors), strict=True):
+            if pointer in background:
                 pairs.append((dst, src))
             else:
                 np.copyto(dst, src)
         self._pending = slot
         self._jobs.put(_CopyJob(slot, pairs))
         return slot
+
+    # The layout and the numpy views of both sides are made once and reused while nothing changes: the
+    # boundary then costs a few attribute reads per tensor instead of a layout and four tensor operations.
+
+    def _layout(self, skeleton: bytes, tensors: list[torch.Tensor]) -> Manifest:
+        """Where each tensor goes in the arena; the previous placement when dtypes and shapes are unchanged."""
+        key = [(t.dtype, t.shape) for t in tensors]
+        if self._layout_key != key or self._layout_specs is None:
+            placed = layout(tensors, skeleton)
+            self._layout_key, self._layout_specs, self._layout_nbytes = key, placed.tensors, placed.nbytes
+            return placed
+        return Manifest(skeleton, self._layout_specs, self._layout_nbytes)
+
+    def _targets(self, slot: Slot, manifest: Manifest) -> list[np.ndarray[Any, Any]]:
+        """The arena ranges of every tensor, as numpy views (reused for the same arena and placement)."""
+        assert slot.arena is not None
+        cached = self._target_views.get(slot.index)
+        if cached is not None and cached[0] is slot.arena and cached[1] is manifest.tensors:
+            return cached[2]
+        arena_np = slot.arena.numpy()
+        views = [arena_np[spec.offset : spec.offset + spec.nbytes] for spec in manifest.tensors]
+        self._target_views[slot.index] = (slot.arena, manifest.tensors, views)
+        return views
+
+    def _sources(self, tensors: list[torch.Tensor]) -> list[tuple[int, np.ndarray[Any, Any]]]:
+        """(storage pointer, flat uint8 numpy view) of every tensor.
+
+        A view made at the previous capture is reused for a contiguous tensor at the
+        same address with the same size: that view keeps its storage alive, so no
+        other tensor can live at that address, and the bytes are the same bytes.
+        Only views seen at this capture are kept for the next one.
+        """
+        previous = self._source_views
+        current: dict[tuple[int, int], np.ndarray[Any, Any]] = {}
+        out = []
+        for tensor in tensors:
+            key = (tensor.data_ptr(), tensor.nbytes)
+            view = previous.get(key)
+            if view is None or not tensor.is_contiguous():
+                view = tensor.detach().reshape(-1).view(torch.uint8).numpy()
+                if tensor.is_contiguous():
+                    current[key] = view
+            else:
+                current[key] = view
+            out.append((key[0], view))
+        self._source_views = current
+        return out
 
     def _capture_cuda(self, slot: Slot, manifest: Manifest, tensors: list[torch.Tensor]) -> None:
         """GPU path: async device-to-pinned-host copies on a side stream, completed by an event."""
@@ -136,6 +203,30 @@ class SnapshotStore:
             event.record(stream)
         self._pending = slot
         self._jobs.put(_CopyJob(slot, [], cuda_event=event))
+
+    def _allocate(self, slot: Slot, nbytes: int, pinned: bool) -> None:
+        """A (new) arena for `slot`: a shared-memory file on the CPU path when configured, else anonymous."""
+        self._release(slot)
+        slot.pinned = pinned
+        if self._shm_dir and not pinned:
+            path = shm.slot_path(self._shm_dir, self._member, os.getpid(), slot.index)
+            try:
+                slot.mapping = shm.create(path, nbytes)
+            except OSError as err:
+                log.warning("snapshot slots cannot live in %s (%s): using private memory; a buddy on this host "
+                            "gets its copies over TCP", self._shm_dir, err)
+                self._shm_dir = ""  # said once; the other slot does not try again
+            else:
+                slot.arena, slot.shm_path = torch.frombuffer(slot.mapping, dtype=torch.uint8), path
+                return
+        slot.arena = allocate_arena(nbytes, pinned=pinned)
+
+    @staticmethod
+    def _release(slot: Slot) -> None:
+        """Forget a slot's arena; its file goes (a buddy's mapping, and views still being sent, stay valid)."""
+        if slot.shm_path:
+            shm.unlink(slot.shm_path)
+        slot.arena, slot.mapping, slot.shm_path = None, None, ""
 
     def _free_slot(self) -> Slot:
         """The slot not holding the newest complete snapshot."""
@@ -215,8 +306,12 @@ class SnapshotStore:
         return materialize(slot.manifest, slot.arena)
 
     def close(self) -> None:
+        """Stop the copy thread and remove the slot files (the memory stays mapped for whoever holds it)."""
         try:
             self._jobs.put(None, timeout=5.0)
         except queue.Full:
             log.warning("snapshot copy thread busy at shutdown; leaving it (daemon)")
         self._thread.join(timeout=5.0)
+        for slot in self._slots:
+            if slot.shm_path:
+                shm.unlink(slot.shm_path)

@@ -12,19 +12,42 @@
 - It answers ``RestoreRequest`` from an adopted spare with the copy.
 - Messages from members outside the current view are dropped and logged;
   messages from a *newer* view than ours are parked until our view catches up.
+
+Same host: shared memory instead of TCP.  When the buddy runs on the ward's
+host and the ward's slot is a shared-memory file (``shm.py``), the header
+names the file and no payload follows; the buddy checks the file, maps it
+read-only (once per file) and holds the copy as a view of the ward's slot,
+without copying it.  A buddy that cannot map it acks with ``error`` and the
+ward sends that snapshot, and every later one to that buddy, over the wire.
+
+Why holding the ward's slot without a copy is safe: the ward has two slots
+and rewrites the one holding snapshot k-1 only when it captures k+1, at the
+end of step k+1, after that step's gradient all-reduce completed.  Every seat
+ran its pre-step gate (``Runtime._gate``) before joining that all-reduce, and
+the gate waits until the seat's snapshot k is copied and confirmed by its
+buddy.  So when k-1's slot is rewritten, every seat holds step k (locally,
+or as its buddy's confirmed copy) and holds it until it holds k+1, and the
+restore step (``decisions.plan_restore``: the newest step held by every seat)
+is at least k: k-1 is never requested again.  And the slot of the newest
+confirmed snapshot is never rewritten before the next one is confirmed.  A
+ward killed mid-copy leaves its newest confirmed slot intact; the buddy's
+mapping keeps those pages after the ward is gone and its file is unlinked.
+A newer header naming a file that an older copy lives in drops that copy (its
+slot is being rewritten).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from deadpool import codec
+from deadpool import codec, shm
 from deadpool.events import EventLog
 from deadpool.handoff import Handoff
 from deadpool.heartbeat import Progress
@@ -69,7 +92,12 @@ class Fetch:
 @dataclass(slots=True)
 class WardCopy:
     header: SnapshotHeader
-    frames: list[memoryview]
+    frames: list[memoryview]  # the received frames, or chunks of a read-only view of the ward's slot file
+
+    @property
+    def shared(self) -> bool:
+        """Held in the ward's shared-memory slot: no memory of its own."""
+        return bool(self.header.shm_path)
 
 
 @dataclass(slots=True)
@@ -79,6 +107,7 @@ class _InFlight:
     generation: str
     sent_at: float
     attempts: int
+    epoch: int  # view epoch when this transfer began: acks for headers from older views do not count
 
 
 def payload_chunks(payload: memoryview) -> list[memoryview]:
@@ -98,6 +127,7 @@ class SnapshotActor:
         secret: bytes | None,
         send_timeout: float,
         resend_after: float = 2.0,
+        shm_dir: str = "",
     ) -> None:
         self.inbox: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
         self._member = member
@@ -115,8 +145,12 @@ class SnapshotActor:
         self._parked: deque[Bulk] = deque(maxlen=16)
         self._fetches: dict[tuple[int, int], concurrent.futures.Future[tuple[Manifest, list[memoryview]]]] = {}
         self._sender: asyncio.Task[None] | None = None
+        self._shm_dir = shm_dir  # ward files are mapped only from here ("" : no shared-memory copies taken)
+        self._shm_refused: set[str] = set()  # buddies that could not map our slots: they get frames
+        self._mappings: dict[str, shm.Mapping] = {}  # ward slot file -> its mapping, while a copy lives in it
         self.bytes_sent = 0
-        self.bytes_held_for_wards = 0
+        self.bytes_held_for_wards = 0  # copies held in memory of our own
+        self.bytes_shared_for_wards = 0  # copies held as mappings of a ward's slot (no extra memory)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tasks:
@@ -157,7 +191,8 @@ class SnapshotActor:
             self._next = slot
 
     def _start_send(self, slot: Slot, tasks: asyncio.TaskGroup) -> None:
-        self._inflight = _InFlight(slot, slot.step, slot.generation, time.monotonic(), 1)
+        epoch = self._view.epoch if self._view else 0
+        self._inflight = _InFlight(slot, slot.step, slot.generation, time.monotonic(), 1, epoch)
         self._sender = tasks.create_task(self._send_snapshot(self._inflight))
 
     async def _send_snapshot(self, flight: _InFlight) -> None:
@@ -171,12 +206,23 @@ class SnapshotActor:
         assert seat is not None
         payload = slot.payload()
         header = SnapshotHeader(self._member, view.epoch, seat, slot.step, len(payload), slot.manifest.encode())
-        frames: list[Any] = [codec.encode(header, self._secret), *payload_chunks(payload)]
+        shared = self._shares_memory_with(view, view.buddy_member(seat), slot)
+        if shared:
+            header = dataclasses.replace(header, shm_path=slot.shm_path, shm_offset=0)
+        frames: list[Any] = [codec.encode(header, self._secret)]
+        if not shared:
+            frames += payload_chunks(payload)
         try:
             await self._transport.send(addr, frames, self._send_timeout)
-            self.bytes_sent += len(payload)
+            if not shared:
+                self.bytes_sent += len(payload)
         except TransportError as err:
             log.warning("snapshot of step %d not sent to buddy: %s (will retry)", slot.step, err)
+
+    def _shares_memory_with(self, view: View, buddy: str, slot: Slot) -> bool:
+        """The buddy can map the slot: same host, the slot is a shared-memory file, and it never refused."""
+        host = view.hosts.get(self._member, "")
+        return bool(slot.shm_path and host) and host == view.hosts.get(buddy) and buddy not in self._shm_refused
 
     async def _resend_loop(self) -> None:
         while True:
@@ -197,14 +243,31 @@ class SnapshotActor:
         if view is None or seat is None or ack.sender != view.buddy_member(seat):
             self._events.emit("rejected", reason="ack_from_non_buddy", peer=ack.sender)
             return
-        if flight is None or ack.step != flight.step:
-            return  # a late ack for a superseded transfer
+        if ack.error:
+            self._on_shm_refused(ack, tasks)
+            return
+        if flight is None or ack.step != flight.step or ack.header_epoch < flight.epoch:
+            return  # a late ack for a superseded transfer (or for an older view's header of the same step)
         self._handoff.confirm(flight.generation, flight.step)
         self._progress.confirmed_step = flight.step
         self._inflight = None
         pending, self._next = self._next, None
         if pending is not None and pending.complete:
             self._start_send(pending, tasks)
+
+    def _on_shm_refused(self, ack: SnapshotAck, tasks: asyncio.TaskGroup) -> None:
+        """The buddy could not map our slot: from now on it gets frames, starting with this snapshot."""
+        if ack.sender not in self._shm_refused:
+            self._shm_refused.add(ack.sender)
+            log.warning("buddy %s cannot map this member's snapshot slots (%s); sending copies over the wire",
+                        ack.sender, ack.error)
+            self._events.emit("snapshot_shm_refused", peer=ack.sender, error=ack.error)
+        flight = self._inflight
+        if flight is None or ack.step != flight.step:
+            return
+        flight.sent_at = time.monotonic()
+        flight.attempts += 1
+        self._sender = tasks.create_task(self._send_snapshot(flight))
 
     # -- views --------------------------------------------------------------------------------
 
@@ -226,7 +289,12 @@ class SnapshotActor:
 
     def _publish_wards(self) -> None:
         steps = {seat: sorted(c.header.step for c in copies) for seat, copies in self._wards.items()}
-        self.bytes_held_for_wards = sum(c.header.nbytes for copies in self._wards.values() for c in copies)
+        held = [c for copies in self._wards.values() for c in copies]
+        self.bytes_held_for_wards = sum(c.header.nbytes for c in held if not c.shared)
+        self.bytes_shared_for_wards = sum(c.header.nbytes for c in held if c.shared)
+        live = {c.header.shm_path for c in held if c.shared}
+        for path in [path for path in self._mappings if path not in live]:
+            del self._mappings[path]  # unmapped once the last view of it (e.g. a restore being sent) is gone
         self._handoff.set_ward_steps(steps)
 
     # -- incoming bulk ------------------------------------------------------------------------
@@ -257,7 +325,10 @@ class SnapshotActor:
         if my_seat is None or view.buddies[header.seat] != my_seat:
             self._events.emit("rejected", reason="not_my_ward", peer=header.sender, seat=header.seat)
             return
-        if sum(len(f) for f in frames) != header.nbytes:
+        if header.shm_path and frames:
+            self._events.emit("rejected", reason="unexpected_frames", peer=header.sender, kind="shm_snapshot")
+            return
+        if not header.shm_path and sum(len(f) for f in frames) != header.nbytes:
             self._events.emit("rejected", reason="size_mismatch", peer=header.sender)
             return
         try:
@@ -265,12 +336,35 @@ class SnapshotActor:
         except ValueError as err:
             self._events.emit("rejected", reason="bad_manifest", peer=header.sender, detail=str(err))
             return
-        copies = [c for c in self._wards.get(header.seat, []) if c.header.step != header.step]
+        if header.shm_path:
+            try:
+                frames = self._map_ward_slot(header)
+            except shm.ShmRefused as err:
+                self._events.emit("rejected", reason="bad_shm_path", peer=header.sender, detail=str(err))
+                await self._send_ack(view, header, error=str(err))
+                return
+        # A copy living in the file this header names is gone: the ward is rewriting that slot.
+        copies = [c for c in self._wards.get(header.seat, [])
+                  if c.header.step != header.step and not (header.shm_path and c.header.shm_path == header.shm_path)]
         copies.append(WardCopy(header, frames))
         copies.sort(key=lambda c: c.header.step)
         self._wards[header.seat] = copies[-2:]
         self._publish_wards()
-        ack = SnapshotAck(self._member, view.epoch, header.seat, header.step)
+        await self._send_ack(view, header)
+
+    def _map_ward_slot(self, header: SnapshotHeader) -> list[memoryview]:
+        """The payload a shared-memory header names, as chunks of a read-only view of the ward's file.
+
+        Raises:
+            shm.ShmRefused: the file may not be trusted or mapped (see ``shm.map_readonly``).
+        """
+        mapping = shm.map_readonly(header.shm_path, self._shm_dir, header.shm_offset, header.nbytes,
+                                   self._mappings.get(header.shm_path))
+        self._mappings[header.shm_path] = mapping
+        return payload_chunks(mapping.view[header.shm_offset : header.shm_offset + header.nbytes])
+
+    async def _send_ack(self, view: View, header: SnapshotHeader, error: str = "") -> None:
+        ack = SnapshotAck(self._member, view.epoch, header.seat, header.step, error[:500], header.epoch)
         addr = view.bulk_addrs.get(header.sender)
         if addr is not None:
             try:
@@ -289,7 +383,9 @@ class SnapshotActor:
                                  f"no copy of seat {request.seat} step {request.step} here (held: {held})")
             frames: list[Any] = [codec.encode(reply, self._secret)]
         else:
-            reply = RestoreReply(self._member, request.epoch, request.seat, request.step, True, "", copy.header)
+            # Served as frames even when held in shared memory: the requester may be on another host.
+            header = dataclasses.replace(copy.header, shm_path="", shm_offset=0)
+            reply = RestoreReply(self._member, request.epoch, request.seat, request.step, True, "", header)
             frames = [codec.encode(reply, self._secret), *copy.frames]
         try:
             await self._transport.send(request.reply_to, frames, self._send_timeout)

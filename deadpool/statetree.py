@@ -91,6 +91,18 @@ class Manifest:
         return cls(skeleton, tuple(tensors), nbytes)
 
 
+_TENSOR_REFS: list[msgpack.ExtType] = []  # the reference to tensor i, made once (flatten runs every step)
+
+
+def _tensor_ref(index: int) -> msgpack.ExtType:
+    global _TENSOR_REFS
+    refs = _TENSOR_REFS
+    if index >= len(refs):  # grow by rebinding, so a concurrent reader never sees a half-built list
+        refs = refs + [msgpack.ExtType(_EXT_TENSOR, msgpack.packb(i)) for i in range(len(refs), 2 * index + 16)]
+        _TENSOR_REFS = refs
+    return refs[index]
+
+
 def flatten(state: Any) -> tuple[bytes, list[torch.Tensor]]:
     """Encode `state`'s structure; return it with the tensors it references, in order.
 
@@ -102,7 +114,7 @@ def flatten(state: Any) -> tuple[bytes, list[torch.Tensor]]:
     def default(obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
             tensors.append(obj)
-            return msgpack.ExtType(_EXT_TENSOR, msgpack.packb(len(tensors) - 1))
+            return _tensor_ref(len(tensors) - 1)
         if isinstance(obj, tuple):
             return msgpack.ExtType(_EXT_TUPLE, msgpack.packb(list(obj), default=default, strict_types=True))
         if isinstance(obj, bool):

@@ -18,6 +18,7 @@ has a timeout.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,21 @@ class Limits:
     max_frames: int = 4  # more frames in one message is a protocol violation
     inbox_size: int = 256  # messages buffered before senders feel back-pressure
     send_hwm: int = 64  # messages queued per destination before send blocks
+
+
+# The control channel (coordinator, agents, members' membership and heartbeat traffic).  Defined here, not
+# beside the runtime thread, so that the launcher, the coordinator and the operator tools import no torch.
+CONTROL_LIMITS = Limits(max_frame_bytes=1 << 20, max_frames=1, inbox_size=256, send_hwm=64)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where installed (lower latency heartbeats), the standard loop elsewhere."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
 
 
 @runtime_checkable
@@ -77,8 +93,16 @@ class Transport(Protocol):
         """How many inbound messages the limits refused so far."""
         ...
 
-    async def close(self) -> None:
-        """Close sockets first, so that nothing stays blocked on I/O; idempotent."""
+    async def close(self, linger: float = 0.0) -> None:
+        """Close sockets first, so that nothing stays blocked on I/O; idempotent.
+
+        Messages that ``send()`` accepted but that have not left yet are dropped,
+        unless `linger` > 0: then they are still delivered, for at most `linger`
+        seconds, and once the process's last transport closes, ``close()`` returns
+        when they have left (or the bound passed), so that a process that exits
+        right after (a finished member's last report, the coordinator's Stop)
+        does not lose them.
+        """
         ...
 
 

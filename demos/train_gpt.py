@@ -33,6 +33,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per worker")
+    parser.add_argument("--zero", action="store_true",
+                        help="shard the optimizer state across seats (torch ZeroRedundancyOptimizer)")
     parser.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step (slow tests)")
     args = parser.parse_args()
 
@@ -40,7 +42,10 @@ def main() -> None:
     rt = deadpool.init()
     corpus = load_corpus()
     model = build_model(args.size, seed=args.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    if args.zero:
+        optimizer = rt.zero_optimizer(model.parameters(), torch.optim.AdamW, lr=args.lr, weight_decay=0.1)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup=10, total=args.steps))
     torch.manual_seed(args.seed + 1000 + max(0, int(os.environ.get("RANK", "0"))))
     rt.track(model=model, optimizer=optimizer, sched=scheduler)

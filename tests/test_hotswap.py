@@ -6,10 +6,13 @@ final state digest as the same run without failures.
 
 from __future__ import annotations
 
+import glob
+import os
 from pathlib import Path
 
 import pytest
 
+from deadpool import shm
 from launch_util import LaunchResult, launch
 
 pytestmark = pytest.mark.e2e
@@ -55,6 +58,29 @@ def test_kill_at_step_boundary_swaps_spare_in_bit_identical(tmp_path: Path, base
     assert result.of("chaos_injected")[0]["step"] == 20
 
 
+def _shm_files_left(result: LaunchResult) -> list[str]:
+    """Snapshot slot files of this job's workers still in /dev/shm (their agent removes them)."""
+    joined = [e for e in result.of("member_joined") if e.get("source_process") == "worker"]
+    return [path for e in joined
+            for path in glob.glob(shm.slot_path("/dev/shm", e["member"], int(e["pid"]), 0)[:-1] + "*")]
+
+
+def test_kill_with_buddy_copies_over_tcp_on_one_host_is_bit_identical(tmp_path: Path, baseline: LaunchResult) -> None:
+    """`--shm-dir ""` forces the TCP path on one host; the baseline's buddies mapped their wards' slots."""
+    result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--shm-dir", "", "--chaos", "kill:rank=2:step=20",
+                    steps=STEPS)
+    assert_swapped(result, baseline, seat=2)
+    over_tcp = result.of("snapshot_memory")
+    assert len(over_tcp) == 4
+    assert all(m["buddy_copies_shared_bytes"] == 0 and m["buddy_copies_bytes"] > 0 for m in over_tcp)
+    if os.path.isdir("/dev/shm"):
+        shared = baseline.of("snapshot_memory")
+        assert len(shared) == 4
+        assert all(m["buddy_copies_shared_bytes"] > 0 and m["buddy_copies_bytes"] == 0 for m in shared)
+        assert not _shm_files_left(baseline)
+    assert not _shm_files_left(result)
+
+
 def test_kill_mid_backward_is_bit_identical(tmp_path: Path, baseline: LaunchResult) -> None:
     result = launch(
         tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:rank=2:step=20:at=backward", steps=STEPS
@@ -90,3 +116,26 @@ def test_no_spare_left_stops_with_clear_error(tmp_path: Path) -> None:
     failed = result.of("job_failed")
     assert len(failed) == 1 and "rank 1" in failed[0]["reason"]
     assert not result.of("training_finished")
+
+
+@pytest.fixture(scope="module")
+def zero_baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
+    result = launch(tmp_path_factory.mktemp("zero"), "--nproc", "4", "--spares", "1", steps=STEPS,
+                    script_args=("--zero",))
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.digest, result.output[-3000:]
+    return result
+
+
+@pytest.mark.parametrize("chaos", ["kill:rank=2:step=20", "kill:rank=1:step=20:at=broadcast"])
+def test_zero_sharded_optimizer_state_comes_back_from_the_buddy(
+    tmp_path: Path, baseline: LaunchResult, zero_baseline: LaunchResult, chaos: str,
+) -> None:
+    """With ZeroRedundancyOptimizer the dead seat's optimizer shard exists only in its buddy's copy."""
+    seat = int(chaos.split("rank=")[1].split(":")[0])
+    result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--chaos", chaos, steps=STEPS, script_args=("--zero",))
+    assert_swapped(result, zero_baseline, seat=seat)
+    restored = [r for r in result.of("restored") if r["source"] == "buddy"][0]
+    full = [r for r in baseline.of("snapshot_memory") if r["rank"] == seat][0]["snapshot_bytes"]
+    # The seat's snapshot is its parameters plus a quarter of the Adam state: about half the replicated one.
+    assert restored["bytes"] < 0.6 * full

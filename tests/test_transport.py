@@ -310,6 +310,16 @@ async def test_close_is_idempotent_and_a_closed_transport_refuses_to_send(endpoi
         await sender.send(sender.address, [b"x"], timeout=RECV_TIMEOUT)
 
 
+async def test_close_with_linger_still_delivers_what_was_sent(endpoints: Endpoints) -> None:
+    """A process's last messages (a seat's Finished, the coordinator's Stop) are sent just before it closes."""
+    receiver, sender = endpoints.open(), endpoints.open()
+    for n in range(20):
+        await sender.send(receiver.address, sequenced(n, b"x" * 1000), timeout=RECV_TIMEOUT)
+    await sender.close(linger=RECV_TIMEOUT)
+    for n in range(20):
+        assert await recv_within(receiver) == [struct.pack("!Q", n), b"x" * 1000]
+
+
 @pytest.mark.parametrize("was_connected", [False, True], ids=["never-connected", "connected"])
 async def test_sending_to_a_peer_that_closed_fails_within_bounded_time(
     endpoints: Endpoints, was_connected: bool

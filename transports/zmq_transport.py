@@ -6,7 +6,9 @@ PUSH's high-water mark gives back-pressure for free.  ``IMMEDIATE`` keeps
 messages from piling up for peers that are not connected (a dead buddy costs
 a send timeout, not memory), ``MAXMSGSIZE`` makes ZeroMQ drop (and
 disconnect) a peer that sends an oversized frame before any byte reaches
-Python, and ``LINGER=0`` lets a closing process exit at once.
+Python, and ``LINGER=0`` lets a closing process exit at once
+(``close(linger=S)`` keeps delivering what was already sent, for at most S
+seconds, where that matters).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import errno
 import os
 import socket
+import threading
 from collections.abc import Sequence
 
 import zmq
@@ -24,15 +27,52 @@ from deadpool.transport import Frame, Limits, TransportError
 
 _CONTEXT: zmq.asyncio.Context | None = None
 _CONTEXT_PID = 0
+_OPEN = 0  # transports open on _CONTEXT
+_LOCK = threading.Lock()  # transports open and close on several threads (each runtime has its own loop)
 
 
-def shared_context() -> zmq.asyncio.Context:
-    """One ZeroMQ context per process (rebuilt after fork)."""
-    global _CONTEXT, _CONTEXT_PID
+def _current_context() -> zmq.asyncio.Context:
+    """The process's context; the caller holds _LOCK."""
+    global _CONTEXT, _CONTEXT_PID, _OPEN
     if _CONTEXT is None or os.getpid() != _CONTEXT_PID:
         _CONTEXT = zmq.asyncio.Context()
         _CONTEXT_PID = os.getpid()
+        _OPEN = 0
     return _CONTEXT
+
+
+def shared_context() -> zmq.asyncio.Context:
+    """One ZeroMQ context per process (rebuilt after fork, and after the last transport closed)."""
+    with _LOCK:
+        return _current_context()
+
+
+def _acquire_context() -> zmq.asyncio.Context:
+    """The context for a new transport, counted at once (so that no close terminates it under us)."""
+    global _OPEN
+    with _LOCK:
+        context = _current_context()
+        _OPEN += 1
+        return context
+
+
+def _release_context(context: zmq.asyncio.Context) -> None:
+    """When the process's last transport closes, terminate the context.
+
+    ``term()`` returns once every socket closed with a linger has handed its
+    queued messages to the operating system, or its linger passed: the one
+    bounded wait for "what was sent has left".  Every socket is closed by then
+    (a transport closes all of its own), so it cannot block on an open one.
+    """
+    global _CONTEXT, _OPEN
+    with _LOCK:
+        if context is not _CONTEXT or os.getpid() != _CONTEXT_PID:
+            return  # a context of the parent process (fork) or one already terminated
+        _OPEN -= 1
+        if _OPEN > 0:
+            return
+        _CONTEXT = None
+    context.term()
 
 
 def _task_cancelled() -> bool:
@@ -72,7 +112,7 @@ class ZmqTransport:
 
     def __init__(self, url: str, limits: Limits) -> None:
         self._limits = limits
-        self._context = shared_context()
+        self._context = _acquire_context()
         self._pull = self._context.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
         self._pull.setsockopt(zmq.RCVHWM, limits.inbox_size)
@@ -88,6 +128,7 @@ class ZmqTransport:
                 self._address = self._pull.getsockopt_string(zmq.LAST_ENDPOINT)
         except zmq.ZMQError:
             self._pull.close(linger=0)  # a failed bind must not leak the socket (and block Context.term)
+            _release_context(self._context)
             raise
         self._pushes: dict[str, zmq.asyncio.Socket] = {}
         self._inbox: asyncio.Queue[list[memoryview]] = asyncio.Queue(maxsize=limits.inbox_size)
@@ -152,7 +193,11 @@ class ZmqTransport:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, self._limits.send_hwm)
             sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.connect(address)
+            try:
+                sock.connect(address)
+            except zmq.ZMQError:
+                sock.close(linger=0)  # a leaked socket would block Context.term()
+                raise
             self._pushes[address] = sock
         return sock
 
@@ -184,12 +229,13 @@ class ZmqTransport:
     def dropped(self) -> int:
         return self._dropped
 
-    async def close(self) -> None:
+    async def close(self, linger: float = 0.0) -> None:
         if self._closed:
             return
         self._closed = True
         self._closed_event.set()
         self._pull.close(linger=0)
         for sock in self._pushes.values():
-            sock.close(linger=0)
+            sock.close(linger=max(0, int(linger * 1000)))
         self._pushes.clear()
+        _release_context(self._context)

@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -173,6 +174,17 @@ def summarize_torchft(
     return result
 
 
+def _wait_listening(port: int, proc: subprocess.Popen[bytes], bound_s: float) -> None:
+    """Until something accepts on 127.0.0.1:`port` (or `proc` exits, or the bound passes)."""
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
 def run_torchft_baseline(
     steps: int = 40,
     kill_replica: int | None = 2,
@@ -239,7 +251,7 @@ def run_torchft_baseline(
     status = "running"
     listeners: list[str] | None = None
     try:
-        time.sleep(0.3)
+        _wait_listening(lighthouse_port, lighthouse, bound_s=10.0)  # as a launcher waits for its coordinator
         for replica in range(replicas):
             env = child_env(BASELINE_PIDFILE=str(pidfile), BASELINE_LAUNCH="0", RUST_LOG="warn")
             procs[replica] = _start(replica_cmd(replica), env, work / f"replica{replica}.log")

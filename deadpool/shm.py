@@ -1,0 +1,137 @@
+"""Same-host snapshot slots in shared memory: files a buddy maps instead of receiving over TCP.
+
+When a seat's buddy runs on the same host, streaming every snapshot through
+ZeroMQ over loopback costs a copy into the kernel, a copy out, and the CPU of
+two ZeroMQ I/O threads, every step.  Instead the ward allocates its two
+snapshot arenas as files in a tmpfs directory (``Config.shm_dir``, by default
+``/dev/shm``), and its ``SnapshotHeader`` names the file; the buddy maps it
+read-only and holds the copy as a view of the mapping (no copy at all).  A
+mapping keeps the pages alive after the ward dies (SIGKILL) and after its file
+is unlinked, which is exactly when the copy is needed.
+
+This module is the file side of that: naming, creating (writer), validating
+and mapping (reader), and removing a worker's files (its host agent, after
+the worker exits).  Why a buddy may hold the ward's slot without copying it is
+explained in ``snapshot_actor.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import mmap
+import os
+import re
+import stat
+from dataclasses import dataclass
+
+PREFIX = "deadpool-"
+
+
+def _sanitized(member: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.]", "_", member)
+
+
+def slot_path(shm_dir: str, member: str, pid: int, index: int) -> str:
+    """The file of one snapshot slot: ``{shm_dir}/deadpool-{member}-{pid}-slot{index}``."""
+    return os.path.join(os.path.normpath(shm_dir), f"{PREFIX}{_sanitized(member)}-{pid}-slot{index}")
+
+
+def create(path: str, nbytes: int) -> mmap.mmap:
+    """Create `path` (0600, never an existing file or a symlink), reserve `nbytes`, map it shared.
+
+    The whole size is reserved up front, so a full tmpfs fails here (ENOSPC)
+    instead of with SIGBUS when a page is first written.  The file is removed
+    again if anything fails.
+
+    Raises:
+        OSError: the file exists, the directory is missing or not writable, or the space is not there.
+    """
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+        return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        unlink(path)
+        raise
+    finally:
+        os.close(fd)
+
+
+def unlink(path: str) -> None:
+    """Remove a slot file if it is still there (a buddy's mapping of it stays valid)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def remove_files(shm_dir: str, member: str, pid: int) -> list[str]:
+    """Remove every slot file of one worker (its host agent does this after the worker exits)."""
+    if not shm_dir:
+        return []
+    name = f"{PREFIX}{glob.escape(_sanitized(member))}-{pid}-slot*"
+    pattern = os.path.join(glob.escape(os.path.normpath(shm_dir)), name)
+    removed = []
+    for path in glob.glob(pattern):
+        unlink(path)
+        removed.append(path)
+    return removed
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """A read-only mapping of one slot file, with the identity of the file it maps."""
+
+    path: str
+    device: int
+    inode: int
+    size: int
+    view: memoryview  # read-only view of the whole mapping
+
+
+class ShmRefused(Exception):
+    """A peer named a file that may not be mapped; the message says why."""
+
+
+def map_readonly(path: str, shm_dir: str, offset: int, nbytes: int, cached: Mapping | None) -> Mapping:
+    """Map a ward's slot file for reading, after checking that it may be trusted.
+
+    The header naming it is authenticated, but a file is not a frame: it must
+    lie directly in this process's own `shm_dir`, be named like a slot file, be
+    a regular file (not a symlink) owned by this user, and hold `offset +
+    nbytes` bytes.  `cached` is reused when it still maps the same file.
+
+    Raises:
+        ShmRefused: any check failed (the reason is the message).
+    """
+    if not shm_dir:
+        raise ShmRefused("shared-memory copies are turned off here (shm_dir is empty)")
+    if os.path.dirname(path) != os.path.normpath(shm_dir) or os.path.normpath(path) != path:
+        raise ShmRefused(f"{path!r} is not a file directly in {shm_dir!r}")
+    if not os.path.basename(path).startswith(PREFIX):
+        raise ShmRefused(f"{path!r} is not named like a snapshot slot ({PREFIX}*)")
+    if offset < 0 or nbytes < 0:
+        raise ShmRefused(f"negative offset or size ({offset}, {nbytes})")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise ShmRefused(f"cannot open {path!r}: {err.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ShmRefused(f"{path!r} is not a regular file")
+        if info.st_uid != os.geteuid():
+            raise ShmRefused(f"{path!r} belongs to uid {info.st_uid}, not to this user")
+        if info.st_size < offset + nbytes:
+            raise ShmRefused(f"{path!r} holds {info.st_size} bytes, the header needs {offset + nbytes}")
+        if cached is not None and (cached.device, cached.inode) == (info.st_dev, info.st_ino) \
+                and cached.size >= offset + nbytes:
+            return cached
+        if info.st_size == 0:
+            raise ShmRefused(f"{path!r} is empty")
+        try:
+            mapping = mmap.mmap(fd, info.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        except OSError as err:
+            raise ShmRefused(f"cannot map {path!r}: {err.strerror}") from None
+        return Mapping(path, info.st_dev, info.st_ino, info.st_size, memoryview(mapping))
+    finally:
+        os.close(fd)

@@ -1,0 +1,90 @@
+"""SnapshotStore's capture: what it copies is the state at the capture, whatever changed since the last one.
+
+The store reuses the layout and the numpy views of the previous capture while
+nothing changed (``SnapshotStore._layout/_targets/_sources``); these tests
+change the state in every way a training loop can between two captures and
+check the bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from deadpool.snapshot import Slot, SnapshotStore
+from deadpool.statetree import materialize
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def store() -> Iterator[SnapshotStore]:
+    s = SnapshotStore(on_complete=lambda _: None)
+    yield s
+    s.close()
+
+
+def capture(store: SnapshotStore, step: int, state: dict[str, Any], background: set[int] | None = None) -> Any:
+    slot: Slot = store.capture(step, "g", state, background if background is not None else set())
+    store.wait_copy(10.0)
+    assert slot.manifest is not None and slot.arena is not None
+    return materialize(slot.manifest, slot.arena)
+
+
+def assert_same(snapshot: dict[str, Any], state: dict[str, Any]) -> None:
+    assert snapshot.keys() == state.keys()
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            assert snapshot[key].dtype == value.dtype and torch.equal(snapshot[key], value), key
+        else:
+            assert snapshot[key] == value, key
+
+
+def test_in_place_changes_between_captures_are_captured(store: SnapshotStore) -> None:
+    weight, moment = torch.randn(16, 8), torch.zeros(16, 8)
+    state = {"w": weight, "m": moment, "lr": 0.1}
+    for step in range(5):  # both slots, several times: every reuse path
+        weight.add_(1.0)
+        moment.mul_(0.5).add_(step)
+        state["lr"] = 0.1 / (step + 1)
+        assert_same(capture(store, step, state, {weight.data_ptr(), moment.data_ptr()}), state)
+
+
+def test_a_replaced_tensor_is_read_from_its_new_storage(store: SnapshotStore) -> None:
+    state = {"w": torch.randn(16, 8)}
+    capture(store, 0, state)
+    for step in range(1, 4):
+        state["w"] = torch.full((16, 8), float(step))  # new storage, same shape
+        assert_same(capture(store, step, state), state)
+
+
+def test_non_contiguous_and_re_viewed_tensors(store: SnapshotStore) -> None:
+    base = torch.arange(48, dtype=torch.float32).reshape(6, 8)
+    state: dict[str, Any] = {"t": base.t(), "flat": base.reshape(-1)}
+    assert_same(capture(store, 0, state), state)
+    base.add_(100.0)
+    assert_same(capture(store, 1, state), state)
+    state = {"t": base.reshape(8, 6), "flat": base.view(torch.int32).reshape(-1)}  # same storage, other views
+    assert_same(capture(store, 2, state), state)
+    base.mul_(-1.0)
+    assert_same(capture(store, 3, state), state)
+
+
+def test_a_changed_shape_gets_a_new_layout_and_a_larger_arena(store: SnapshotStore) -> None:
+    state = {"a": torch.randn(4), "b": torch.randn(3, dtype=torch.float64)}
+    capture(store, 0, state)
+    capture(store, 1, state)
+    state = {"a": torch.randn(4), "b": torch.randn(300, dtype=torch.float64), "c": torch.ones(2, dtype=torch.bool)}
+    for step in (2, 3):
+        assert_same(capture(store, step, state), state)
+
+
+def test_tied_tensors_are_captured_once_each_reference(store: SnapshotStore) -> None:
+    shared = torch.randn(5, 5)
+    state = {"embed": shared, "head": shared}
+    assert_same(capture(store, 0, state), state)
+    shared.add_(3.0)
+    assert_same(capture(store, 1, state), state)

@@ -1,0 +1,420 @@
+"""Same-host buddy copies through shared memory (``deadpool/shm.py``, ``snapshot.py``, ``snapshot_actor.py``).
+
+Fast tests, no processes: slot files are allocated, validated and mapped in
+this process; two SnapshotActors talk over the in-process transport, as a
+ward and its buddy on one host.  The end-to-end kill scenario with the TCP
+path forced on one host is in ``tests/test_hotswap.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import stat
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import torch
+
+from deadpool import codec, shm
+from deadpool.events import EventLog
+from deadpool.handoff import Handoff
+from deadpool.heartbeat import Progress
+from deadpool.membership import ViewChanged
+from deadpool.messages import SnapshotHeader
+from deadpool.snapshot import Slot, SnapshotStore
+from deadpool.snapshot_actor import Bulk, Fetch, LocalReady, SnapshotActor
+from deadpool.statetree import Manifest, materialize
+from deadpool.transport import Limits, Transport, open_transport
+from deadpool.view import View
+
+pytestmark = pytest.mark.timeout(30)
+
+WARD, BUDDY = "host:rank0:aaaaaa", "host:rank1:bbbbbb"
+GENERATION = "epoch-1"
+BULK = Limits(max_frame_bytes=(16 << 20) + (1 << 20), max_frames=4097, inbox_size=8, send_hwm=8)
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[str]:
+    """A private directory on tmpfs where there is one (the real case), else on disk."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    path = tempfile.mkdtemp(prefix="dp-shm-test-", dir=base)
+    yield path
+    for name in os.listdir(path):
+        os.unlink(os.path.join(path, name))
+    os.rmdir(path)
+
+
+def _state(seed: int, rows: int = 64) -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(rows, 32, generator=generator), "step": seed, "b": torch.arange(7)}
+
+
+def _capture(store: SnapshotStore, step: int, state: dict[str, Any]) -> Slot:
+    slot = store.capture(step, GENERATION, state, set())
+    store.wait_copy(10.0)
+    assert slot.complete
+    return slot
+
+
+# -- allocation -------------------------------------------------------------------------------
+
+
+def test_cpu_slots_are_private_shared_memory_files_removed_on_close(shm_dir: str) -> None:
+    store = SnapshotStore(on_complete=lambda _: None, shm_dir=shm_dir, member=WARD)
+    try:
+        state = _state(1)
+        first = _capture(store, 0, state)
+        second = _capture(store, 1, _state(2))
+        assert first.shm_path != second.shm_path
+        for slot in (first, second):
+            assert slot.shm_path == shm.slot_path(shm_dir, WARD, os.getpid(), slot.index)
+            assert os.path.basename(slot.shm_path).startswith(f"deadpool-host_rank0_aaaaaa-{os.getpid()}-slot")
+            info = os.lstat(slot.shm_path)
+            assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600
+            assert slot.manifest is not None and info.st_size >= slot.manifest.nbytes
+        # The file is the arena: what the copy wrote is what a reader of the file sees.
+        assert first.manifest is not None
+        on_file = Path(first.shm_path).read_bytes()[: first.manifest.nbytes]
+        assert on_file == bytes(first.payload())
+        restored = materialize(first.manifest, torch.frombuffer(bytearray(on_file), dtype=torch.uint8))
+        assert torch.equal(restored["w"], state["w"]) and restored["step"] == 1
+    finally:
+        store.close()
+    assert os.listdir(shm_dir) == []
+
+
+def test_growing_snapshot_reallocates_and_unlinks_the_old_file(shm_dir: str) -> None:
+    store = SnapshotStore(on_complete=lambda _: None, shm_dir=shm_dir, member=WARD)
+    try:
+        slot = _capture(store, 0, _state(1, rows=8))
+        _capture(store, 1, _state(2, rows=8))
+        old_inode = os.stat(slot.shm_path).st_ino
+        bigger = _capture(store, 2, _state(3, rows=4096))  # reuses slot 0's index, needs a larger arena
+        assert bigger.index == slot.index and bigger.shm_path == slot.shm_path
+        assert os.stat(bigger.shm_path).st_ino != old_inode
+        assert bigger.manifest is not None and os.stat(bigger.shm_path).st_size >= bigger.manifest.nbytes
+        assert len(os.listdir(shm_dir)) == 2
+    finally:
+        store.close()
+
+
+def test_unusable_shm_dir_falls_back_to_private_memory_and_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = str(tmp_path / "no-such-dir")
+    store = SnapshotStore(on_complete=lambda _: None, shm_dir=missing, member=WARD)
+    try:
+        with caplog.at_level(logging.WARNING, logger="deadpool.snapshot"):
+            state = _state(1)
+            first = _capture(store, 0, state)
+            second = _capture(store, 1, _state(2))
+        assert first.shm_path == second.shm_path == ""
+        assert first.mapping is None and first.arena is not None
+        assert first.manifest is not None
+        assert torch.equal(materialize(first.manifest, first.arena)["w"], state["w"])
+        assert len([r for r in caplog.records if "private memory" in r.getMessage()]) == 1
+    finally:
+        store.close()
+
+
+def test_full_tmpfs_fails_at_allocation_not_later(shm_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    store = SnapshotStore(on_complete=lambda _: None, shm_dir=shm_dir, member=WARD)
+    try:
+        slot = _capture(store, 0, _state(1))
+        assert slot.shm_path == "" and slot.arena is not None
+        assert os.listdir(shm_dir) == [], "the half-made file is removed"
+    finally:
+        store.close()
+
+
+def test_remove_files_removes_one_workers_files_only(shm_dir: str) -> None:
+    mine = [shm.slot_path(shm_dir, WARD, 123, i) for i in (0, 1)]
+    others = [shm.slot_path(shm_dir, WARD, 1123, 0), shm.slot_path(shm_dir, BUDDY, 123, 0)]
+    for path in mine + others:
+        shm.create(path, 4096).close()
+    assert sorted(shm.remove_files(shm_dir, WARD, 123)) == sorted(mine)
+    assert sorted(os.listdir(shm_dir)) == sorted(os.path.basename(p) for p in others)
+    assert shm.remove_files("", WARD, 123) == []
+
+
+# -- the reader's checks ----------------------------------------------------------------------
+
+
+def _slot_file(shm_dir: str, nbytes: int = 4096, fill: bytes = b"\x07") -> str:
+    path = shm.slot_path(shm_dir, WARD, 4242, 0)
+    mapping = shm.create(path, nbytes)
+    mapping[:] = fill * nbytes
+    mapping.close()
+    return path
+
+
+def test_map_readonly_maps_a_valid_file_and_reuses_the_mapping(shm_dir: str) -> None:
+    path = _slot_file(shm_dir)
+    mapping = shm.map_readonly(path, shm_dir, 0, 4096, None)
+    assert mapping.view.readonly and bytes(mapping.view[:4]) == b"\x07" * 4
+    assert shm.map_readonly(path, shm_dir, 100, 3996, mapping) is mapping
+    shm.unlink(path)
+    replaced = _slot_file(shm_dir, fill=b"\x09")  # same name, new file: mapped afresh
+    again = shm.map_readonly(replaced, shm_dir, 0, 4096, mapping)
+    assert again is not mapping and bytes(again.view[:1]) == b"\x09"
+
+
+@pytest.mark.parametrize("case", ["outside_dir", "not_normalized", "wrong_prefix", "symlink", "directory",
+                                  "too_small", "negative_offset", "missing", "disabled"])
+def test_map_readonly_refuses_files_it_may_not_trust(shm_dir: str, tmp_path: Path, case: str) -> None:
+    path = _slot_file(shm_dir)
+    directory, offset, nbytes = shm_dir, 0, 4096
+    if case == "outside_dir":
+        other = tmp_path / os.path.basename(path)
+        other.write_bytes(b"\x00" * 4096)
+        path = str(other)
+    elif case == "not_normalized":
+        path = os.path.join(shm_dir, "sub", "..", os.path.basename(path))
+    elif case == "wrong_prefix":
+        renamed = os.path.join(shm_dir, "other-slot0")
+        os.rename(path, renamed)
+        path = renamed
+    elif case == "symlink":
+        link = os.path.join(shm_dir, "deadpool-link-1-slot0")
+        os.symlink(path, link)
+        path = link
+    elif case == "directory":
+        path = os.path.join(shm_dir, "deadpool-dir-1-slot0")
+        os.mkdir(path)
+    elif case == "too_small":
+        nbytes = 4097
+    elif case == "negative_offset":
+        offset = -1
+    elif case == "missing":
+        path = os.path.join(shm_dir, "deadpool-gone-1-slot0")
+    elif case == "disabled":
+        directory = ""
+    try:
+        with pytest.raises(shm.ShmRefused):
+            shm.map_readonly(path, directory, offset, nbytes, None)
+    finally:
+        if case == "directory":
+            os.rmdir(path)
+
+
+def test_a_mapping_outlives_the_writer_unlinking_its_file(shm_dir: str) -> None:
+    path = _slot_file(shm_dir, fill=b"\x05")
+    mapping = shm.map_readonly(path, shm_dir, 0, 4096, None)
+    held = mapping.view[10:20]
+    del mapping
+    shm.unlink(path)  # what the agent does after the ward exited
+    assert not os.path.exists(path)
+    assert bytes(held) == b"\x05" * 10
+
+
+# -- ward and buddy actors on one host --------------------------------------------------------
+
+
+class Pair:
+    """A ward (seat 0) and its buddy (seat 1) on one host, each a SnapshotActor on inproc transports."""
+
+    def __init__(self, ward_shm_dir: str, buddy_shm_dir: str) -> None:
+        self.transports: dict[str, Transport] = {}
+        self.handoffs = {m: Handoff() for m in (WARD, BUDDY)}
+        self.events = {m: EventLog(None, member=m) for m in (WARD, BUDDY)}
+        for log in self.events.values():
+            log.records = []
+        self.actors: dict[str, SnapshotActor] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+        self.store = SnapshotStore(on_complete=lambda _: None, shm_dir=ward_shm_dir, member=WARD)
+        for member, directory in ((WARD, ward_shm_dir), (BUDDY, buddy_shm_dir)):
+            transport = open_transport(f"inproc://shm-{uuid.uuid4().hex}", BULK)
+            self.transports[member] = transport
+            self.actors[member] = SnapshotActor(member, transport, self.handoffs[member], Progress(),
+                                                self.events[member], b"secret", send_timeout=2.0,
+                                                shm_dir=directory)
+
+    def view(self, hosts: tuple[str, str] = ("host", "host"), epoch: int = 1) -> View:
+        return View(epoch=epoch, seats=[WARD, BUDDY], spares=[], resume_step=-1, store_prefix=GENERATION,
+                    store_addr="127.0.0.1:1", bulk_addrs={m: t.address for m, t in self.transports.items()},
+                    hosts={WARD: hosts[0], BUDDY: hosts[1]}, buddies=[1, 0], restore_from={})
+
+    async def start(self, view: View) -> None:
+        for member, actor in self.actors.items():
+            self.tasks.append(asyncio.create_task(actor.run()))
+            self.tasks.append(asyncio.create_task(self._read(self.transports[member], actor)))
+            actor.inbox.put_nowait(ViewChanged(view))
+
+    @staticmethod
+    async def _read(transport: Transport, actor: SnapshotActor) -> None:
+        """What RuntimeThread._read does for the bulk transport."""
+        while True:
+            frames = await transport.recv()
+            message = codec.decode(frames[0], b"secret")
+            assert not isinstance(message, codec.DecodeError), message
+            await actor.inbox.put(Bulk(message, frames[1:]))
+
+    async def send(self, step: int, state: dict[str, Any]) -> Slot:
+        slot = _capture(self.store, step, state)
+        self.actors[WARD].inbox.put_nowait(LocalReady(slot))
+        await until(lambda: self.handoffs[WARD].is_confirmed(GENERATION, step))
+        return slot
+
+    def held(self) -> dict[int, list[Any]]:
+        return self.actors[BUDDY]._wards
+
+    def events_of(self, member: str, kind: str) -> list[dict[str, Any]]:
+        records = self.events[member].records
+        assert records is not None
+        return [r for r in records if r["event"] == kind]
+
+    async def aclose(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for transport in self.transports.values():
+            await transport.close()
+        self.store.close()
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+@pytest_asyncio.fixture
+async def make_pair() -> AsyncIterator[Callable[[str, str], Pair]]:
+    pairs: list[Pair] = []
+
+    def make(ward_shm_dir: str, buddy_shm_dir: str) -> Pair:
+        pair = Pair(ward_shm_dir, buddy_shm_dir)
+        pairs.append(pair)
+        return pair
+
+    yield make
+    for pair in pairs:
+        await pair.aclose()
+
+
+def _copy_bytes(copy: Any) -> bytes:
+    return b"".join(bytes(frame) for frame in copy.frames)
+
+
+async def test_same_host_buddy_maps_the_slot_instead_of_receiving_it(
+    shm_dir: str, make_pair: Callable[[str, str], Pair]
+) -> None:
+    pair = make_pair(shm_dir, shm_dir)
+    await pair.start(pair.view())
+    slot = await pair.send(0, _state(1))
+    (copy,) = pair.held()[0]
+    assert copy.shared and copy.header.shm_path == slot.shm_path
+    assert all(frame.readonly for frame in copy.frames)
+    assert _copy_bytes(copy) == bytes(slot.payload())
+    ward, buddy = pair.actors[WARD], pair.actors[BUDDY]
+    assert ward.bytes_sent == 0, "nothing streamed"
+    assert buddy.bytes_held_for_wards == 0 and buddy.bytes_shared_for_wards == copy.header.nbytes
+    assert pair.handoffs[BUDDY].ward_steps() == {0: [0]}
+
+
+async def test_a_newer_header_naming_the_same_file_drops_the_older_copy(
+    shm_dir: str, make_pair: Callable[[str, str], Pair]
+) -> None:
+    pair = make_pair(shm_dir, shm_dir)
+    await pair.start(pair.view())
+    first = await pair.send(0, _state(1))
+    second = await pair.send(1, _state(2))
+    assert [c.header.step for c in pair.held()[0]] == [0, 1]
+    third = await pair.send(2, _state(3))  # rewrites step 0's slot
+    assert third.shm_path == first.shm_path
+    assert [c.header.step for c in pair.held()[0]] == [1, 2]
+    assert [_copy_bytes(c) for c in pair.held()[0]] == [bytes(second.payload()), bytes(third.payload())]
+    assert set(pair.actors[BUDDY]._mappings) == {first.shm_path, second.shm_path}
+
+
+async def test_held_copy_survives_the_ward_unlinking_its_files_and_is_served_to_a_restore(
+    shm_dir: str, make_pair: Callable[[str, str], Pair]
+) -> None:
+    pair = make_pair(shm_dir, shm_dir)
+    await pair.start(pair.view())
+    state = _state(5, rows=2048)
+    slot = await pair.send(0, state)
+    expected = bytes(slot.payload())
+    assert shm.remove_files(shm_dir, WARD, os.getpid())  # the ward died; its agent cleaned up
+    assert os.listdir(shm_dir) == []
+    # The spare that takes seat 0 fetches the copy from the buddy (here: a third endpoint).
+    spare = "host:spare0:cccccc"
+    spare_transport = open_transport(f"inproc://shm-{uuid.uuid4().hex}", BULK)
+    pair.transports[spare] = spare_transport
+    spare_actor = SnapshotActor(spare, spare_transport, Handoff(), Progress(), EventLog(None), b"secret",
+                                send_timeout=2.0, shm_dir=shm_dir)
+    view = View(epoch=2, seats=[spare, BUDDY], spares=[], resume_step=0, store_prefix="epoch-2",
+                store_addr="127.0.0.1:1", bulk_addrs={m: t.address for m, t in pair.transports.items()},
+                hosts={spare: "host", BUDDY: "host"}, buddies=[1, 0], restore_from={0: BUDDY})
+    pair.tasks.append(asyncio.create_task(spare_actor.run()))
+    pair.tasks.append(asyncio.create_task(Pair._read(spare_transport, spare_actor)))
+    pair.actors[BUDDY].inbox.put_nowait(ViewChanged(view))
+    spare_actor.inbox.put_nowait(ViewChanged(view))
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    spare_actor.inbox.put_nowait(Fetch(0, 0, BUDDY, future))
+    await until(future.done)
+    manifest, frames = future.result()
+    assert isinstance(manifest, Manifest)
+    assert b"".join(bytes(f) for f in frames) == expected
+    assert all(len(f) <= 16 << 20 for f in frames)
+    arena = torch.frombuffer(bytearray(expected), dtype=torch.uint8)
+    assert torch.equal(materialize(manifest, arena)["w"], state["w"])
+
+
+async def test_a_buddy_that_cannot_map_acks_with_an_error_and_gets_frames_at_once(
+    shm_dir: str, tmp_path: Path, make_pair: Callable[[str, str], Pair]
+) -> None:
+    pair = make_pair(shm_dir, str(tmp_path))  # the buddy trusts another directory only
+    await pair.start(pair.view())
+    slot = await pair.send(0, _state(1))
+    (copy,) = pair.held()[0]
+    assert not copy.shared and _copy_bytes(copy) == bytes(slot.payload())
+    rejected = pair.events_of(BUDDY, "rejected")
+    assert [r["reason"] for r in rejected] == ["bad_shm_path"]
+    refused = pair.events_of(WARD, "snapshot_shm_refused")
+    assert len(refused) == 1 and refused[0]["peer"] == BUDDY
+    assert pair.actors[WARD].bytes_sent == copy.header.nbytes
+    # Later snapshots go over the wire directly: no second refusal.
+    await pair.send(1, _state(2))
+    assert all(not c.shared for c in pair.held()[0])
+    assert len(pair.events_of(BUDDY, "rejected")) == 1
+    assert pair.actors[BUDDY].bytes_held_for_wards > 0 and pair.actors[BUDDY].bytes_shared_for_wards == 0
+
+
+async def test_buddy_on_another_host_gets_frames(shm_dir: str, make_pair: Callable[[str, str], Pair]) -> None:
+    pair = make_pair(shm_dir, shm_dir)
+    await pair.start(pair.view(hosts=("host-a", "host-b")))
+    await pair.send(0, _state(1))
+    (copy,) = pair.held()[0]
+    assert not copy.shared and not pair.events_of(BUDDY, "rejected")
+
+
+async def test_shm_header_with_payload_frames_is_rejected(
+    shm_dir: str, make_pair: Callable[[str, str], Pair]
+) -> None:
+    pair = make_pair(shm_dir, shm_dir)
+    view = pair.view()
+    await pair.start(view)
+    slot = _capture(pair.store, 0, _state(1))
+    assert slot.manifest is not None
+    header = SnapshotHeader(WARD, 1, 0, 0, slot.manifest.nbytes, slot.manifest.encode(),
+                            shm_path=slot.shm_path)
+    await pair.transports[WARD].send(pair.transports[BUDDY].address,
+                                     [codec.encode(header, b"secret"), b"extra"], 1.0)
+    await until(lambda: bool(pair.events_of(BUDDY, "rejected")))
+    assert pair.events_of(BUDDY, "rejected")[0]["reason"] == "unexpected_frames"
+    assert not pair.held()
