@@ -71,10 +71,11 @@ def run_deadpool(kill: bool, workdir: Path) -> dict[str, Any]:
         result["median_step_s"] = round(statistics.median(same_epoch_gaps), 4)
     kills = [r for r in events if r.get("event") == "chaos_injected"]
     if kills:
-        kill_ts = float(kills[0]["ts"])
-        before = [s for s in steps if s[0] <= kill_ts]
-        after = [s for s in steps if s[0] > kill_ts and s[2] > (before[-1][2] if before else 0)]
-        last_before = max((s[1] for s in before), default=-1)
+        kill_ts, kill_epoch = float(kills[0]["ts"]), int(kills[0]["epoch"])
+        # Steps every rank finished in the view the kill hit (some may have finished just after the kill),
+        # and the first step every rank finished under the view that replaced it.
+        last_before = max((s[1] for s in steps if s[2] == kill_epoch), default=-1)
+        after = [s for s in steps if s[2] > kill_epoch]
         if after:
             result["recovery_s"] = round(after[0][0] - kill_ts, 3)
             result["steps_recomputed"] = max(0, last_before + 1 - after[0][1])
@@ -92,6 +93,7 @@ def _timeline_from(result: dict[str, Any], workdir: Path) -> None:
     if "timeline" in result or not path.exists():
         return
     finished: dict[tuple[int, int], list[float]] = defaultdict(list)
+    participants: dict[tuple[int, int], int] = {}  # TorchFT: replicas that committed the step together
     kills = []
     for line in path.read_text().splitlines():
         try:
@@ -99,11 +101,16 @@ def _timeline_from(result: dict[str, Any], workdir: Path) -> None:
         except json.JSONDecodeError:
             continue
         if record.get("event") == "step_finished":
-            incarnation = int(record.get("launch", 0)) * 1000 + int(record.get("attempt", 0))
-            finished[(incarnation, int(record["step"]))].append(float(record["ts"]))
+            # A restarted torchrun attempt recomputes steps (its own line); TorchFT replicas, restarted or not,
+            # commit each step together (one line).
+            incarnation = 0 if "participants" in record else int(record.get("launch", 0)) * 1000 + int(
+                record.get("attempt", 0))
+            key = (incarnation, int(record["step"]))
+            finished[key].append(float(record["ts"]))
+            participants[key] = max(participants.get(key, 0), int(record.get("participants", WORLD)))
         elif record.get("event") == "killing":
             kills.append(float(record["ts"]))
-    steps = sorted((max(ts), step) for (_, step), ts in finished.items() if len(ts) >= WORLD)
+    steps = sorted((max(ts), key[1]) for key, ts in finished.items() if len(ts) >= min(WORLD, participants[key]))
     if steps:
         result["timeline"] = [(round(ts - steps[0][0], 3), step) for ts, step in steps]
         if kills:
@@ -183,7 +190,7 @@ def plot(timelines: dict[str, Any], out: str) -> None:
         if "kill_at_s" in result:
             axis.axvline(result["kill_at_s"], color=line.get_color(), linestyle=":", alpha=0.6)
     axis.set_xlabel("seconds since the first step")
-    axis.set_ylabel("step finished by every rank")
+    axis.set_ylabel("step finished by every participating rank")
     axis.set_title(f"SIGKILL of rank {KILL_RANK} at step {KILL_STEP} (dotted: the kill)")
     axis.legend(fontsize=8)
     figure.tight_layout()
@@ -196,11 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default="deadpool,torchrun,torchft")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", default="")
+    parser.add_argument("--save", default="", help="also write the rows (the --json list) to this file")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     root = Path(tempfile.mkdtemp(prefix="deadpool-recovery-bench-"))
     rows, timelines, notes = measure(set(args.systems.split(",")), args.repeat, root)
+    if args.save:
+        Path(args.save).write_text(json.dumps(rows, indent=2) + "\n")
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
