@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors
+from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors, read_events, wait_for
 
 from deadpool import jobfile, operator
 from deadpool.cli import main as cli_main
@@ -309,6 +309,36 @@ def test_torchrun_style_script_hot_swaps_bit_identically(tmp_path: Path) -> None
     assert re.search(r"\[rank0\] env: RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER=127\.0\.0\.1:\d+", chaos_run.output)
     assert "[spare0] env: RANK=-1 WORLD_SIZE=2 LOCAL_RANK=2" in chaos_run.output
     assert results["plain"].digest == chaos_run.digest, "a run with a swap ends bit-identical to a failure-free run"
+
+
+def test_sigterm_to_the_launcher_stops_every_process_and_removes_their_files(tmp_path: Path) -> None:
+    """What SLURM and Kubernetes send to stop a job: workers, spare and coordinator end, nothing is left."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    events, log = tmp_path / "events.jsonl", tmp_path / "launch.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(deadpool_command("launch", "--no-progress", "--nproc", "2", "--spares", "1",
+                                                 "--shm-dir", str(shm), "--events", str(events), str(DEMO),
+                                                 "--steps", "500"),
+                                stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                env={**os.environ, "DEADPOOL_HOME": str(tmp_path / "home")})
+    try:
+        wait_for(events, lambda evs: sum(e["event"] == "step_finished" for e in evs) >= 4, timeout=120)
+        assert list(shm.iterdir()), "the seats keep their snapshot slots in the shared-memory directory"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    records = read_events(events)
+    result = LaunchResult(proc.returncode, log.read_text(), records, 0.0)
+    assert result.returncode == 128 + signal.SIGTERM, result.output[-3000:]
+    assert "SIGTERM: stopping this host's workers" in result.output
+    assert_no_survivors(result)
+    coordinator = [e["pid"] for e in records if e["event"] == "coordinator_started" and "pid" in e]
+    assert all(not os.path.exists(f"/proc/{pid}") for pid in coordinator)
+    assert not list(shm.iterdir()), "no slot file is left behind"
 
 
 # -- pure logic: command-line misuse, chaos picks, progress, metrics -------------------------------
