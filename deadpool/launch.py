@@ -214,6 +214,10 @@ class Launcher:
         config = Config.from_env(**overrides, secret=secret)
         self.secret = config.secret.encode()
         self.shm_dir = config.shm_dir
+        stale = shm.sweep_stale(self.shm_dir)
+        if stale:
+            print(f"deadpool: removed {len(stale)} snapshot slot file(s) of processes that no longer exist "
+                  f"from {self.shm_dir}", file=sys.stderr, flush=True)
         return config.to_env()
 
     async def run(self) -> int:

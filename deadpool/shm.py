@@ -77,6 +77,37 @@ def remove_files(shm_dir: str, member: str, pid: int) -> list[str]:
     return removed
 
 
+_SLOT_NAME = re.compile(rf"^{PREFIX}.+-(\d+)-slot\d+$")
+
+
+def sweep_stale(shm_dir: str) -> list[str]:
+    """Remove slot files of this user whose writer process no longer exists.
+
+    They are what an agent that was itself SIGKILLed (or whose host rebooted
+    its namespace) leaves behind.  Removing a file that is in fact still used
+    (a writer in another PID namespace sharing this directory) breaks no copy:
+    mappings outlive the name, and a new buddy that cannot open the file falls
+    back to TCP.
+    """
+    if not shm_dir or not os.path.isdir(shm_dir):
+        return []
+    removed = []
+    for entry in os.scandir(shm_dir):
+        match = _SLOT_NAME.match(entry.name)
+        if match is None or not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.geteuid():
+                continue
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            unlink(entry.path)
+            removed.append(entry.path)
+        except OSError:
+            continue  # another user's process, or the file went meanwhile: not ours to judge
+    return removed
+
+
 @dataclass(frozen=True, slots=True)
 class Mapping:
     """A read-only mapping of one slot file, with the identity of the file it maps."""

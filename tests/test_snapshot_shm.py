@@ -418,3 +418,20 @@ async def test_shm_header_with_payload_frames_is_rejected(
     await until(lambda: bool(pair.events_of(BUDDY, "rejected")))
     assert pair.events_of(BUDDY, "rejected")[0]["reason"] == "unexpected_frames"
     assert not pair.held()
+
+
+def test_sweep_removes_only_slot_files_whose_writer_is_gone(tmp_path: Path) -> None:
+    """What a SIGKILLed agent leaves behind goes at the next agent's start; live writers' files stay."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    stale = tmp_path / f"deadpool-host_rank1_ab12-{dead_pid}-slot0"
+    live = tmp_path / f"deadpool-host_rank2_cd34-{os.getpid()}-slot1"
+    other = tmp_path / f"not-a-slot-{dead_pid}-slot0"
+    for path in (stale, live, other):
+        path.write_bytes(b"x")
+    assert shm.sweep_stale(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists() and other.exists()
+    assert shm.sweep_stale("") == [] and shm.sweep_stale(str(tmp_path / "missing")) == []
