@@ -37,6 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.baselines._common import read_events  # noqa: E402
 from bench.baselines.restart_baseline import run_restart_baseline  # noqa: E402
 
 STEPS, KILL_RANK, KILL_STEP, WORLD = 40, 2, 20, 4
@@ -63,7 +64,7 @@ def run_deadpool(kill: bool, workdir: Path) -> dict[str, Any]:
     started = time.monotonic()
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     total = time.monotonic() - started
-    events = [json.loads(line) for line in events_path.read_text().splitlines() if line.strip()]
+    events = read_events(events_path)
     steps = _all_ranks_finished(events)
     result: dict[str, Any] = {"ok": proc.returncode == 0, "total_s": round(total, 3)}
     same_epoch_gaps = [b[0] - a[0] for a, b in zip(steps, steps[1:]) if a[2] == b[2] and b[1] == a[1] + 1]
@@ -89,17 +90,12 @@ def run_deadpool(kill: bool, workdir: Path) -> dict[str, Any]:
 
 def _timeline_from(result: dict[str, Any], workdir: Path) -> None:
     """Baseline drivers leave events.jsonl in their workdir: derive the same timeline from it."""
-    path = workdir / "events.jsonl"
-    if "timeline" in result or not path.exists():
+    if "timeline" in result:
         return
     finished: dict[tuple[int, int], list[float]] = defaultdict(list)
     participants: dict[tuple[int, int], int] = {}  # TorchFT: replicas that committed the step together
     kills = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for record in read_events(workdir / "events.jsonl"):
         if record.get("event") == "step_finished":
             # A restarted torchrun attempt recomputes steps (its own line); TorchFT replicas, restarted or not,
             # commit each step together (one line).

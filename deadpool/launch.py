@@ -214,10 +214,6 @@ class Launcher:
         config = Config.from_env(**overrides, secret=secret)
         self.secret = config.secret.encode()
         self.shm_dir = config.shm_dir
-        stale = shm.sweep_stale(self.shm_dir)
-        if stale:
-            print(f"deadpool: removed {len(stale)} snapshot slot file(s) of processes that no longer exist "
-                  f"from {self.shm_dir}", file=sys.stderr, flush=True)
         return config.to_env()
 
     async def run(self) -> int:
@@ -226,6 +222,10 @@ class Launcher:
         self.events_path = events
         env = {**os.environ, **self._config_env()}
         self.env = env
+        stale = shm.sweep_stale(self.shm_dir)  # left by an agent that was itself killed
+        if stale:
+            print(f"deadpool: removed {len(stale)} snapshot slot file(s) of processes that no longer exist "
+                  f"from {self.shm_dir}", file=sys.stderr, flush=True)
         coordinator_proc = None
         if args.node_rank == 0 and not args.coordinator:
             coordinator_proc, self.coordinator_addr, store = await _start_coordinator(args, self.world, events, env)

@@ -423,14 +423,13 @@ class Runtime:
             offset += n
         return True
 
-    def _broadcast_zero_shards(self, zero: Any) -> None:
+    def _broadcast_zero_shards(self, shard: zero_mod.ZeroShard) -> None:
         """ZeRO's parameter broadcast after its local step: on the view's group, waited on interruptibly.
 
         Other seats' shards are received into fresh buffers and copied into the parameters only
         once every broadcast completed: an abandoned broadcast may still complete later (a
         SIGSTOPped peer resumes) and must not write into live parameters.
         """
-        shard = next(s for s in self._zero_shards if s.zero is zero)
         if self._poison is not None or self._group is None:
             return  # the step is rolled back anyway
         received: list[tuple[torch.Tensor, torch.Tensor]] = []

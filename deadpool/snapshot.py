@@ -178,12 +178,11 @@ class SnapshotStore:
         out = []
         for tensor in tensors:
             key = (tensor.data_ptr(), tensor.nbytes)
-            view = previous.get(key)
-            if view is None or not tensor.is_contiguous():
+            contiguous = tensor.is_contiguous()
+            view = previous.get(key) if contiguous else None
+            if view is None:
                 view = tensor.detach().reshape(-1).view(torch.uint8).numpy()
-                if tensor.is_contiguous():
-                    current[key] = view
-            else:
+            if contiguous:
                 current[key] = view
             out.append((key[0], view))
         self._source_views = current

@@ -44,6 +44,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,10 +233,13 @@ class SnapshotActor:
                 continue
             if self._sender is not None and not self._sender.done():
                 continue
-            flight.sent_at = time.monotonic()
-            flight.attempts += 1
-            log.info("no ack for snapshot of step %d yet; resending (attempt %d)", flight.step, flight.attempts)
-            await self._send_snapshot(flight)
+            log.info("no ack for snapshot of step %d yet; resending (attempt %d)", flight.step, flight.attempts + 1)
+            await self._resend(flight)
+
+    def _resend(self, flight: _InFlight) -> Coroutine[Any, Any, None]:
+        flight.sent_at = time.monotonic()
+        flight.attempts += 1
+        return self._send_snapshot(flight)
 
     def _on_ack(self, ack: SnapshotAck, tasks: asyncio.TaskGroup) -> None:
         view, flight = self._view, self._inflight
@@ -265,9 +269,7 @@ class SnapshotActor:
         flight = self._inflight
         if flight is None or ack.step != flight.step:
             return
-        flight.sent_at = time.monotonic()
-        flight.attempts += 1
-        self._sender = tasks.create_task(self._send_snapshot(flight))
+        self._sender = tasks.create_task(self._resend(flight))
 
     # -- views --------------------------------------------------------------------------------
 

@@ -85,12 +85,12 @@ def is_zero(obj: object) -> bool:
 class ZeroShard:
     """What DeadPool tracks for a ZeRO optimizer: this seat's shard, and the hook that seats it."""
 
-    def __init__(self, zero: ZeroRedundancyOptimizer, broadcast: Callable[[ZeroRedundancyOptimizer], None]) -> None:
+    def __init__(self, zero: ZeroRedundancyOptimizer, broadcast: Callable[[ZeroShard], None]) -> None:
         if getattr(zero, "_overlap_with_ddp", False):
             raise MisuseError("ZeroRedundancyOptimizer(overlap_with_ddp=True) is not supported under DeadPool")
         self.zero = zero
         # ZeRO's step() ends with self._sync_params(); the runtime's broadcast replaces it on this instance.
-        zero._sync_params = lambda: broadcast(zero)  # type: ignore[attr-defined]
+        zero._sync_params = lambda: broadcast(self)  # type: ignore[attr-defined]
 
     @property
     def local(self) -> torch.optim.Optimizer:
