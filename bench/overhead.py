@@ -15,10 +15,10 @@ run:
   ``--shm-dir ""``: every snapshot streamed to the buddy over ZeroMQ, as
   between hosts;
 - ``deadpool (snapshots off)``: DeadPool with ``--snapshot-every`` larger than
-  the run, so no snapshot is taken.  DeadPool's ``rt.ddp`` is not torch DDP (one
-  fixed-layout all-reduce after backward, for bit-identical replay, instead of
-  bucketed all-reduces overlapped with backward), so this row separates the cost
-  of the all-reduce path from the cost of snapshots;
+  the run, so no snapshot is taken.  DeadPool's ``rt.ddp`` is not torch DDP
+  (buckets with a layout that never changes, for bit-identical replay, waited on
+  interruptibly, plus the runtime thread), so this row separates the cost of
+  that path from the cost of snapshots;
 - ``torch.save every step``: rank 0 ``torch.save``s model, optimizer,
   scheduler and RNG state every step, blocking;
 - ``dcp.save every step``: ``torch.distributed.checkpoint.save`` on every rank;
@@ -384,8 +384,8 @@ def render(rows: list[Row], elapsed: float, repeat: int) -> str:
         "    a copy of its ward's; torch.save: the file; DCP: the checkpoint directory).",
         "  deadpool snapshot every step: on one host each buddy maps its ward's shared-memory slot (no copy);",
         "    ', buddy over TCP' (--shm-dir \"\") streams every snapshot over ZeroMQ instead, as between hosts.",
-        "  deadpool (snapshots off): DeadPool's rt.ddp is not torch DDP (one fixed-layout all-reduce after",
-        "    backward, for bit-identical replay, instead of bucketed all-reduces overlapped with backward).",
+        "  deadpool (snapshots off): DeadPool's rt.ddp is not torch DDP (fixed buckets for bit-identical",
+        "    replay, waited on interruptibly).",
         "    The snapshot cost is 'snapshot every step' relative to this row; the difference between this row",
         "    and plain DDP is the all-reduce path and the runtime thread, not snapshots.",
         "  cpu_s_step: CPU seconds per measured step summed over the 4 ranks (all their threads: copy, runtime,",

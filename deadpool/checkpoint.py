@@ -10,7 +10,8 @@ only marked checkpoints count, and the two newest complete steps are kept.
 The non-tensor state (the snapshot manifest: structure, RNG states, scheduler
 and optimizer settings) is written next to the tensors as msgpack, never
 pickle.  Restore rebuilds empty tensors from the manifest, lets DCP fill them
-in place, and unflattens: the result is bit-identical to the snapshot.
+in place; the runtime gathers the replicated slices and unflattens: the result is
+bit-identical to the snapshot.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from deadpool.snapshot import Slot
-from deadpool.statetree import Manifest, unflatten, view_tensor
+from deadpool.statetree import Manifest, view_tensor
 
 log = logging.getLogger("deadpool.checkpoint")
 
@@ -101,8 +102,11 @@ class DiskCheckpointer:
         self._executor.shutdown(wait=True, cancel_futures=False)
 
 
-def load(root: str, step: int, seat: int) -> tuple[Any, int]:
-    """The state a seat had after `step`, read back from disk, and its size in bytes.
+def load(root: str, step: int, seat: int) -> tuple[Manifest, torch.Tensor]:
+    """The snapshot a seat had after `step`, read back from disk: its manifest and arena.
+
+    Like the in-memory snapshot it was written from, the arena holds only this seat's
+    slice of the replicated region; the restore gathers the other slices.
 
     Raises:
         LookupError: no complete checkpoint of that step for that seat.
@@ -116,5 +120,4 @@ def load(root: str, step: int, seat: int) -> tuple[Any, int]:
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     dcp_load({"tensors": tensors}, checkpoint_id=str(target), no_dist=True)
-    state = unflatten(manifest.skeleton, [tensors[str(i)].clone() for i in range(len(manifest.tensors))])
-    return state, manifest.nbytes
+    return manifest, arena

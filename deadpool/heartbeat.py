@@ -60,11 +60,14 @@ class HeartbeatActor:
     async def run(self) -> None:
         await self.joined.wait()
         outage = False
+        last: tuple[tuple[int, int, int, int, float], bytes] | None = None
         while True:
             p = self._progress
-            beat = Heartbeat(self._member, p.epoch, p.step, p.snapshot_step, p.confirmed_step, p.stall_p99_s)
+            fields = (p.epoch, p.step, p.snapshot_step, p.confirmed_step, p.stall_p99_s)
+            if last is None or last[0] != fields:  # progress moves once per step; beats come several times a step
+                last = (fields, codec.encode(Heartbeat(self._member, *fields), self._secret))
             try:
-                await self._transport.send(self._coordinator, [codec.encode(beat, self._secret)], self._interval)
+                await self._transport.send(self._coordinator, [last[1]], self._interval)
                 self.sent += 1
                 if outage:
                     log.info("coordinator reachable again")

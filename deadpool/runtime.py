@@ -7,8 +7,9 @@ group and resumes at the right step.  A spare waits inside ``rt.steps()``
 until it is adopted, then continues exactly where the dead seat's snapshot
 left off.
 
-Within a step the runtime acts at two points only: the end of backward
-(``DataParallel`` asks it to average gradients) and the optimizer pre-step
+Within a step the runtime acts at two points only: backward (``DataParallel``
+issues each gradient bucket's all-reduce through it and waits for them at the
+end; the first issue runs the pre-step gate) and the optimizer pre-step
 hook (it waits for the previous snapshot's copy and the buddy's confirmation;
 the only possible stall, measured).  When a collective fails or a view change
 is announced, the step is *poisoned*: it runs to its end without effect that
@@ -31,6 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch._C._distributed_c10d import BroadcastOptions
 
 from deadpool import chaos as chaos_mod
@@ -39,7 +41,7 @@ from deadpool.checkpoint import DiskCheckpointer, complete_steps
 from deadpool.checkpoint import load as checkpoint_load
 from deadpool.collective import CollectiveAborted, Waiter, connect_store, create_group
 from deadpool.config import Config
-from deadpool.ddp import DataParallel
+from deadpool.ddp import DEFAULT_BUCKET_MB, DataParallel
 from deadpool.decisions import DISK
 from deadpool.errors import JobStopped, MisuseError, WaitTimeout
 from deadpool.events import EventLog
@@ -60,7 +62,7 @@ from deadpool.messages import (
 from deadpool.runtime_thread import RuntimeThread
 from deadpool.snapshot import Slot, SnapshotStore
 from deadpool.snapshot_actor import Fetch, LocalReady
-from deadpool.statetree import Manifest, flatten, materialize
+from deadpool.statetree import Manifest, flatten, materialize, replicated_slice
 from deadpool.view import View
 
 log = logging.getLogger("deadpool")
@@ -126,6 +128,7 @@ class Runtime:
         self._tracked: dict[str, Any] = {}
         self._optimizers: list[torch.optim.Optimizer] = []
         self._zero_shards: list[zero_mod.ZeroShard] = []
+        self._replicated_params: list[torch.nn.Parameter] = []  # averaged by rt.ddp: the same on every seat
         self._view: View | None = None
         self._group: Any = None
         self._waiter = Waiter(self._handoff.condition, self._is_interrupted)
@@ -200,9 +203,15 @@ class Runtime:
         """
         return zero_mod.build(params, optimizer_class, **defaults)
 
-    def ddp(self, model: torch.nn.Module) -> DataParallel:
-        """Wrap `model` for data-parallel training across the seats (rebuilds itself after swaps)."""
-        return DataParallel(model, self)
+    def ddp(self, model: torch.nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB) -> DataParallel:
+        """Wrap `model` for data-parallel training across the seats (rebuilds itself after swaps).
+
+        Gradients are all-reduced in fixed buckets of about `bucket_mb`, each issued as soon as
+        its gradients are ready; after backward each ``param.grad`` is a view into its bucket.
+        """
+        wrapper = DataParallel(model, self, bucket_mb)
+        self._replicated_params.extend(p for bucket in wrapper.buckets for p in bucket.params)
+        return wrapper
 
     def report(self, **metrics: float) -> None:
         """Attach metrics (e.g. ``loss=``, ``tokens=``) to the current step's ``step_finished`` event."""
@@ -305,9 +314,12 @@ class Runtime:
         return None
 
     def _capture(self, step: int) -> None:
-        if self._view is None:
-            return
-        self._snapshots.capture(step, self._view.store_prefix, self._state(), self._background_pointers())
+        if self._view is not None:
+            self._capture_state(step, self._view, self.rank)
+
+    def _capture_state(self, step: int, view: View, seat: int) -> None:
+        self._snapshots.capture(step, view.store_prefix, self._state(), self._background_pointers(),
+                                self._replicated_pointers(), seat, view.world_size)
 
     def _state(self) -> dict[str, Any]:
         state = {name: obj.state_dict() for name, obj in self._tracked.items()}
@@ -335,6 +347,19 @@ class Runtime:
             inner: torch.optim.Optimizer = getattr(optimizer, "optim", optimizer)  # ZeRO: the local shard's optimizer
             for state in inner.state.values():
                 pointers.update(v.data_ptr() for v in state.values() if isinstance(v, torch.Tensor))
+        return pointers
+
+    def _replicated_pointers(self) -> set[int]:
+        """Storages that are the same on every seat: the parameters of ``rt.ddp`` models (their gradients
+        are averaged) and a plain optimizer's state for them.  A ZeRO shard is not: it differs per seat."""
+        pointers = {p.data_ptr() for p in self._replicated_params}
+        for optimizer in self._optimizers:
+            if zero_mod.is_zero(optimizer):
+                continue
+            for param in self._replicated_params:
+                state = optimizer.state.get(param)
+                if state:
+                    pointers.update(v.data_ptr() for v in state.values() if isinstance(v, torch.Tensor) and v.numel())
         return pointers
 
     def _save_to_disk(self, slot: Slot) -> None:
@@ -385,42 +410,36 @@ class Runtime:
         self._gated_step = self._step
         return True
 
-    def _average_gradients(self, params: list[torch.nn.Parameter], flat: torch.Tensor) -> bool:
-        """End of backward: one fixed-layout all-reduce of every gradient, waited on interruptibly.
+    def _issue_allreduce(self, flat: torch.Tensor) -> dist.Work | None:
+        """Start the sum of one gradient bucket on the view's group (``rt.ddp``, during backward).
 
-        Returns False when `flat` was handed to an all-reduce that was abandoned: that operation
-        may still complete later (a SIGSTOPped peer resumes) and write into it, so the caller
-        must not reuse the buffer.
+        The first bucket of a step runs the pre-step gate first: no seat joins a step's
+        all-reduce before its previous snapshot is confirmed.  Returns None when the step
+        is poisoned or there is no group: the caller issues nothing more for this backward.
         """
         if not self._gate() or self._group is None or self._view is None:
-            return True
-        if flat.numel() == 0:
-            flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
-        offset = 0
-        for param in params:
-            n = param.numel()
-            if param.grad is None:
-                flat[offset : offset + n].zero_()
-            else:
-                flat[offset : offset + n].copy_(param.grad.reshape(-1))
-            offset += n
+            return None
         try:
-            work = self._group.allreduce([flat])
-            self._chaos_point("allreduce")
-            self._waiter.wait(work, f"gradient all-reduce of step {self._step}", self.config.pg_timeout)
+            work: dist.Work = self._group.allreduce([flat])
+        except RuntimeError as err:
+            self._poison_step(err)
+            return None
+        return work
+
+    def _await_allreduces(self, works: list[dist.Work]) -> bool:
+        """End of backward: wait for every bucket's all-reduce, interruptibly.
+
+        Returns False when they were abandoned (the step is poisoned): an abandoned
+        operation may still complete later (a SIGSTOPped peer resumes) and write into
+        its buffer, so the caller must not reuse those buffers.
+        """
+        self._chaos_point("allreduce")
+        try:
+            for work in works:
+                self._waiter.wait(work, f"gradient all-reduce of step {self._step}", self.config.pg_timeout)
         except (CollectiveAborted, RuntimeError) as err:
             self._poison_step(err)
             return False
-        flat.div_(self._view.world_size)
-        offset = 0
-        for param in params:
-            n = param.numel()
-            averaged = flat[offset : offset + n].view_as(param)
-            if param.grad is None:
-                param.grad = averaged.clone()
-            else:
-                param.grad.copy_(averaged)
-            offset += n
         return True
 
     def _broadcast_zero_shards(self, shard: zero_mod.ZeroShard) -> None:
@@ -572,24 +591,16 @@ class Runtime:
         self._chaos_point("recovery")
         for shard in self._zero_shards:  # a spare takes the dead seat's partition before loading its shard
             shard.seat(seat, view.world_size, None)
+        restored: tuple[Manifest, torch.Tensor] | None = None
         if first_view:
-            source, nbytes = "initial", 0
+            source = "initial"
         elif view.restore_from.get(seat) == DISK:
-            state, nbytes = checkpoint_load(self.config.checkpoint_dir, view.resume_step, seat)
-            self._load(state)
-            source = "disk"
+            source, restored = "disk", checkpoint_load(self.config.checkpoint_dir, view.resume_step, seat)
         elif seat in view.restore_from:
-            source, nbytes = "buddy", self._restore_from_buddy(view, seat)
+            source, restored = "buddy", self._restore_from_buddy(view, seat)
         else:
-            source, nbytes = "local", self._restore_local(view.resume_step)
-        restore_s = time.perf_counter() - started
-        # The restored state is this seat's snapshot of resume_step under the new view, taken before anything
-        # else can fail: a failure during this swap then still finds it here, and the SnapshotActor streams it
-        # to the (possibly new) buddy at once, so the seat is protected before its next step changes anything.
-        self._snapshots.forget_all()
-        self._snapshots.capture(view.resume_step, view.store_prefix, self._state(), self._background_pointers())
-        # Building a group may draw from the global RNGs; the restored states must survive it bit for bit.
-        rng = torch.get_rng_state(), random.getstate()
+            source, restored = "local", self._restore_local(view.resume_step)
+        fetched = time.perf_counter()
         self._retire_group()
         # A fresh store connection per build: an abandoned build may still block in a store call on the old one.
         store = connect_store(view.store_addr, self.config.pg_timeout)
@@ -598,8 +609,22 @@ class Runtime:
             store, view.store_prefix, seat, view.world_size, self.config.pg_timeout,
             lambda: self._handoff.interrupted(view.epoch), connect_timeout=self.config.pg_timeout,
         )
-        torch.set_rng_state(rng[0])
-        random.setstate(rng[1])
+        group_s = time.perf_counter() - fetched
+        nbytes = 0
+        if restored is not None:
+            # Loaded after the group is built: building one may draw from the global RNGs, and the
+            # restored RNG states must survive bit for bit.
+            manifest, arena = restored
+            self._gather_replicated(manifest, arena, seat, view)
+            self._load(materialize(manifest, arena))
+            nbytes = manifest.nbytes
+        # The restored state is this seat's snapshot of resume_step under the new view, taken before the seat
+        # runs a step: the SnapshotActor streams it to the (possibly new) buddy at once, so the seat is
+        # protected before its next step changes anything.  Until then the old snapshots stay (a failure
+        # during this swap finds them, or the buddy's copy, again).
+        self._snapshots.forget_all()
+        self._capture_state(view.resume_step, view, seat)
+        restore_s = time.perf_counter() - started - group_s
         for shard in self._zero_shards:
             shard.seat(seat, view.world_size, self._group)
         self._set_view(view)
@@ -610,17 +635,42 @@ class Runtime:
             self._recovering_epoch = view.epoch
             self.events.emit("restored", epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
                              bytes=nbytes, s=round(restore_s, 6), fetch_s=round(self._fetch_s, 6),
-                             group_s=round(time.perf_counter() - started - restore_s, 6))
+                             group_s=round(group_s, 6))
         return view.resume_step + 1
 
-    def _restore_local(self, step: int) -> int:
+    def _restore_local(self, step: int) -> tuple[Manifest, torch.Tensor]:
         slot = self._snapshots.find(step)
         if slot is None:
             raise LookupError(f"no local snapshot of step {step} (held: {self._snapshots.complete_steps()})")
-        self._load(self._snapshots.restore_state(slot))
-        return slot.manifest.nbytes if slot.manifest else 0
+        return self._snapshots.restore_arena(slot)
 
-    def _restore_from_buddy(self, view: View, seat: int) -> int:
+    def _gather_replicated(self, manifest: Manifest, arena: torch.Tensor, seat: int, view: View) -> None:
+        """Complete a restored arena: every seat's snapshot holds only its slice of the replicated region.
+
+        One all-gather on the new group: each seat sends its slice (from its own snapshot, or, for a
+        swapped-in seat, from the buddy's copy) and receives every other seat's, all of the same step.
+
+        Raises:
+            LookupError: the snapshot's replicated region does not split into this job's slices.
+            CollectiveAborted: a peer failed or a newer view interrupted the gather.
+        """
+        world = view.world_size
+        if not manifest.replicated or world < 2:
+            return
+        if manifest.replicated % world:
+            raise LookupError(f"snapshot of step {view.resume_step}: its replicated region "
+                              f"({manifest.replicated} bytes) does not split into {world} slices")
+        first, last = replicated_slice(manifest, seat, world)
+        chunk, start = last - first, manifest.replicated_at
+        slices = [arena[start + i * chunk : start + (i + 1) * chunk] for i in range(world)]
+        try:
+            work = self._group.allgather([slices], [arena[first:last].clone()])
+        except RuntimeError as err:
+            raise CollectiveAborted("gathering the replicated state", str(err)) from err
+        waiter = Waiter(self._handoff.condition, lambda: self._handoff.interrupted(view.epoch))
+        waiter.wait(work, f"gathering the replicated state of step {view.resume_step}", self.config.pg_timeout)
+
+    def _restore_from_buddy(self, view: View, seat: int) -> tuple[Manifest, torch.Tensor]:
         source = view.restore_from[seat]
         fetch_started = time.perf_counter()
         future: concurrent.futures.Future[tuple[Manifest, list[memoryview]]] = concurrent.futures.Future()
@@ -637,8 +687,7 @@ class Runtime:
         for frame in frames:
             arena_bytes[offset : offset + len(frame)] = frame
             offset += len(frame)
-        self._load(materialize(manifest, arena))
-        return manifest.nbytes
+        return manifest, arena
 
     def _retire_group(self) -> None:
         """Set the current group aside without destroying it: destroying a group with an op in flight

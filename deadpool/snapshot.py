@@ -36,7 +36,7 @@ import torch
 
 from deadpool import shm
 from deadpool.errors import WaitTimeout
-from deadpool.statetree import Manifest, TensorSpec, flatten, layout, materialize, view_tensor
+from deadpool.statetree import Manifest, TensorSpec, flatten, layout, materialize, replicated_slice, view_tensor
 
 log = logging.getLogger("deadpool.snapshot")
 
@@ -101,24 +101,31 @@ class SnapshotStore:
         self._pending: Slot | None = None
         self._cuda_stream: Any = None
         self._sequence = 0
-        self._layout_key: list[tuple[torch.dtype, torch.Size]] = []
+        self._layout_key: list[tuple[Any, ...]] = []
         self._layout_specs: tuple[TensorSpec, ...] | None = None
         self._layout_nbytes = 0
-        self._target_views: dict[int, tuple[torch.Tensor, tuple[TensorSpec, ...], list[np.ndarray[Any, Any]]]] = {}
+        self._layout_replicated = 0
+        self._target_views: dict[int, tuple[torch.Tensor, tuple[TensorSpec, ...], tuple[int, int],
+                                            list[tuple[int, np.ndarray[Any, Any], int, int]]]] = {}
         self._source_views: dict[tuple[int, int], np.ndarray[Any, Any]] = {}
         self.bytes_per_snapshot = 0
 
     # -- capture ------------------------------------------------------------------------------
 
-    def capture(self, step: int, generation: str, state: Any, background: set[int]) -> Slot:
+    def capture(
+        self, step: int, generation: str, state: Any, background: set[int],
+        replicated: set[int] | frozenset[int] = frozenset(), seat: int = 0, world: int = 1,
+    ) -> Slot:
         """Start a snapshot of `state` as the state after `step`.
 
         Tensors whose storage pointer is in `background` are copied by the copy
-        thread; all others are copied before this returns.
+        thread; all others are copied before this returns.  Tensors whose pointer
+        is in `replicated` are the same on every one of `world` seats: only
+        `seat`'s slice of them is copied (``statetree.replicated_slice``).
         """
         self.wait_copy(timeout=60.0)
         skeleton, tensors = flatten(state)
-        manifest = self._layout(skeleton, tensors)
+        manifest = self._layout(skeleton, tensors, replicated, world)
         slot = self._free_slot()
         slot.complete = False
         slot.done.clear()
@@ -133,11 +140,13 @@ class SnapshotStore:
             self._capture_cuda(slot, manifest, tensors)
             return slot
         pairs = []
-        for dst, (pointer, src) in zip(self._targets(slot, manifest), self._sources(tensors), strict=True):
+        sources = self._sources(tensors)
+        for index, dst, lo, hi in self._targets(slot, manifest, seat, world):
+            pointer, src = sources[index]
             if pointer in background:
-                pairs.append((dst, src))
+                pairs.append((dst, src[lo:hi]))
             else:
-                np.copyto(dst, src)
+                np.copyto(dst, src[lo:hi])
         self._pending = slot
         self._jobs.put(_CopyJob(slot, pairs))
         return slot
@@ -145,25 +154,41 @@ class SnapshotStore:
     # The layout and the numpy views of both sides are made once and reused while nothing changes: the
     # boundary then costs a few attribute reads per tensor instead of a layout and four tensor operations.
 
-    def _layout(self, skeleton: bytes, tensors: list[torch.Tensor]) -> Manifest:
-        """Where each tensor goes in the arena; the previous placement when dtypes and shapes are unchanged."""
-        key = [(t.dtype, t.shape) for t in tensors]
+    def _layout(
+        self, skeleton: bytes, tensors: list[torch.Tensor], replicated: set[int] | frozenset[int], world: int,
+    ) -> Manifest:
+        """Where each tensor goes in the arena; the previous placement when nothing about it changed."""
+        flags = [bool(replicated) and t.data_ptr() in replicated for t in tensors]
+        key: list[tuple[Any, ...]] = [(world,), *((t.dtype, t.shape, f) for t, f in zip(tensors, flags, strict=True))]
         if self._layout_key != key or self._layout_specs is None:
-            placed = layout(tensors, skeleton)
-            self._layout_key, self._layout_specs, self._layout_nbytes = key, placed.tensors, placed.nbytes
+            placed = layout(tensors, skeleton, flags, world)
+            self._layout_key, self._layout_specs = key, placed.tensors
+            self._layout_nbytes, self._layout_replicated = placed.nbytes, placed.replicated
             return placed
-        return Manifest(skeleton, self._layout_specs, self._layout_nbytes)
+        return Manifest(skeleton, self._layout_specs, self._layout_nbytes, self._layout_replicated)
 
-    def _targets(self, slot: Slot, manifest: Manifest) -> list[np.ndarray[Any, Any]]:
-        """The arena ranges of every tensor, as numpy views (reused for the same arena and placement)."""
+    def _targets(
+        self, slot: Slot, manifest: Manifest, seat: int, world: int,
+    ) -> list[tuple[int, np.ndarray[Any, Any], int, int]]:
+        """What to copy: (tensor index, arena view, byte range within the tensor) for every tensor with
+        bytes in this seat's snapshot, its whole range or its part in the seat's replicated slice.
+        Reused for the same arena, placement and seat."""
         assert slot.arena is not None
         cached = self._target_views.get(slot.index)
-        if cached is not None and cached[0] is slot.arena and cached[1] is manifest.tensors:
-            return cached[2]
+        if cached is not None and cached[0] is slot.arena and cached[1] is manifest.tensors \
+                and cached[2] == (seat, world):
+            return cached[3]
         arena_np = slot.arena.numpy()
-        views = [arena_np[spec.offset : spec.offset + spec.nbytes] for spec in manifest.tensors]
-        self._target_views[slot.index] = (slot.arena, manifest.tensors, views)
-        return views
+        first, last = replicated_slice(manifest, seat, world) if manifest.replicated else (0, 0)
+        targets = []
+        for index, spec in enumerate(manifest.tensors):
+            begin, end = spec.offset, spec.offset + spec.nbytes
+            if begin >= manifest.replicated_at and manifest.replicated:
+                begin, end = max(begin, first), min(end, last)
+            if begin < end:
+                targets.append((index, arena_np[begin:end], begin - spec.offset, end - spec.offset))
+        self._target_views[slot.index] = (slot.arena, manifest.tensors, (seat, world), targets)
+        return targets
 
     def _sources(self, tensors: list[torch.Tensor]) -> list[tuple[int, np.ndarray[Any, Any]]]:
         """(storage pointer, flat uint8 numpy view) of every tensor.
@@ -303,6 +328,12 @@ class SnapshotStore:
         """The snapshot's state with freshly cloned tensors (safe to load into live objects)."""
         assert slot.arena is not None and slot.manifest is not None
         return materialize(slot.manifest, slot.arena)
+
+    @staticmethod
+    def restore_arena(slot: Slot) -> tuple[Manifest, torch.Tensor]:
+        """A private copy of the snapshot's arena, to complete (replicated slices) and load from."""
+        assert slot.arena is not None and slot.manifest is not None
+        return slot.manifest, slot.arena[: max(slot.manifest.nbytes, 1)].clone()
 
     def close(self) -> None:
         """Stop the copy thread and remove the slot files (the memory stays mapped for whoever holds it)."""

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import time
@@ -55,7 +56,7 @@ from deadpool.heartbeat import Progress
 from deadpool.membership import ViewChanged
 from deadpool.messages import Message, RestoreReply, RestoreRequest, SnapshotAck, SnapshotHeader
 from deadpool.snapshot import Slot
-from deadpool.statetree import Manifest
+from deadpool.statetree import Manifest, SpecCache
 from deadpool.transport import Transport, TransportError
 from deadpool.view import View
 
@@ -146,9 +147,11 @@ class SnapshotActor:
         self._parked: deque[Bulk] = deque(maxlen=16)
         self._fetches: dict[tuple[int, int], concurrent.futures.Future[tuple[Manifest, list[memoryview]]]] = {}
         self._sender: asyncio.Task[None] | None = None
+        self._flight_started = asyncio.Event()  # wakes the resend loop, which sleeps while nothing is in flight
         self._shm_dir = shm_dir  # ward files are mapped only from here ("" : no shared-memory copies taken)
         self._shm_refused: set[str] = set()  # buddies that could not map our slots: they get frames
         self._mappings: dict[str, shm.Mapping] = {}  # ward slot file -> its mapping, while a copy lives in it
+        self._spec_caches: dict[int, SpecCache] = {}  # ward seat -> its last validated tensor specs
         self.bytes_sent = 0
         self.bytes_held_for_wards = 0  # copies held in memory of our own
         self.bytes_shared_for_wards = 0  # copies held as mappings of a ward's slot (no extra memory)
@@ -194,6 +197,7 @@ class SnapshotActor:
     def _start_send(self, slot: Slot, tasks: asyncio.TaskGroup) -> None:
         epoch = self._view.epoch if self._view else 0
         self._inflight = _InFlight(slot, slot.step, slot.generation, time.monotonic(), 1, epoch)
+        self._flight_started.set()
         self._sender = tasks.create_task(self._send_snapshot(self._inflight))
 
     async def _send_snapshot(self, flight: _InFlight) -> None:
@@ -206,10 +210,9 @@ class SnapshotActor:
         seat = view.seat_of(self._member)
         assert seat is not None
         payload = slot.payload()
-        header = SnapshotHeader(self._member, view.epoch, seat, slot.step, len(payload), slot.manifest.encode())
         shared = self._shares_memory_with(view, view.buddy_member(seat), slot)
-        if shared:
-            header = dataclasses.replace(header, shm_path=slot.shm_path, shm_offset=0)
+        header = SnapshotHeader(self._member, view.epoch, seat, slot.step, len(payload), slot.manifest.encode(),
+                                shm_path=slot.shm_path if shared else "", shm_offset=0)
         frames: list[Any] = [codec.encode(header, self._secret)]
         if not shared:
             frames += payload_chunks(payload)
@@ -226,12 +229,27 @@ class SnapshotActor:
         return bool(slot.shm_path and host) and host == view.hosts.get(buddy) and buddy not in self._shm_refused
 
     async def _resend_loop(self) -> None:
+        """Resend the transfer in flight when no ack came within `resend_after` of its send.
+
+        It sleeps until the flight's deadline, or, with nothing in flight, until a
+        transfer starts (at most `resend_after`): a transfer is acked within
+        milliseconds, so polling four times per `resend_after` woke the runtime
+        thread for nothing, and every wake-up costs CPU that training could use.
+        """
         while True:
-            await asyncio.sleep(self._resend_after / 4)
             flight = self._inflight
-            if flight is None or time.monotonic() - flight.sent_at < self._resend_after:
+            if flight is None:
+                self._flight_started.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._resend_after):
+                        await self._flight_started.wait()
+                continue
+            wait = flight.sent_at + self._resend_after - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
                 continue
             if self._sender is not None and not self._sender.done():
+                await asyncio.sleep(self._resend_after / 4)  # still sending it (a slow buddy): look again later
                 continue
             log.info("no ack for snapshot of step %d yet; resending (attempt %d)", flight.step, flight.attempts + 1)
             await self._resend(flight)
@@ -282,6 +300,8 @@ class SnapshotActor:
             # Keep copies for seats we still guard, and any copy a restore may still ask for.
             if seat not in wards and seat not in view.restore_from:
                 del self._wards[seat]
+        for seat in [seat for seat in self._spec_caches if seat not in wards]:
+            del self._spec_caches[seat]
         self._publish_wards()
         if old is None or old.store_prefix != view.store_prefix:
             self._inflight, self._next = None, None  # the compute side re-announces after its rebuild
@@ -334,7 +354,8 @@ class SnapshotActor:
             self._events.emit("rejected", reason="size_mismatch", peer=header.sender)
             return
         try:
-            Manifest.decode(header.manifest, MAX_SNAPSHOT_BYTES)
+            # Validated in full whenever its tensor specs differ from this seat's previous (valid) header.
+            Manifest.decode(header.manifest, MAX_SNAPSHOT_BYTES, self._spec_caches.setdefault(header.seat, SpecCache()))
         except ValueError as err:
             self._events.emit("rejected", reason="bad_manifest", peer=header.sender, detail=str(err))
             return

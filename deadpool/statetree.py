@@ -43,6 +43,69 @@ class TensorSpec:
     nbytes: int  # byte length
 
 
+@dataclass(slots=True)
+class SpecCache:
+    """The tensor-spec section of the last manifest validated for one peer, with its result.
+
+    Why: a peer's layout (dtypes, shapes, offsets) is the same from snapshot to
+    snapshot while its skeleton (scheduler state, RNG) changes, and validating a
+    few hundred specs in Python every step was most of the cost of receiving a
+    snapshot header.  Reuse is exact: the section is compared byte for byte with
+    the one validated before (and under the same arena size and limit), so
+    anything that changed is parsed and validated again.
+    """
+
+    specs: bytes = b""  # the msgpack bytes of the validated spec list
+    nbytes: int = -1  # the arena size they were checked against
+    max_nbytes: int = -1  # the limit that arena size was checked against
+    tensors: tuple[TensorSpec, ...] = ()  # what those bytes decoded to
+
+
+# Manifest.encode of an unchanged layout: (the specs tuple, its msgpack bytes).  The snapshot store
+# reuses one specs tuple while dtypes and shapes stay the same, so identity finds it; the entry holds
+# a reference to the tuple (fully immutable), so no other tuple can take its id meanwhile.
+_ENCODED_SPECS: tuple[tuple[TensorSpec, ...], bytes] | None = None
+_ARRAY4 = b"\x94"  # msgpack header of a 4-element array: [skeleton, specs, nbytes, replicated]
+
+
+def _encode_specs(tensors: tuple[TensorSpec, ...]) -> bytes:
+    global _ENCODED_SPECS
+    cached = _ENCODED_SPECS  # one read: another thread may rebind it, never mutate it
+    if cached is not None and cached[0] is tensors:
+        return cached[1]
+    packed: bytes = msgpack.packb([[t.dtype, list(t.shape), t.offset, t.nbytes] for t in tensors], use_bin_type=True)
+    _ENCODED_SPECS = (tensors, packed)
+    return packed
+
+
+def _check_specs(specs: Any, nbytes: int) -> tuple[TensorSpec, ...]:
+    """Validate decoded tensor specs against an arena of `nbytes`.
+
+    Raises:
+        ValueError: malformed, an unknown dtype, or a tensor outside the arena.
+    """
+    if not isinstance(specs, list):
+        raise ValueError("malformed manifest: wrong field types")
+    tensors = []
+    for spec in specs:
+        if not (isinstance(spec, list) and len(spec) == 4):
+            raise ValueError("malformed tensor spec")
+        dtype, shape, offset, size = spec
+        if dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise ValueError("bad tensor shape")
+        if not (isinstance(offset, int) and isinstance(size, int) and offset >= 0 and offset + size <= nbytes):
+            raise ValueError("tensor lies outside the arena")
+        numel = 1
+        for d in shape:
+            numel *= d
+        if numel * _DTYPES[dtype].itemsize != size:
+            raise ValueError("tensor size does not match its shape")
+        tensors.append(TensorSpec(dtype, tuple(shape), offset, size))
+    return tuple(tensors)
+
+
 @dataclass(frozen=True, slots=True)
 class Manifest:
     """The layout of a snapshot: its skeleton and where each tensor sits."""
@@ -50,45 +113,67 @@ class Manifest:
     skeleton: bytes  # msgpack structure with tensor references
     tensors: tuple[TensorSpec, ...]  # one entry per referenced tensor, by index
     nbytes: int  # arena size
+    # The last `replicated` bytes of the arena hold tensors that are the same on every seat (data-parallel
+    # parameters and their optimizer state).  Each seat's snapshot holds only its own 1/world slice of them
+    # (``replicated_slice``); a restore gathers the slices from every seat.  0: every byte is this seat's.
+    replicated: int = 0
+
+    @property
+    def replicated_at(self) -> int:
+        """Where the replicated region starts in the arena."""
+        return self.nbytes - self.replicated
 
     def encode(self) -> bytes:
-        specs = [[t.dtype, list(t.shape), t.offset, t.nbytes] for t in self.tensors]
-        packed: bytes = msgpack.packb([self.skeleton, specs, self.nbytes], use_bin_type=True)
-        return packed
+        """msgpack ``[skeleton, specs, nbytes, replicated]``; the specs of an unchanged layout are packed once."""
+        skeleton: bytes = msgpack.packb(self.skeleton, use_bin_type=True)
+        tail: bytes = msgpack.packb(self.nbytes) + msgpack.packb(self.replicated)
+        return b"".join((_ARRAY4, skeleton, _encode_specs(self.tensors), tail))
 
     @classmethod
-    def decode(cls, data: bytes, max_nbytes: int) -> Manifest:
+    def decode(cls, data: bytes, max_nbytes: int, cache: SpecCache | None = None) -> Manifest:
         """Parse and bounds-check a manifest received from a peer.
+
+        With `cache` (one per peer), a spec section byte-identical to the one
+        validated last time for that peer is not parsed again (see ``SpecCache``);
+        the cache then holds this manifest's section.
 
         Raises:
             ValueError: malformed, an unknown dtype, or a tensor outside the arena.
         """
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(1, len(data)))
         try:
-            skeleton, specs, nbytes = msgpack.unpackb(data, raw=False, strict_map_key=False)
-        except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as err:
-            raise ValueError(f"malformed manifest: {err}") from None
-        if not isinstance(skeleton, bytes) or not isinstance(specs, list) or not isinstance(nbytes, int):
+            unpacker.feed(data)
+            fields = unpacker.read_array_header()
+            if fields not in (3, 4):  # 3: written before replicated regions existed (disk checkpoints)
+                raise ValueError("malformed manifest: expected [skeleton, specs, nbytes, replicated]")
+            skeleton = unpacker.unpack()
+            start = unpacker.tell()
+            unpacker.skip()  # the specs: located here, parsed below only when not validated before
+            end = unpacker.tell()
+            nbytes = unpacker.unpack()
+            replicated = unpacker.unpack() if fields == 4 else 0
+            if unpacker.tell() != len(data):
+                raise ValueError("malformed manifest: trailing bytes")
+        except (ValueError, TypeError, msgpack.UnpackException) as err:
+            raise ValueError(f"malformed manifest: {err or type(err).__name__}") from None
+        if not isinstance(skeleton, bytes) or not isinstance(nbytes, int) or not isinstance(replicated, int):
             raise ValueError("malformed manifest: wrong field types")
         if not 0 <= nbytes <= max_nbytes:
             raise ValueError(f"manifest declares {nbytes} bytes, limit is {max_nbytes}")
-        tensors = []
-        for spec in specs:
-            if not (isinstance(spec, list) and len(spec) == 4):
-                raise ValueError("malformed tensor spec")
-            dtype, shape, offset, size = spec
-            if dtype not in _DTYPES:
-                raise ValueError(f"unknown dtype {dtype!r}")
-            if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-                raise ValueError("bad tensor shape")
-            if not (isinstance(offset, int) and isinstance(size, int) and offset >= 0 and offset + size <= nbytes):
-                raise ValueError("tensor lies outside the arena")
-            numel = 1
-            for d in shape:
-                numel *= d
-            if numel * _DTYPES[dtype].itemsize != size:
-                raise ValueError("tensor size does not match its shape")
-            tensors.append(TensorSpec(dtype, tuple(shape), offset, size))
-        return cls(skeleton, tuple(tensors), nbytes)
+        if not 0 <= replicated <= nbytes:
+            raise ValueError(f"manifest declares a replicated region of {replicated} bytes in an arena of {nbytes}")
+        section = data[start:end]
+        if cache is not None and cache.specs == section and cache.nbytes == nbytes \
+                and cache.max_nbytes == max_nbytes:
+            return cls(skeleton, cache.tensors, nbytes, replicated)
+        try:
+            specs = msgpack.unpackb(section, raw=False, strict_map_key=False)
+        except (ValueError, TypeError, msgpack.UnpackException) as err:
+            raise ValueError(f"malformed manifest: {err or type(err).__name__}") from None
+        tensors = _check_specs(specs, nbytes)
+        if cache is not None:
+            cache.specs, cache.nbytes, cache.max_nbytes, cache.tensors = section, nbytes, max_nbytes, tensors
+        return cls(skeleton, tensors, nbytes, replicated)
 
 
 _TENSOR_REFS: list[msgpack.ExtType] = []  # the reference to tensor i, made once (flatten runs every step)
@@ -151,15 +236,41 @@ def unflatten(skeleton: bytes, tensors: Sequence[torch.Tensor]) -> Any:
     return msgpack.unpackb(skeleton, ext_hook=ext_hook, raw=False, strict_map_key=False)
 
 
-def layout(tensors: Sequence[torch.Tensor], skeleton: bytes) -> Manifest:
-    """Place `tensors` in an arena, each aligned to ALIGN bytes."""
-    specs = []
+def _align(nbytes: int) -> int:
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+def layout(
+    tensors: Sequence[torch.Tensor], skeleton: bytes, replicated: Sequence[bool] = (), world: int = 1,
+) -> Manifest:
+    """Place `tensors` in an arena, each aligned to ALIGN bytes.
+
+    Tensors flagged in `replicated` go last, in one region padded to `world` equal,
+    aligned slices (see ``replicated_slice``).
+    """
+    flags = list(replicated) or [False] * len(tensors)
+    specs: list[TensorSpec | None] = [None] * len(tensors)
     offset = 0
-    for tensor in tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        specs.append(TensorSpec(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes))
-        offset += (nbytes + ALIGN - 1) // ALIGN * ALIGN
-    return Manifest(skeleton, tuple(specs), offset)
+    for wanted in (False, True):
+        if wanted:
+            region_start = offset
+        for index, tensor in enumerate(tensors):
+            if flags[index] != wanted:
+                continue
+            nbytes = tensor.numel() * tensor.element_size()
+            specs[index] = TensorSpec(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes)
+            offset += _align(nbytes)
+    region = offset - region_start
+    if region:
+        region = _align(-(-region // world)) * world
+    return Manifest(skeleton, tuple(s for s in specs if s is not None), region_start + region, region)
+
+
+def replicated_slice(manifest: Manifest, seat: int, world: int) -> tuple[int, int]:
+    """The arena byte range of the replicated region that `seat`'s snapshot holds."""
+    chunk = manifest.replicated // world
+    start = manifest.replicated_at + seat * chunk
+    return start, start + chunk
 
 
 def view_tensor(arena: torch.Tensor, spec: TensorSpec) -> torch.Tensor:

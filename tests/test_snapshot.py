@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from deadpool.snapshot import Slot, SnapshotStore
-from deadpool.statetree import materialize
+from deadpool.statetree import materialize, replicated_slice
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -88,3 +88,37 @@ def test_tied_tensors_are_captured_once_each_reference(store: SnapshotStore) -> 
     assert_same(capture(store, 0, state), state)
     shared.add_(3.0)
     assert_same(capture(store, 1, state), state)
+
+
+def test_each_seat_copies_its_slice_of_replicated_state_and_the_slices_rebuild_it() -> None:
+    """Seats of a data-parallel job hold the same parameters: each copies 1/world of them, all its own state."""
+    world = 3
+    weight, moment = torch.randn(50, 7), torch.randn(33)
+    stores = [SnapshotStore(on_complete=lambda _: None) for _ in range(world)]
+    try:
+        for step in range(3):  # both slots, and a reused layout
+            weight.add_(1.0)
+            arenas = []
+            for seat, store in enumerate(stores):
+                own = torch.full((5,), float(seat))  # differs per seat: never sliced
+                state = {"w": weight, "own": own, "m": moment, "step": step}
+                slot = store.capture(step, "g", state, {weight.data_ptr(), moment.data_ptr()},
+                                     {weight.data_ptr(), moment.data_ptr()}, seat, world)
+                store.wait_copy(10.0)
+                assert slot.manifest is not None and slot.arena is not None
+                manifest = slot.manifest
+                first, last = replicated_slice(manifest, seat, world)
+                arena = slot.arena[: manifest.nbytes].clone()
+                full = materialize(manifest, arena)
+                assert torch.equal(full["own"], own) and full["step"] == step  # private part: whole
+                arenas.append((arena, first, last))
+            assert manifest.replicated and manifest.replicated_at > 0
+            rebuilt = arenas[0][0].clone()
+            for arena, first, last in arenas:  # what the restore's all-gather does
+                rebuilt[first:last] = arena[first:last]
+            full = materialize(manifest, rebuilt)
+            assert torch.equal(full["w"], weight) and torch.equal(full["m"], moment)
+            assert not torch.equal(materialize(manifest, arenas[1][0])["w"], weight)  # one slice is not enough
+    finally:
+        for store in stores:
+            store.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import stat
@@ -418,6 +419,28 @@ async def test_shm_header_with_payload_frames_is_rejected(
     await until(lambda: bool(pair.events_of(BUDDY, "rejected")))
     assert pair.events_of(BUDDY, "rejected")[0]["reason"] == "unexpected_frames"
     assert not pair.held()
+
+
+async def test_a_changed_bad_manifest_is_rejected_after_a_valid_one_was_accepted(
+    shm_dir: str, make_pair: Callable[[str, str], Pair]
+) -> None:
+    """The buddy skips re-validating tensor specs identical to the ward's previous ones; changed ones are
+    validated again: a tensor moved outside the arena is refused, and the good copy stays the held one."""
+    pair = make_pair(shm_dir, shm_dir)
+    await pair.start(pair.view())
+    slot = await pair.send(0, _state(1))
+    assert slot.manifest is not None and not pair.events_of(BUDDY, "rejected")
+    bad_specs = [dataclasses.replace(spec, offset=slot.manifest.nbytes) for spec in slot.manifest.tensors]
+    bad = Manifest(slot.manifest.skeleton, tuple(bad_specs), slot.manifest.nbytes)
+    header = SnapshotHeader(WARD, 1, 0, 1, slot.manifest.nbytes, bad.encode(), shm_path=slot.shm_path)
+    await pair.transports[WARD].send(pair.transports[BUDDY].address, [codec.encode(header, b"secret")], 1.0)
+    await until(lambda: bool(pair.events_of(BUDDY, "rejected")))
+    (rejected,) = pair.events_of(BUDDY, "rejected")
+    assert rejected["reason"] == "bad_manifest" and "outside the arena" in rejected["detail"]
+    assert [c.header.step for c in pair.held()[0]] == [0]
+    # The layout it had before is still accepted (and its specs were not replaced by the bad ones).
+    await pair.send(2, _state(3))
+    assert [c.header.step for c in pair.held()[0]] == [0, 2]
 
 
 def test_sweep_removes_only_slot_files_whose_writer_is_gone(tmp_path: Path) -> None:

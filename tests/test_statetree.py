@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import random
 
+import msgpack
 import pytest
 import torch
 
 from deadpool.errors import MisuseError
 from deadpool.snapshot import SnapshotStore
-from deadpool.statetree import Manifest, flatten, layout, materialize, unflatten
+from deadpool.statetree import (
+    Manifest,
+    SpecCache,
+    TensorSpec,
+    flatten,
+    layout,
+    materialize,
+    replicated_slice,
+    unflatten,
+)
 
 
 def training_state() -> dict[str, object]:
@@ -66,6 +76,69 @@ def test_arena_round_trip_and_manifest_validation() -> None:
         Manifest.decode(b"\x93garbage", max_nbytes=1 << 30)
 
 
+def _reference_encoding(manifest: Manifest) -> bytes:
+    """What Manifest.encode produced before the spec section was cached: one packb of the whole."""
+    specs = [[t.dtype, list(t.shape), t.offset, t.nbytes] for t in manifest.tensors]
+    packed: bytes = msgpack.packb([manifest.skeleton, specs, manifest.nbytes, manifest.replicated], use_bin_type=True)
+    return packed
+
+
+def _raw_manifest(skeleton: bytes, specs: list[list[object]], nbytes: int) -> bytes:
+    packed: bytes = msgpack.packb([skeleton, specs, nbytes], use_bin_type=True)
+    return packed
+
+
+def test_encoding_reuses_an_unchanged_layout_and_is_byte_identical() -> None:
+    skeleton, tensors = flatten(training_state())
+    manifest = layout(tensors, skeleton)
+    again = Manifest(b"another skeleton", manifest.tensors, manifest.nbytes, 64)  # same specs tuple: cached part
+    for m in (manifest, again, manifest):
+        assert m.encode() == _reference_encoding(m)
+    other = layout(tensors[:1], skeleton)  # a new layout is packed afresh
+    assert other.encode() == _reference_encoding(other)
+    assert Manifest.decode(again.encode(), 1 << 30) == again
+
+
+def test_spec_cache_reuses_validated_specs_and_revalidates_anything_changed() -> None:
+    good = [["float32", [2, 3], 0, 24], ["int64", [4], 64, 32]]
+    cache = SpecCache()
+    first = Manifest.decode(_raw_manifest(b"s1", good, 96), 1 << 30, cache)
+    assert first.tensors == (TensorSpec("float32", (2, 3), 0, 24), TensorSpec("int64", (4,), 64, 32))
+    # Same specs, new skeleton: reused (the very same validated tuple), the skeleton is the new one.
+    second = Manifest.decode(_raw_manifest(b"s2", good, 96), 1 << 30, cache)
+    assert second.skeleton == b"s2" and second.tensors is first.tensors
+    # Changed specs that are bad are rejected, and leave the cache as it was.
+    bad_cases = {
+        "tensor lies outside the arena": [["float32", [2, 3], 0, 24], ["int64", [4], 80, 32]],
+        "unknown dtype": [["float32", [2, 3], 0, 24], ["pickle", [4], 64, 32]],
+        "tensor size does not match its shape": [["float32", [2, 4], 0, 24], ["int64", [4], 64, 32]],
+        "bad tensor shape": [["float32", [2.0, 3], 0, 24], ["int64", [4], 64, 32]],  # equal as a list, not as bytes
+        "malformed tensor spec": [["float32", [2, 3], 0]],
+    }
+    for message, specs in bad_cases.items():
+        with pytest.raises(ValueError, match=message):
+            Manifest.decode(_raw_manifest(b"s3", specs, 96), 1 << 30, cache)
+        assert cache.tensors is first.tensors
+    # The same specs against a smaller arena are validated again (and fail), as are other limits.
+    with pytest.raises(ValueError, match="outside the arena"):
+        Manifest.decode(_raw_manifest(b"s4", good, 90), 1 << 30, cache)
+    with pytest.raises(ValueError, match="limit is 50"):
+        Manifest.decode(_raw_manifest(b"s5", good, 96), 50, cache)
+    # Malformed frames are rejected before the cache is looked at.
+    valid = _raw_manifest(b"s6", good, 96)
+    for broken in (valid + b"\x00", valid[:-1], b"\x92" + valid[1:], b"\x93garbage", b"", b"\xc1"):
+        with pytest.raises(ValueError, match="malformed manifest"):
+            Manifest.decode(broken, 1 << 30, cache)
+    with pytest.raises(ValueError, match="wrong field types"):
+        Manifest.decode(msgpack.packb(["s", good, 96]), 1 << 30, cache)  # skeleton as str, not bytes
+    with pytest.raises(ValueError, match="wrong field types"):
+        Manifest.decode(msgpack.packb([b"s", {"a": 1}, 96], use_bin_type=True), 1 << 30, cache)
+    # Valid changed specs are validated and then become the cached ones.
+    grown = [*good, ["float64", [1], 128, 8]]
+    third = Manifest.decode(_raw_manifest(b"s7", grown, 192), 1 << 30, cache)
+    assert len(third.tensors) == 3 and cache.tensors is third.tensors and cache.nbytes == 192
+
+
 def test_unsnapshottable_values_get_a_clear_error() -> None:
     with pytest.raises(MisuseError, match="cannot snapshot a value of type object"):
         flatten({"x": object()})
@@ -89,3 +162,27 @@ def test_store_copies_in_background_and_keeps_two() -> None:
         assert ready == [0, 1, 2]
     finally:
         store.close()
+
+
+def test_replicated_tensors_go_last_in_equal_slices_one_per_seat() -> None:
+    tensors = [torch.arange(10, dtype=torch.float32), torch.ones(3, dtype=torch.int64), torch.zeros(100)]
+    manifest = layout(tensors, b"s", replicated=[True, False, True], world=3)
+    private, first, last = manifest.tensors[1], manifest.tensors[0], manifest.tensors[2]
+    assert private.offset == 0 and manifest.replicated_at == 64  # the private tensor first, aligned
+    assert manifest.replicated_at <= first.offset < last.offset
+    assert manifest.replicated % (3 * 64) == 0 and manifest.replicated >= 64 + 400  # padded to 3 aligned slices
+    slices = [replicated_slice(manifest, seat, 3) for seat in range(3)]
+    assert slices[0][0] == manifest.replicated_at and slices[-1][1] == manifest.nbytes
+    assert all(a[1] == b[0] for a, b in zip(slices, slices[1:], strict=False))  # adjacent, no gap
+    decoded = Manifest.decode(manifest.encode(), 1 << 20)
+    assert decoded == manifest
+    assert layout(tensors, b"s").replicated == 0  # nothing flagged: nothing sliced
+
+
+def test_manifest_with_a_bad_replicated_region_is_refused_and_old_three_field_ones_load() -> None:
+    good = [["float32", [2, 3], 0, 24]]
+    bad: bytes = msgpack.packb([b"s", good, 64, 65], use_bin_type=True)
+    with pytest.raises(ValueError, match="replicated region"):
+        Manifest.decode(bad, 1 << 20)
+    old = Manifest.decode(_raw_manifest(b"s", good, 64), 1 << 20)  # disk checkpoints of earlier versions
+    assert old.replicated == 0 and old.replicated_at == 64

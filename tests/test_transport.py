@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import pytest_asyncio
@@ -412,3 +412,33 @@ async def test_binding_a_bound_address_fails_cleanly(endpoints: Endpoints) -> No
 async def test_unknown_scheme_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown transport URL"):
         open_transport("udp://127.0.0.1:9")
+
+
+async def test_zmq_send_accepted_at_once_arms_no_timer_and_a_pending_one_keeps_its_bound(
+    endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path: a send pyzmq queued immediately returns without asyncio.wait_for (no task, no timer);
+    a send that has to wait still goes through it and still fails within its timeout."""
+    if endpoints.kind == "inproc":
+        pytest.skip("the fast path is ZeroMQ's")
+    waits: list[float] = []
+    real_wait_for = asyncio.wait_for
+
+    async def counting_wait_for(awaitable: Any, timeout: float) -> Any:
+        waits.append(timeout)
+        return await real_wait_for(awaitable, timeout)
+
+    monkeypatch.setattr(zmq_transport.asyncio, "wait_for", counting_wait_for)
+    receiver, sender = endpoints.open(), endpoints.open()
+    await sender.send(receiver.address, [b"warm"], timeout=RECV_TIMEOUT)  # may wait for the connection
+    assert await recv_within(receiver) == [b"warm"]
+    waits.clear()
+    for n in range(20):
+        await sender.send(receiver.address, [struct.pack("!Q", n)], timeout=RECV_TIMEOUT)
+    assert waits == [], "immediately accepted sends must not arm a timeout"
+    assert [struct.unpack("!Q", (await recv_within(receiver))[0])[0] for _ in range(20)] == list(range(20))
+    waits.clear()
+    started = time.monotonic()
+    with pytest.raises(TransportError, match="not accepted within"):
+        await sender.send(endpoints.unused_address(), [b"anyone?"], timeout=0.3)
+    assert waits == [0.3] and time.monotonic() - started < 0.3 + 1.0

@@ -209,7 +209,13 @@ class ZmqTransport:
         except zmq.ZMQError as err:
             raise TransportError(f"cannot connect to {address!r}: {err}") from None
         try:
-            await asyncio.wait_for(sock.send_multipart(list(frames), copy=False), timeout)
+            sent = sock.send_multipart(list(frames), copy=False)
+            if sent.done():
+                # pyzmq queued it at once (the usual case): no timer and no extra loop iteration for a wait
+                # that cannot happen.  Only a pending send (full queue, peer not connected) waits, bounded.
+                sent.result()
+            else:
+                await asyncio.wait_for(sent, timeout)
         except TimeoutError:
             raise TransportError(f"send to {address} not accepted within {timeout:.2f}s") from None
         except asyncio.CancelledError:
