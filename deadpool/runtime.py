@@ -254,7 +254,8 @@ class Runtime:
             "stall_s": list(self._stalls),
             "stall_p50_s": stalls[len(stalls) // 2] if stalls else 0.0,
             "stall_p99_s": stalls[min(len(stalls) - 1, int(0.99 * len(stalls)))] if stalls else 0.0,
-            "snapshot_bytes": self._snapshots.bytes_per_snapshot,
+            "snapshot_bytes": self._snapshots.bytes_per_snapshot,  # the arena: the whole state
+            "snapshot_copied_bytes": self._snapshots.bytes_copied_per_snapshot,  # own state + replicated slice
             "own_snapshots_bytes": self._snapshots.memory_bytes(),
             "buddy_copies_bytes": held,  # copies in memory of this worker's own
             "buddy_copies_shared_bytes": shared,  # copies held as mappings of a same-host ward's slots: no extra memory
@@ -683,10 +684,17 @@ class Runtime:
         self._fetch_s = time.perf_counter() - fetch_started
         arena = torch.empty(max(manifest.nbytes, 1), dtype=torch.uint8)
         arena_bytes = arena.numpy().data.cast("B")
-        offset = 0
-        for frame in frames:
-            arena_bytes[offset : offset + len(frame)] = frame
-            offset += len(frame)
+        # The buddy sends the whole arena (a mapped slot) or what the snapshot holds (Slot.held): the
+        # seat's own state, then its slice of the replicated region, which the gather completes.
+        total = sum(len(frame) for frame in frames)
+        places = [(0, manifest.nbytes)]
+        if total != manifest.nbytes and manifest.replicated and view.world_size > 1:
+            first, last = replicated_slice(manifest, seat, view.world_size)
+            places = [(0, manifest.replicated_at), (first, last)]
+        if total != sum(end - start for start, end in places):
+            raise LookupError(f"seat {seat}'s snapshot from {source}: {total} bytes fit neither its arena "
+                              f"({manifest.nbytes}) nor its own state and slice")
+        _scatter(frames, [(start, end) for start, end in places if end > start], arena_bytes)
         return manifest, arena
 
     def _retire_group(self) -> None:
@@ -726,7 +734,7 @@ class Runtime:
         self.events.emit("snapshot_memory", rank=self.rank, own_snapshots_bytes=stats["own_snapshots_bytes"],
                          buddy_copies_bytes=stats["buddy_copies_bytes"],
                          buddy_copies_shared_bytes=stats["buddy_copies_shared_bytes"],
-                         snapshot_bytes=stats["snapshot_bytes"],
+                         snapshot_bytes=stats["snapshot_bytes"], snapshot_copied_bytes=stats["snapshot_copied_bytes"],
                          stall_p99_s=round(stats["stall_p99_s"], 6))
         return True
 
@@ -738,6 +746,22 @@ class Runtime:
         self.events.close()
         _RUNTIME = None
         _FINISHED[0] = True
+
+
+def _scatter(frames: list[memoryview], places: list[tuple[int, int]], target: memoryview) -> None:
+    """Copy the bytes of `frames`, in order, into the `places` (byte ranges) of `target`, in order."""
+    ranges = iter(places)
+    position, end = next(ranges, (0, 0))
+    for frame in frames:
+        done = 0
+        while done < len(frame):
+            count = min(len(frame) - done, end - position)
+            if count <= 0:
+                raise ValueError("more bytes than places to put them")
+            target[position : position + count] = frame[done : done + count]
+            position, done = position + count, done + count
+            if position == end:
+                position, end = next(ranges, (end, end))
 
 
 def state_digest(state: Any) -> str:

@@ -58,9 +58,20 @@ class Slot:
     mapping: mmap.mmap | None = None  # the file's mapping, referenced for as long as the arena is
 
     def payload(self) -> memoryview:
-        """The arena's bytes (zero-copy), for streaming to the buddy."""
+        """The arena's bytes (zero-copy)."""
         assert self.arena is not None and self.manifest is not None
         return self.arena.numpy().data.cast("B")[: self.manifest.nbytes]
+
+    def held(self, seat: int, world: int) -> list[memoryview]:
+        """The bytes this snapshot holds (zero-copy), for streaming to the buddy: the whole arena, or,
+        with a replicated region, the seat's own state followed by its slice of the region."""
+        whole = self.payload()
+        manifest = self.manifest
+        assert manifest is not None
+        if not manifest.replicated or world < 2:
+            return [whole]
+        first, last = replicated_slice(manifest, seat, world)
+        return [whole[: manifest.replicated_at], whole[first:last]]
 
 
 def on_accelerator(tensors: list[torch.Tensor]) -> bool:
@@ -108,7 +119,8 @@ class SnapshotStore:
         self._target_views: dict[int, tuple[torch.Tensor, tuple[TensorSpec, ...], tuple[int, int],
                                             list[tuple[int, np.ndarray[Any, Any], int, int]]]] = {}
         self._source_views: dict[tuple[int, int], np.ndarray[Any, Any]] = {}
-        self.bytes_per_snapshot = 0
+        self.bytes_per_snapshot = 0  # the arena: the whole state
+        self.bytes_copied_per_snapshot = 0  # what this seat copies: its own state and its slice of the replicated
 
     # -- capture ------------------------------------------------------------------------------
 
@@ -135,13 +147,15 @@ class SnapshotStore:
         if slot.arena is None or slot.arena.numel() < manifest.nbytes or (on_gpu and not slot.pinned):
             self._allocate(slot, max(manifest.nbytes, 1), on_gpu)
         assert slot.arena is not None
-        self.bytes_per_snapshot = manifest.nbytes
+        self.bytes_per_snapshot = self.bytes_copied_per_snapshot = manifest.nbytes
         if on_gpu:
             self._capture_cuda(slot, manifest, tensors)
             return slot
         pairs = []
         sources = self._sources(tensors)
-        for index, dst, lo, hi in self._targets(slot, manifest, seat, world):
+        targets = self._targets(slot, manifest, seat, world)
+        self.bytes_copied_per_snapshot = sum(hi - lo for _, _, lo, hi in targets)
+        for index, dst, lo, hi in targets:
             pointer, src = sources[index]
             if pointer in background:
                 pairs.append((dst, src[lo:hi]))

@@ -209,17 +209,19 @@ class SnapshotActor:
             return  # the slot was reused: a newer snapshot supersedes this one
         seat = view.seat_of(self._member)
         assert seat is not None
-        payload = slot.payload()
         shared = self._shares_memory_with(view, view.buddy_member(seat), slot)
-        header = SnapshotHeader(self._member, view.epoch, seat, slot.step, len(payload), slot.manifest.encode(),
+        # Mapped: the whole slot file.  Streamed: only what the snapshot holds (see Slot.held).
+        parts = [slot.payload()] if shared else slot.held(seat, view.world_size)
+        nbytes = sum(len(part) for part in parts)
+        header = SnapshotHeader(self._member, view.epoch, seat, slot.step, nbytes, slot.manifest.encode(),
                                 shm_path=slot.shm_path if shared else "", shm_offset=0)
         frames: list[Any] = [codec.encode(header, self._secret)]
         if not shared:
-            frames += payload_chunks(payload)
+            frames += [chunk for part in parts for chunk in payload_chunks(part)]
         try:
             await self._transport.send(addr, frames, self._send_timeout)
             if not shared:
-                self.bytes_sent += len(payload)
+                self.bytes_sent += nbytes
         except TransportError as err:
             log.warning("snapshot of step %d not sent to buddy: %s (will retry)", slot.step, err)
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from deadpool.runtime import _scatter
 from deadpool.snapshot import Slot, SnapshotStore
 from deadpool.statetree import materialize, replicated_slice
 
@@ -109,6 +110,9 @@ def test_each_seat_copies_its_slice_of_replicated_state_and_the_slices_rebuild_i
                 manifest = slot.manifest
                 first, last = replicated_slice(manifest, seat, world)
                 arena = slot.arena[: manifest.nbytes].clone()
+                held = slot.held(seat, world)  # what is streamed to a buddy on another host
+                assert [len(part) for part in held] == [manifest.replicated_at, last - first]
+                assert bytes(held[1]) == arena[first:last].numpy().tobytes()
                 full = materialize(manifest, arena)
                 assert torch.equal(full["own"], own) and full["step"] == step  # private part: whole
                 arenas.append((arena, first, last))
@@ -122,3 +126,11 @@ def test_each_seat_copies_its_slice_of_replicated_state_and_the_slices_rebuild_i
     finally:
         for store in stores:
             store.close()
+
+
+def test_scatter_puts_streamed_parts_back_in_place_and_refuses_extra_bytes() -> None:
+    target = bytearray(20)
+    _scatter([memoryview(b"abc"), memoryview(b"defgh")], [(0, 2), (10, 16)], memoryview(target))
+    assert bytes(target) == b"ab" + bytes(8) + b"cdefgh" + bytes(4)
+    with pytest.raises(ValueError, match="more bytes"):
+        _scatter([memoryview(b"abcd")], [(0, 2)], memoryview(bytearray(4)))
