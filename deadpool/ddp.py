@@ -59,8 +59,7 @@ class Bucket:
 
     @classmethod
     def of(cls, params: list[nn.Parameter]) -> Bucket:
-        flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
-        bucket = cls(params, flat)
+        bucket = cls(params, torch.empty(0, dtype=params[0].dtype, device=params[0].device))
         bucket.renew()
         return bucket
 
@@ -71,7 +70,7 @@ class Bucket:
 
     def renew(self) -> None:
         """A fresh buffer: an abandoned all-reduce may still complete into the old one later."""
-        self.flat = torch.zeros_like(self.flat)
+        self.flat = torch.zeros(sum(p.numel() for p in self.params), dtype=self.flat.dtype, device=self.flat.device)
         self.views, offset = [], 0
         for param in self.params:
             self.views.append(self.flat[offset : offset + param.numel()].view_as(param))
@@ -119,7 +118,7 @@ class DataParallel(nn.Module):
         self._buckets = [Bucket.of(group) for group in plan_buckets(params, int(bucket_mb * (1 << 20)))]
         self._bucket_of = {id(p): bucket for bucket in self._buckets for p in bucket.params}
         self._next = 0  # the next bucket to issue: buckets are issued in order on every seat
-        self._queued = False
+        self._backward = -1  # autograd's id of the backward in progress (-1: none)
         self._abandoned = False  # this backward's step is poisoned: nothing more is issued
         for param in params:
             param.register_post_accumulate_grad_hook(self._on_grad_ready)  # type: ignore[no-untyped-call]
@@ -133,8 +132,10 @@ class DataParallel(nn.Module):
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         self._runtime._chaos_point("backward")
-        if not self._queued:
-            self._queued = True
+        backward = torch._C._current_graph_task_id()
+        if backward != self._backward:  # the first gradient of this backward
+            self._backward = backward
+            self._reset()  # in case the previous backward raised before its end
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         self._bucket_of[id(param)].ready += 1
         while self._next < len(self._buckets) and self._buckets[self._next].full:
@@ -159,7 +160,7 @@ class DataParallel(nn.Module):
             self._abandoned = True
 
     def _end_of_backward(self) -> None:
-        self._queued = False
+        self._backward = -1
         while self._next < len(self._buckets):
             self._issue(self._buckets[self._next])  # parameters that got no gradient in this backward
         works = [b.work for b in self._buckets if b.work is not None]
@@ -170,11 +171,15 @@ class DataParallel(nn.Module):
                 for param, view in zip(bucket.params, bucket.views, strict=True):
                     if not bucket.aliases(param.grad):
                         param.grad = view
-        else:
             for bucket in self._buckets:
-                if bucket.work is not None:
-                    self._sever(bucket)
+                bucket.work = None
+        self._reset()
+
+    def _reset(self) -> None:
+        """Ready for the next backward; a bucket still holding an all-reduce was abandoned."""
         for bucket in self._buckets:
+            if bucket.work is not None:
+                self._sever(bucket)
             bucket.ready, bucket.work = 0, None
         self._next, self._abandoned = 0, False
 

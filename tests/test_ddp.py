@@ -129,3 +129,28 @@ def test_abandoned_all_reduce_renews_buffers_and_leaves_no_alias() -> None:
 def test_bad_bucket_size_is_refused() -> None:
     with pytest.raises(ValueError, match="bucket_mb"):
         DataParallel(model(), FakeRuntime(), bucket_mb=0)  # type: ignore[arg-type]
+
+
+def test_a_backward_that_raised_does_not_break_the_next_one() -> None:
+    x = torch.randn(16, 64)
+    rt = FakeRuntime()
+    ddp = DataParallel(model(), rt, bucket_mb=0.1)  # type: ignore[arg-type]
+
+    def boom(_: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("boom")
+
+    early = ddp.module[0].weight.sum() * 0  # made first, so autograd reaches it last
+    handle = early.register_hook(boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        (ddp(x).square().mean() + early).backward()
+    handle.remove()
+    assert "grad" in rt.log, "a gradient hook ran before the backward raised"
+    rt.flats.clear()
+    rt.log.clear()
+    for param in ddp.module.parameters():
+        param.grad = None
+    ddp(x).square().mean().backward()
+    assert rt.log[-1] == "await", "the next backward must end with the all-reduces awaited"
+    assert sum(e.startswith("issue") for e in rt.log) == len(ddp.buckets)
+    for param, want in zip(ddp.module.parameters(), reference_grads(x), strict=True):
+        assert torch.equal(param.grad, want)  # type: ignore[arg-type]
