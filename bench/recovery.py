@@ -106,7 +106,10 @@ def _timeline_from(result: dict[str, Any], workdir: Path) -> None:
             participants[key] = max(participants.get(key, 0), int(record.get("participants", WORLD)))
         elif record.get("event") == "killing":
             kills.append(float(record["ts"]))
-    steps = sorted((max(ts), key[1]) for key, ts in finished.items() if len(ts) >= min(WORLD, participants[key]))
+    # A step counts when as many ranks as committed it together have finished it; a TorchFT replica that
+    # rejoins later reports its own first steps again (step 0 seconds after the others), which does not count.
+    steps = sorted((sorted(ts)[needed - 1], key[1]) for key, ts in finished.items()
+                   if len(ts) >= (needed := min(WORLD, participants[key])))
     if steps:
         result["timeline"] = [(round(ts - steps[0][0], 3), step) for ts, step in steps]
         if kills:
