@@ -171,8 +171,7 @@ class DataParallel(nn.Module):
                 for param, view in zip(bucket.params, bucket.views, strict=True):
                     if not bucket.aliases(param.grad):
                         param.grad = view
-            for bucket in self._buckets:
-                bucket.work = None
+                bucket.work = None  # completed: nothing for _reset to sever
         self._reset()
 
     def _reset(self) -> None:

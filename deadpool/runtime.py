@@ -62,7 +62,7 @@ from deadpool.messages import (
 from deadpool.runtime_thread import RuntimeThread
 from deadpool.snapshot import Slot, SnapshotStore
 from deadpool.snapshot_actor import Fetch, LocalReady
-from deadpool.statetree import Manifest, flatten, materialize, replicated_slice
+from deadpool.statetree import Manifest, flatten, held_ranges, materialize, replicated_slice
 from deadpool.view import View
 
 log = logging.getLogger("deadpool")
@@ -687,14 +687,11 @@ class Runtime:
         # The buddy sends the whole arena (a mapped slot) or what the snapshot holds (Slot.held): the
         # seat's own state, then its slice of the replicated region, which the gather completes.
         total = sum(len(frame) for frame in frames)
-        places = [(0, manifest.nbytes)]
-        if total != manifest.nbytes and manifest.replicated and view.world_size > 1:
-            first, last = replicated_slice(manifest, seat, view.world_size)
-            places = [(0, manifest.replicated_at), (first, last)]
+        places = [(0, manifest.nbytes)] if total == manifest.nbytes else held_ranges(manifest, seat, view.world_size)
         if total != sum(end - start for start, end in places):
             raise LookupError(f"seat {seat}'s snapshot from {source}: {total} bytes fit neither its arena "
                               f"({manifest.nbytes}) nor its own state and slice")
-        _scatter(frames, [(start, end) for start, end in places if end > start], arena_bytes)
+        _scatter(frames, places, arena_bytes)
         return manifest, arena
 
     def _retire_group(self) -> None:
@@ -749,7 +746,7 @@ class Runtime:
 
 
 def _scatter(frames: list[memoryview], places: list[tuple[int, int]], target: memoryview) -> None:
-    """Copy the bytes of `frames`, in order, into the `places` (byte ranges) of `target`, in order."""
+    """Copy the bytes of `frames`, in order, into the `places` (non-empty byte ranges) of `target`, in order."""
     ranges = iter(places)
     position, end = next(ranges, (0, 0))
     for frame in frames:

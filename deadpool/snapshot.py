@@ -36,7 +36,7 @@ import torch
 
 from deadpool import shm
 from deadpool.errors import WaitTimeout
-from deadpool.statetree import Manifest, TensorSpec, flatten, layout, materialize, replicated_slice, view_tensor
+from deadpool.statetree import Manifest, TensorSpec, flatten, held_ranges, layout, replicated_slice, view_tensor
 
 log = logging.getLogger("deadpool.snapshot")
 
@@ -66,12 +66,8 @@ class Slot:
         """The bytes this snapshot holds (zero-copy), for streaming to the buddy: the whole arena, or,
         with a replicated region, the seat's own state followed by its slice of the region."""
         whole = self.payload()
-        manifest = self.manifest
-        assert manifest is not None
-        if not manifest.replicated or world < 2:
-            return [whole]
-        first, last = replicated_slice(manifest, seat, world)
-        return [whole[: manifest.replicated_at], whole[first:last]]
+        assert self.manifest is not None
+        return [whole[start:end] for start, end in held_ranges(self.manifest, seat, world)]
 
 
 def on_accelerator(tensors: list[torch.Tensor]) -> bool:
@@ -337,11 +333,6 @@ class SnapshotStore:
 
     def memory_bytes(self) -> int:
         return sum(slot.arena.numel() for slot in self._slots if slot.arena is not None)
-
-    def restore_state(self, slot: Slot) -> Any:
-        """The snapshot's state with freshly cloned tensors (safe to load into live objects)."""
-        assert slot.arena is not None and slot.manifest is not None
-        return materialize(slot.manifest, slot.arena)
 
     @staticmethod
     def restore_arena(slot: Slot) -> tuple[Manifest, torch.Tensor]:

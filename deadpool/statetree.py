@@ -249,21 +249,22 @@ def layout(
     aligned slices (see ``replicated_slice``).
     """
     flags = list(replicated) or [False] * len(tensors)
-    specs: list[TensorSpec | None] = [None] * len(tensors)
+    specs: dict[int, TensorSpec] = {}
     offset = 0
-    for wanted in (False, True):
-        if wanted:
-            region_start = offset
-        for index, tensor in enumerate(tensors):
-            if flags[index] != wanted:
-                continue
+
+    def place(indices: list[int]) -> None:
+        nonlocal offset
+        for index in indices:
+            tensor = tensors[index]
             nbytes = tensor.numel() * tensor.element_size()
             specs[index] = TensorSpec(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes)
             offset += _align(nbytes)
-    region = offset - region_start
-    if region:
-        region = _align(-(-region // world)) * world
-    return Manifest(skeleton, tuple(s for s in specs if s is not None), region_start + region, region)
+
+    place([i for i, flag in enumerate(flags) if not flag])
+    region_start = offset
+    place([i for i, flag in enumerate(flags) if flag])
+    region = _align(-(-(offset - region_start) // world)) * world if offset > region_start else 0
+    return Manifest(skeleton, tuple(specs[i] for i in range(len(tensors))), region_start + region, region)
 
 
 def replicated_slice(manifest: Manifest, seat: int, world: int) -> tuple[int, int]:
@@ -271,6 +272,16 @@ def replicated_slice(manifest: Manifest, seat: int, world: int) -> tuple[int, in
     chunk = manifest.replicated // world
     start = manifest.replicated_at + seat * chunk
     return start, start + chunk
+
+
+def held_ranges(manifest: Manifest, seat: int, world: int) -> list[tuple[int, int]]:
+    """The arena byte ranges `seat`'s snapshot holds, in order: all of it, or, with a replicated
+    region, the seat's own state and then its slice of the region (empty ranges left out).
+    What a buddy is streamed, and where a restore puts those bytes back."""
+    if not manifest.replicated or world < 2:
+        return [(0, manifest.nbytes)]
+    ranges = [(0, manifest.replicated_at), replicated_slice(manifest, seat, world)]
+    return [(start, end) for start, end in ranges if end > start]
 
 
 def view_tensor(arena: torch.Tensor, spec: TensorSpec) -> torch.Tensor:

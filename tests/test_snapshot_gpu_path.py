@@ -16,6 +16,7 @@ import torch
 
 from deadpool import snapshot
 from deadpool.snapshot import SnapshotStore
+from deadpool.statetree import materialize
 
 
 class Recorder:
@@ -96,7 +97,7 @@ def test_gpu_path_orders_stream_copies_and_event(fake_cuda: Recorder) -> None:
         assert completed == [3]
         slot = store.find(3)
         assert slot is not None and slot.pinned
-        restored = store.restore_state(slot)
+        restored = materialize(*store.restore_arena(slot))
         assert torch.equal(restored["w"], weights) and torch.equal(restored["m"], moments)
     finally:
         store.close()

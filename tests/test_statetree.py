@@ -156,7 +156,7 @@ def test_store_copies_in_background_and_keeps_two() -> None:
         assert store.complete_steps() == [1, 2]
         slot = store.find(2)
         assert slot is not None
-        restored = store.restore_state(slot)
+        restored = materialize(*store.restore_arena(slot))
         assert torch.equal(restored["w"], weights)
         assert restored["w"].data_ptr() != weights.data_ptr(), "restores are clones, never views of the arena"
         assert ready == [0, 1, 2]
