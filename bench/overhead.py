@@ -122,6 +122,8 @@ class Row:
     wall_s: float = 0.0
     runs: list[float] = field(default_factory=list)
     threads_cpu_s_per_step: dict[str, float] = field(default_factory=dict)  # all ranks, by thread name
+    device: str = "cpu"  # where the model trained (rank 0's device)
+    gpu: str = ""  # the GPU's name on a --device cuda run
 
 
 def free_port() -> int:
@@ -244,7 +246,7 @@ def _run_group(commands: list[tuple[list[str], dict[str, str]]], log: Path, time
 
 
 def run_system(system: System, size: str, steps: int, warmup: int, per_step_s: float, work: Path,
-               verbose: bool, quiet_wait_s: float = 0.0) -> tuple[dict[str, Any], float, float]:
+               verbose: bool, quiet_wait_s: float = 0.0, device: str = "cpu") -> tuple[dict[str, Any], float, float]:
     """One row's run: returns rank 0's result, the wall seconds, and the foreign CPU fraction.
 
     Raises:
@@ -254,7 +256,8 @@ def run_system(system: System, size: str, steps: int, warmup: int, per_step_s: f
     out = run_dir / "result.json"
     log = run_dir / "log.txt"
     worker_args = [str(WORKER), "--mode", system.mode, "--size", size, "--steps", str(steps),
-                   "--warmup", str(warmup), "--out", str(out), "--ckpt-dir", str(run_dir / "ckpt")]
+                   "--warmup", str(warmup), "--out", str(out), "--ckpt-dir", str(run_dir / "ckpt"),
+                   "--device", device]
     if system.mode == "deadpool":
         launch = [sys.executable, "-m", "deadpool.cli", "launch", "--nproc", str(WORLD), "--spares", "0",
                   "--events", str(run_dir / "events.jsonl"), "--snapshot-every", str(system.snapshot_every),
@@ -303,7 +306,7 @@ def _p99(values: list[float]) -> float:
 
 
 def measure(systems: list[System], sizes: list[str], table: dict[str, tuple[int, int, float]], repeat: int,
-            verbose: bool, work: Path, quiet_wait_s: float = 0.0) -> list[Row]:
+            verbose: bool, work: Path, quiet_wait_s: float = 0.0, device: str = "cpu") -> list[Row]:
     """Every system at every size, `repeat` rounds each (median of the per-round medians)."""
     rows: list[Row] = []
     for size in sizes:
@@ -312,7 +315,7 @@ def measure(systems: list[System], sizes: list[str], table: dict[str, tuple[int,
         for _ in range(repeat):
             for system in systems:  # interleaved rounds: slow drifts of a shared host hit every row alike
                 collected[system.name].append(run_system(system, size, steps, warmup, per_step, work, verbose,
-                                                                     quiet_wait_s))
+                                                         quiet_wait_s, device))
         size_rows = []
         for system in systems:
             runs = collected[system.name]
@@ -332,6 +335,7 @@ def measure(systems: list[System], sizes: list[str], table: dict[str, tuple[int,
                 cpu_s_per_step=statistics.median(r["cpu_s_per_step"] for r, _, _ in runs),
                 foreign_cpu=max(f for _, _, f in runs),
                 threads_cpu_s_per_step=first.get("threads_cpu_s_per_step", {}), wall_s=sum(w for _, w, _ in runs), runs=medians,
+                device=str(first.get("device", device)), gpu=str(first.get("gpu", "")),
             ))
         # The ratio's baseline is plain DDP; a run without it (--systems) compares to its first row.
         base_row = next((r for r in size_rows if r.mode == "ddp"), size_rows[0])
@@ -367,9 +371,13 @@ def render(rows: list[Row], elapsed: float, repeat: int) -> str:
             f"{row.cpu_ratio:9.3f} {row.foreign_cpu:11.0%}"
         )
     steps = ", ".join(f"{size}: {rows_of[0].steps} measured steps" for size, rows_of in _by_size(rows).items())
-    gpu = "a CUDA device was present" if torch.cuda.is_available() else \
-        "no GPU in this run: CPU only, 4 ranks on gloo over 127.0.0.1; DeadPool's GPU path (side stream into " \
-        "pinned memory) was not measured"
+    gpus = sorted({row.gpu for row in rows if row.gpu})
+    if gpus:
+        gpu = f"on the GPU ({', '.join(gpus)}): all {WORLD} ranks share it, gloo carries the all-reduce of CUDA " \
+              "tensors through host memory, DeadPool copies snapshots on a side stream into pinned memory"
+    else:
+        gpu = f"no GPU in this run: CPU only, {WORLD} ranks on gloo over 127.0.0.1; DeadPool's GPU path (side " \
+              "stream into pinned memory) was not measured"
     lines += [
         "",
         f"Notes: {WORLD} ranks, {os.cpu_count()} CPUs, torch {torch.__version__}, one intra-op thread per rank; "
@@ -425,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet-wait", type=float, default=30.0,
                         help="before each row, wait up to this many seconds for other processes to leave the "
                              "CPUs idle (a shared host); 0: never wait")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where every row trains (cuda: one GPU per LOCAL_RANK %% GPU count; gloo all-reduce)")
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list of objects")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, results, events)")
     args = parser.parse_args(argv)
@@ -446,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     try:
         rows = measure(systems, sizes, table, max(1, args.repeat), verbose=not args.json, work=work,
-                       quiet_wait_s=args.quiet_wait)
+                       quiet_wait_s=args.quiet_wait, device=args.device)
     except RuntimeError as err:
         print(f"overhead benchmark failed: {err} (work directory {work} kept)", file=sys.stderr)
         return 1

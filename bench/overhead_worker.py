@@ -42,7 +42,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "demos"))
 
-from gpt import build_model, count_parameters, get_batch, load_corpus, lr_lambda  # noqa: E402
+from gpt import build_model, count_parameters, get_batch, load_corpus, lr_lambda, pick_device  # noqa: E402
 
 MODES = ("ddp", "deadpool", "torch_save", "dcp_save", "dcp_async_save")
 PG_TIMEOUT_S = 120.0  # bounds every collective and the rendezvous of the non-DeadPool modes
@@ -59,6 +59,8 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--block", type=int, default=64, help="context length (the demo's)")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: GPU LOCAL_RANK %% device count (gloo still carries the all-reduce)")
     parser.add_argument("--ckpt-dir", default="", help="where checkpoints go (shared by all ranks; the caller removes it)")
     parser.add_argument("--out", required=True, help="JSON result file, written by rank 0")
     return parser.parse_args()
@@ -198,7 +200,8 @@ class CpuClock:
 def _train_step(step: int, rank: int, args: argparse.Namespace, corpus: torch.Tensor, ddp: torch.nn.Module,
                 optimizer: torch.optim.Optimizer, scheduler: Any) -> float:
     """The demo's step body (demos/train_gpt.py), unchanged; returns the loss."""
-    inputs, targets = get_batch(corpus, step, rank, args.batch, args.block, args.seed)
+    inputs, targets = (t.to(args.torch_device) for t in get_batch(corpus, step, rank, args.batch, args.block,
+                                                                    args.seed))
     _, loss = ddp(inputs, targets)
     loss.backward()
     optimizer.step()
@@ -214,7 +217,8 @@ def _summary(args: argparse.Namespace, starts: list[float], bodies: list[float],
         "mode": args.mode, "size": args.size, "params": params, "world_size": world,
         "warmup": args.warmup, "steps": args.steps,
         "snapshot_every": int(os.environ.get("DEADPOOL_SNAPSHOT_EVERY", "0") or 0),
-        "threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(),
+        "threads": torch.get_num_threads(), "device": str(args.torch_device),
+        "gpu": torch.cuda.get_device_name(args.torch_device) if args.torch_device.type == "cuda" else "",
         "step_s": periods, "body_s": bodies[: len(periods)], "loss": losses,
     }
 
@@ -226,7 +230,7 @@ def run_deadpool(args: argparse.Namespace) -> None:
     total = args.warmup + args.steps + 1
     rt = deadpool.init()
     corpus = load_corpus()
-    model = build_model(args.size, seed=args.seed)
+    model = build_model(args.size, seed=args.seed).to(args.torch_device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup=10, total=total))
     torch.manual_seed(args.seed + 1000 + max(0, int(os.environ.get("RANK", "0"))))
@@ -266,8 +270,9 @@ def run_torch(args: argparse.Namespace) -> None:
                                          timeout=timedelta(seconds=PG_TIMEOUT_S))
     total = args.warmup + args.steps + 1
     corpus = load_corpus()
-    model = build_model(args.size, seed=args.seed)
-    ddp = DistributedDataParallel(model)
+    model = build_model(args.size, seed=args.seed).to(args.torch_device)
+    on_gpu = args.torch_device.type == "cuda"
+    ddp = DistributedDataParallel(model, device_ids=[args.torch_device.index] if on_gpu else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup=10, total=total))
     torch.manual_seed(args.seed + 1000 + rank)
@@ -309,6 +314,7 @@ def run_torch(args: argparse.Namespace) -> None:
 def main() -> None:
     args = _parse()
     torch.set_num_threads(1)  # the demo's setting: one intra-op thread per worker
+    args.torch_device = pick_device(args.device)
     if args.mode == "deadpool":
         run_deadpool(args)
     else:

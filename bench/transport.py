@@ -147,7 +147,8 @@ async def control_rates(scheme: str, secret: bytes | None, messages: int, reps: 
     async def round_trip(count: int) -> float:
         async def produce() -> None:
             for step in range(count):
-                heartbeat = Heartbeat("bench-host:4242:5f3a", 7, step, step - 1, step - 2, 0.0021)
+                heartbeat = Heartbeat("bench-host:4242:5f3a", 7, step, step - 1, step - 2, 0.0021,
+                                      "tcp://10.0.3.17:41234")
                 await sender.send(receiver.address, [encode(heartbeat, secret)], SEND_TIMEOUT)
 
         async def consume() -> None:

@@ -7,16 +7,20 @@ seat: ``DIR/step-K/seat-S``), so the write runs in a background thread after a
 short staging copy.  A ``COMPLETE`` marker is written when the save finished;
 only marked checkpoints count, and the two newest complete steps are kept.
 
-The non-tensor state (the snapshot manifest: structure, RNG states, scheduler
-and optimizer settings) is written next to the tensors as msgpack, never
-pickle.  Restore rebuilds empty tensors from the manifest, lets DCP fill them
-in place; the runtime gathers the replicated slices and unflattens: the result is
-bit-identical to the snapshot.
+What is written is what the snapshot holds, as its arena packs it: the seat's
+own state and its slice of the replicated region, one flat byte tensor.  The
+non-tensor state (the snapshot manifest: structure, RNG states, scheduler and
+optimizer settings) is written next to it as msgpack, never pickle, and the
+seat and world size that say which slice it is as JSON.  Restore lets DCP fill
+a byte tensor in place and puts it back at the manifest's offsets; the runtime
+gathers the replicated slices and unflattens: the result is bit-identical to
+the snapshot.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import re
 import shutil
@@ -26,11 +30,12 @@ from typing import Any
 import torch
 
 from deadpool.snapshot import Slot
-from deadpool.statetree import Manifest, view_tensor
+from deadpool.statetree import Manifest, expand, held_nbytes, view_tensor
 
 log = logging.getLogger("deadpool.checkpoint")
 
 MANIFEST = "deadpool-manifest.msgpack"
+HELD = "deadpool-held.json"  # the seat and world size the snapshot was captured in
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(-?\d+)$")
 
@@ -78,10 +83,10 @@ class DiskCheckpointer:
         target = step_dir(self.root, slot.step) / f"seat-{seat}"
         target.mkdir(parents=True, exist_ok=True)
         (target / MANIFEST).write_bytes(slot.manifest.encode())
-        tensors = {str(i): view_tensor(slot.arena, spec) for i, spec in enumerate(slot.manifest.tensors)}
+        (target / HELD).write_text(json.dumps({"seat": slot.seat, "world": slot.world}))
         from torch.distributed.checkpoint.state_dict_saver import async_save
 
-        future = async_save({"tensors": tensors}, checkpoint_id=str(target), no_dist=True)
+        future = async_save({"held": slot.arena[: slot.nbytes]}, checkpoint_id=str(target), no_dist=True)
         self._pending = self._executor.submit(self._finish, future, target, slot.step)
         return True
 
@@ -115,9 +120,40 @@ def load(root: str, step: int, seat: int) -> tuple[Manifest, torch.Tensor]:
     if not (target / COMPLETE).exists():
         raise LookupError(f"no complete disk checkpoint of step {step} for seat {seat} under {root}")
     manifest = Manifest.decode((target / MANIFEST).read_bytes(), max_nbytes=1 << 40)
-    arena = torch.empty(max(manifest.nbytes, 1), dtype=torch.uint8)
-    tensors = {str(i): view_tensor(arena, spec) for i, spec in enumerate(manifest.tensors)}
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    dcp_load({"tensors": tensors}, checkpoint_id=str(target), no_dist=True)
-    return manifest, arena
+    if not (target / HELD).exists():  # written before arenas were packed: one tensor per manifest entry
+        arena = torch.empty(max(manifest.nbytes, 1), dtype=torch.uint8)
+        tensors = {str(i): view_tensor(arena, spec) for i, spec in enumerate(manifest.tensors)}
+        dcp_load({"tensors": tensors}, checkpoint_id=str(target), no_dist=True)
+        return manifest, arena
+    written_seat, world = _held_layout(target / HELD)
+    if written_seat != seat or (manifest.replicated and manifest.replicated % world):
+        raise LookupError(f"disk checkpoint {target}: written by seat {written_seat} of {world}, "
+                          f"which does not fit seat {seat} and its manifest")
+    expected = held_nbytes(manifest, seat, world)
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    written = getattr(FileSystemReader(str(target)).read_metadata().state_dict_metadata.get("held"), "size", None)
+    if written != torch.Size([expected]):
+        raise LookupError(f"disk checkpoint {target}: holds {written} bytes where seat {seat} of {world} "
+                          f"holds {expected}")
+    held = torch.empty(expected, dtype=torch.uint8)
+    dcp_load({"held": held}, checkpoint_id=str(target), no_dist=True)
+    return manifest, expand(manifest, [held.numpy().data.cast("B")], seat, world)
+
+
+def _held_layout(path: Path) -> tuple[int, int]:
+    """(seat, world size) from a checkpoint's held-layout file.
+
+    Raises:
+        LookupError: the file is not a JSON object with a seat in 0..world-1 and a world size of at least 1.
+    """
+    try:
+        layout = json.loads(path.read_text())
+        seat, world = layout["seat"], layout["world"]
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise LookupError(f"unreadable {path}: {err}") from err
+    if not (isinstance(seat, int) and isinstance(world, int) and 0 <= seat < world):
+        raise LookupError(f"{path}: seat {seat!r} and world size {world!r} are not a seat of a job")
+    return seat, world

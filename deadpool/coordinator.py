@@ -60,6 +60,7 @@ from deadpool.messages import (
     PrepareAck,
     ProcessExited,
     Recovered,
+    Rejoin,
     SignalMember,
     StatusReply,
     StatusRequest,
@@ -74,9 +75,11 @@ from deadpool.view import View
 log = logging.getLogger("deadpool.coordinator")
 
 MAX_BLIND_REBUILDS = 3  # rebuilds that fix nothing, in a row, before the job is failed with a reason
-RATE_PER_S = 200.0  # sustained messages per member per second (heartbeats are 10/s)
+RATE_PER_S = 200.0  # sustained messages per member per second (heartbeats are 4/s)
 RATE_BURST = 400.0  # short bursts allowed above that (a swap's acks and reports)
 
+REJOIN_ASK_INTERVAL_S = 1.0  # a member we cannot reach is asked for its Join at most this often
+MAX_REJOIN_ASKS = 4096  # members remembered as asked, before the memory is cleared
 RECENT_EVENTS = 20  # events kept for `deadpool status`
 
 if TYPE_CHECKING:
@@ -174,6 +177,7 @@ class Coordinator:
         self._buckets: dict[str, tuple[float, float]] = {}  # member -> (tokens, last refill)
         self._blind_rebuilds = 0  # rebuilds with nobody dead since the last finished step (bounded)
         self._rate_limited: dict[str, int] = {}
+        self._rejoin_asked: dict[str, float] = {}  # member -> when we last sent it a Rejoin
         # A restarted coordinator knows nobody: it learns the view from the members (highest epoch wins)
         # instead of forming a first view, until this deadline passes with no member holding a view.
         self._recovering = recovering
@@ -186,7 +190,9 @@ class Coordinator:
 
     async def serve(self) -> tuple[bool, str]:
         """Handle messages and time until the job ends; sends run as tasks owned here."""
-        tick = min(0.05, self._config.heartbeat_interval / 2)
+        # Silence is judged to a tenth of failure_timeout (0.2 s by default): the periodic checks are about
+        # timeouts of seconds, and everything else here is driven by messages, not by this tick.
+        tick = min(self._config.heartbeat_interval, self._config.failure_timeout / 10)
         async with asyncio.TaskGroup() as senders:
             self._senders = senders
             while not self._done.is_set():
@@ -287,6 +293,8 @@ class Coordinator:
             sender = getattr(message, "sender", None)
             if not isinstance(sender, str) or sender not in self.members:
                 self.events.emit("rejected", reason="unknown_peer", detail=f"{type(message).__name__} from {sender}")
+                if isinstance(message, Heartbeat):
+                    await self._ask_to_rejoin(message, now)
                 return
             if sender in self.fenced:
                 self.events.emit("rejected", reason="fenced_peer", peer=sender, kind=type(message).__name__)
@@ -316,6 +324,8 @@ class Coordinator:
     async def _on_member_message(self, message: Message, sender: str, now: float) -> None:
         record = self.members[sender]
         if isinstance(message, Heartbeat):
+            if not record.control_addr:
+                await self._ask_to_rejoin(message, now)  # known only from a reported view
             record.step, record.epoch = message.step, message.epoch
             record.snapshot_step, record.confirmed_step = message.snapshot_step, message.confirmed_step
             record.stall_p99_s = message.stall_p99_s
@@ -373,6 +383,20 @@ class Coordinator:
                 await self._maybe_first_view()
         elif not self.view.contains(join.sender):
             await self._add_spare(join.sender)
+
+    async def _ask_to_rejoin(self, beat: Heartbeat, now: float) -> None:
+        """A member we cannot reach is alive: ask it for its Join (once a second, not every beat).
+
+        After a restart on the same address a member's heartbeats may never have failed, so it
+        does not know to re-join; without its Join a Prepare could not reach it (prepare_timeout).
+        """
+        if not beat.control_addr or now - self._rejoin_asked.get(beat.sender, -1e9) < REJOIN_ASK_INTERVAL_S:
+            return
+        if len(self._rejoin_asked) >= MAX_REJOIN_ASKS:
+            self._rejoin_asked.clear()  # bounded: strangers cannot grow it
+        self._rejoin_asked[beat.sender] = now
+        self.events.emit("rejoin_asked", member=beat.sender)
+        await self._send(beat.control_addr, Rejoin(self.view.epoch if self.view else 0, beat.sender))
 
     def _adopt_reported_view(self, report: ViewReport) -> None:
         """After a restart: take the highest-epoch view any member holds, as it is (no new epoch)."""

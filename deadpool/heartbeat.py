@@ -42,8 +42,10 @@ class HeartbeatActor:
         progress: Progress,
         interval: float,
         secret: bytes | None,
+        control_addr: str,
     ) -> None:
         self._member = member
+        self._control_addr = control_addr
         self._coordinator = coordinator
         self._transport = transport
         self._progress = progress
@@ -53,10 +55,6 @@ class HeartbeatActor:
         self.joined = asyncio.Event()  # set by the membership actor on Welcome: beats before that are noise
         self.reconnected = asyncio.Event()  # set after an outage: the coordinator may have restarted
 
-    def retarget(self, coordinator: str) -> None:
-        """Send to a restarted coordinator from now on."""
-        self._coordinator = coordinator
-
     async def run(self) -> None:
         await self.joined.wait()
         outage = False
@@ -65,7 +63,7 @@ class HeartbeatActor:
             p = self._progress
             fields = (p.epoch, p.step, p.snapshot_step, p.confirmed_step, p.stall_p99_s)
             if last is None or last[0] != fields:  # progress moves once per step; beats come several times a step
-                last = (fields, codec.encode(Heartbeat(self._member, *fields), self._secret))
+                last = (fields, codec.encode(Heartbeat(self._member, *fields, self._control_addr), self._secret))
             try:
                 await self._transport.send(self._coordinator, [last[1]], self._interval)
                 self.sent += 1

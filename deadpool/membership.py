@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from deadpool import codec
 from deadpool.events import EventLog
 from deadpool.handoff import Handoff
-from deadpool.messages import CommitView, Fenced, Join, Message, Prepare, Stop, ViewReport, Welcome
+from deadpool.messages import CommitView, Fenced, Join, Message, Prepare, Rejoin, Stop, ViewReport, Welcome
 from deadpool.transport import Transport, TransportError
 from deadpool.view import View
 
@@ -156,6 +156,13 @@ class MembershipActor:
             self._handoff.deliver(message)
         elif isinstance(message, Stop):
             self._handoff.deliver(message)
+        elif isinstance(message, Rejoin):
+            if message.member != self._member:
+                self._events.emit("rejected", reason="misaddressed", detail=f"rejoin for {message.member}")
+                return
+            if self._join is not None:
+                log.info("the coordinator (epoch %d) does not know us: joining again", message.epoch)
+                await self._send(self._join)  # its Welcome then makes us report our view
         elif isinstance(message, Welcome):
             self._joined.set()
             if self.view is not None and message.epoch < self.view.epoch:

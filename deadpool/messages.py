@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from deadpool.view import View
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Heartbeat carries control_addr; Rejoin added
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,7 @@ class Heartbeat:
     snapshot_step: int  # newest complete local snapshot (-2 if none)
     confirmed_step: int  # newest snapshot the buddy has confirmed (-2 if none)
     stall_p99_s: float  # p99 of the pre-step snapshot stall over recent steps
+    control_addr: str  # where a coordinator that does not know this member (a restarted one) asks it to re-join
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +306,19 @@ class ViewReport:
     view: View | None  # the newest view this member adopted, if any
 
 
+@dataclass(frozen=True, slots=True)
+class Rejoin:
+    """A coordinator heard a heartbeat from a member it cannot reach: send your Join again.
+
+    A restarted coordinator learns members from their Joins, but a member rejoins on its
+    own only after a heartbeat failed to send, and a restart on the same address can be
+    quick enough that none does.  The heartbeat's control address lets the coordinator ask.
+    """
+
+    epoch: int  # the coordinator's current epoch
+    member: str  # the member asked to re-join
+
+
 Message = (
     Join
     | Heartbeat
@@ -333,6 +347,7 @@ Message = (
     | SignalMember
     | HeartbeatBatch
     | ViewReport
+    | Rejoin
 )
 
 # Append-only: a tag, once given, is never reused or renumbered.
@@ -364,5 +379,6 @@ REGISTRY: dict[int, type[Message]] = {
     25: HeartbeatBatch,
     26: SignalMember,
     27: ViewReport,
+    28: Rejoin,
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}

@@ -62,7 +62,7 @@ from deadpool.messages import (
 from deadpool.runtime_thread import RuntimeThread
 from deadpool.snapshot import Slot, SnapshotStore
 from deadpool.snapshot_actor import Fetch, LocalReady
-from deadpool.statetree import Manifest, flatten, held_ranges, materialize, replicated_slice
+from deadpool.statetree import Manifest, expand, flatten, materialize, replicated_slice
 from deadpool.view import View
 
 log = logging.getLogger("deadpool")
@@ -254,9 +254,9 @@ class Runtime:
             "stall_s": list(self._stalls),
             "stall_p50_s": stalls[len(stalls) // 2] if stalls else 0.0,
             "stall_p99_s": stalls[min(len(stalls) - 1, int(0.99 * len(stalls)))] if stalls else 0.0,
-            "snapshot_bytes": self._snapshots.bytes_per_snapshot,  # the arena: the whole state
+            "snapshot_bytes": self._snapshots.bytes_per_snapshot,  # the whole state
             "snapshot_copied_bytes": self._snapshots.bytes_copied_per_snapshot,  # own state + replicated slice
-            "own_snapshots_bytes": self._snapshots.memory_bytes(),
+            "own_snapshots_bytes": self._snapshots.memory_bytes(),  # both slots: each packs own state + slice
             "buddy_copies_bytes": held,  # copies in memory of this worker's own
             "buddy_copies_shared_bytes": shared,  # copies held as mappings of a same-host ward's slots: no extra memory
             "streamed_bytes": sent,
@@ -480,8 +480,8 @@ class Runtime:
         self.events.emit("collective_failed", epoch=self._epoch, rank=self.rank, step=self._step, error=str(err))
         self._handoff.post(CollectiveFailed(self.member, self._epoch, self._step, str(err)[:500]))
 
-    def _chaos_point(self, point: str) -> None:
-        spec = self._chaos.due(point, self._step)
+    def _chaos_point(self, point: str, step: int | None = None) -> None:
+        spec = self._chaos.due(point, self._step if step is None else step)
         if spec is None:
             return
         self.events.emit("chaos_injected", action=spec.action, at=point, spec=str(spec),
@@ -589,7 +589,11 @@ class Runtime:
         assert seat is not None
         first_view = self._view is None and view.resume_step == -1 and seat not in view.restore_from
         started = time.perf_counter()
-        self._chaos_point("recovery")
+        if not first_view:
+            # Keyed on the first step this member has not finished, not on the step in progress: a
+            # member may pause at the boundary before that step or inside it, depending on how fast
+            # the failure was reported, and the repair is for the same failure either way.
+            self._chaos_point("recovery", self._progress.step + 1)
         for shard in self._zero_shards:  # a spare takes the dead seat's partition before loading its shard
             shard.seat(seat, view.world_size, None)
         restored: tuple[Manifest, torch.Tensor] | None = None
@@ -682,17 +686,12 @@ class Runtime:
             raise CollectiveAborted("restore", "interrupted by a newer view")
         manifest, frames = future.result()
         self._fetch_s = time.perf_counter() - fetch_started
-        arena = torch.empty(max(manifest.nbytes, 1), dtype=torch.uint8)
-        arena_bytes = arena.numpy().data.cast("B")
-        # The buddy sends the whole arena (a mapped slot) or what the snapshot holds (Slot.held): the
-        # seat's own state, then its slice of the replicated region, which the gather completes.
-        total = sum(len(frame) for frame in frames)
-        places = [(0, manifest.nbytes)] if total == manifest.nbytes else held_ranges(manifest, seat, view.world_size)
-        if total != sum(end - start for start, end in places):
-            raise LookupError(f"seat {seat}'s snapshot from {source}: {total} bytes fit neither its arena "
-                              f"({manifest.nbytes}) nor its own state and slice")
-        _scatter(frames, places, arena_bytes)
-        return manifest, arena
+        try:
+            # What the snapshot holds: the seat's own state, then its slice of the replicated region,
+            # which the gather completes.
+            return manifest, expand(manifest, frames, seat, view.world_size)
+        except LookupError as err:
+            raise LookupError(f"{err} (from {source})") from err
 
     def _retire_group(self) -> None:
         """Set the current group aside without destroying it: destroying a group with an op in flight
@@ -743,22 +742,6 @@ class Runtime:
         self.events.close()
         _RUNTIME = None
         _FINISHED[0] = True
-
-
-def _scatter(frames: list[memoryview], places: list[tuple[int, int]], target: memoryview) -> None:
-    """Copy the bytes of `frames`, in order, into the `places` (non-empty byte ranges) of `target`, in order."""
-    ranges = iter(places)
-    position, end = next(ranges, (0, 0))
-    for frame in frames:
-        done = 0
-        while done < len(frame):
-            count = min(len(frame) - done, end - position)
-            if count <= 0:
-                raise ValueError("more bytes than places to put them")
-            target[position : position + count] = frame[done : done + count]
-            position, done = position + count, done + count
-            if position == end:
-                position, end = next(ranges, (end, end))
 
 
 def state_digest(state: Any) -> str:

@@ -127,7 +127,8 @@ class RuntimeThread:
             send_timeout=max(30.0, config.send_timeout), shm_dir=config.shm_dir,
         )
         heartbeat = HeartbeatActor(
-            self.member, self._coordinator, control, self._progress, config.heartbeat_interval, self._secret
+            self.member, self._coordinator, control, self._progress, config.heartbeat_interval, self._secret,
+            control.address,
         )
         membership = MembershipActor(
             self.member, self._coordinator, control, self._handoff, self._events, snapshots.inbox,

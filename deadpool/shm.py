@@ -37,6 +37,34 @@ def slot_path(shm_dir: str, member: str, pid: int, index: int) -> str:
     return os.path.join(os.path.normpath(shm_dir), f"{PREFIX}{_sanitized(member)}-{pid}-slot{index}")
 
 
+MEMORY_FILESYSTEMS = ("tmpfs", "hugetlbfs")
+
+
+def in_memory_filesystem(directory: str, mounts: str | None = None) -> bool:
+    """Whether `directory` lies on a memory filesystem (the deepest mount holding it, /proc/self/mounts).
+
+    Only pages of such files can be page-locked for a GPU's copies: Linux refuses long-term
+    writable pins of file-backed pages elsewhere.  False when the mount table cannot be read.
+    """
+    if mounts is None:
+        try:
+            with open("/proc/self/mounts") as table:
+                mounts = table.read()
+        except OSError:
+            return False
+    target = os.path.realpath(directory)
+    best, kind = "", ""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind in MEMORY_FILESYSTEMS
+
+
 def create(path: str, nbytes: int) -> mmap.mmap:
     """Create `path` (0600, never an existing file or a symlink), reserve `nbytes`, map it shared.
 

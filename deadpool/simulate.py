@@ -117,7 +117,7 @@ class SimConfig:
     members: int = 1024  # seats + spares
     failures: int = 4  # members that die during the run
     seed: int = 0  # everything random derives from this
-    heartbeat_interval: float = 0.1  # Config's default
+    heartbeat_interval: float = 0.1  # 2.5x Config's default rate: the load the scale figures were measured at
     duration: float = 10.0  # failures fall before this; the run then goes on (bounded) until all are resolved
     aggregate: bool = False  # host agents batch their members' heartbeats (HeartbeatBatch)
     tick: float = 0.01  # virtual time step; coordinator.tick() runs once per tick
@@ -300,7 +300,8 @@ class _Member:
             seated = self.seat is not None
             snapshot = step if seated else -2
             confirmed = max(self.restore_base, step - 1) if seated else -2
-            self.hb_key, self.hb_obj = (epoch, step), Heartbeat(self.member, epoch, step, snapshot, confirmed, 0.0)
+            self.hb_key, self.hb_obj = (epoch, step), Heartbeat(self.member, epoch, step, snapshot, confirmed, 0.0,
+                                                            self.control_addr)
             self.hb_frame = codec.encode(self.hb_obj)
         return self.hb_obj
 

@@ -9,18 +9,27 @@ thread.  Those copies overlap the next step's forward and backward; the
 optimizer pre-step hook waits for them before parameters change.  That wait
 is the only place snapshots can stall compute, and it is measured.
 
+State that is the same on every seat (``rt.ddp`` parameters, a plain
+optimizer's state for them) is sliced: each seat copies its own state and its
+1/world slice of that region, and its arena packs exactly those bytes
+(``statetree.held_ranges``), so a seat's snapshot memory, its buddy's copy
+and a disk checkpoint are each about 1/world of the state.  A restore puts
+the bytes back at the manifest's offsets and gathers the other slices.
+
 On CPU the copy thread uses numpy (one thread, releases the GIL, ~12 GB/s,
 and never competes for torch's intra-op pool).  On GPU the copy goes through
-a side CUDA stream into pinned host memory and an event marks it complete.
+a side CUDA stream into page-locked host memory and an event marks it complete.
 
-On CPU the arenas are files in a shared-memory directory when one is
-configured (``shm.py``): a buddy on the same host then maps the slot instead
-of receiving it over TCP.  Without one, or when the file cannot be made, the
-arena is ordinary anonymous memory and the buddy gets its copy over the wire.
+The arenas are files in a shared-memory directory when one is configured
+(``shm.py``; page-locked with ``cudaHostRegister`` on the GPU path): a buddy
+on the same host then maps the slot instead of receiving it over TCP.
+Without one, or when the file cannot be made, the arena is private memory
+(pinned on the GPU path) and the buddy gets its copy over the wire.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import os
@@ -36,7 +45,7 @@ import torch
 
 from deadpool import shm
 from deadpool.errors import WaitTimeout
-from deadpool.statetree import Manifest, TensorSpec, flatten, held_ranges, layout, replicated_slice, view_tensor
+from deadpool.statetree import Manifest, TensorSpec, expand, flatten, held_nbytes, layout, replicated_slice
 
 log = logging.getLogger("deadpool.snapshot")
 
@@ -49,25 +58,24 @@ class Slot:
     arena: torch.Tensor | None = None  # uint8, pinned when the state lives on a GPU
     manifest: Manifest | None = None
     step: int = -2  # -2: empty; -1: the initial state
+    seat: int = 0  # the seat and world size it was captured in: they say which slice it holds
+    world: int = 1
+    nbytes: int = 0  # bytes of the arena in use (what the snapshot holds)
     generation: str = ""  # process group generation (store prefix) the snapshot was taken in
     complete: bool = False
     pinned: bool = False  # page-locked host memory (the GPU path's copy target)
+    registered: bool = False  # page-locked by `page_lock` (a shared-memory slot): unlocked when released
     sequence: int = 0  # capture order: the newest of two snapshots of the same step is the higher one
     done: threading.Event = field(default_factory=threading.Event)
     shm_path: str = ""  # the shared-memory file the arena lives in ("" for anonymous or pinned memory)
     mapping: mmap.mmap | None = None  # the file's mapping, referenced for as long as the arena is
 
     def payload(self) -> memoryview:
-        """The arena's bytes (zero-copy)."""
-        assert self.arena is not None and self.manifest is not None
-        return self.arena.numpy().data.cast("B")[: self.manifest.nbytes]
-
-    def held(self, seat: int, world: int) -> list[memoryview]:
-        """The bytes this snapshot holds (zero-copy), for streaming to the buddy: the whole arena, or,
-        with a replicated region, the seat's own state followed by its slice of the region."""
-        whole = self.payload()
-        assert self.manifest is not None
-        return [whole[start:end] for start, end in held_ranges(self.manifest, seat, world)]
+        """What the snapshot holds, as the arena packs it (zero-copy): the whole state, or, with a
+        replicated region, the seat's own state followed by its slice of the region
+        (``statetree.held_ranges``).  What a buddy is streamed, or maps."""
+        assert self.arena is not None
+        return self.arena.numpy().data.cast("B")[: self.nbytes]
 
 
 def on_accelerator(tensors: list[torch.Tensor]) -> bool:
@@ -78,6 +86,57 @@ def on_accelerator(tensors: list[torch.Tensor]) -> bool:
 def allocate_arena(nbytes: int, pinned: bool) -> torch.Tensor:
     """A flat byte arena; pinned (page-locked) for device-to-host copies that run asynchronously."""
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+
+
+def page_lock(arena: torch.Tensor) -> bool:
+    """Page-lock memory we already own (a shared-memory slot) for the GPU's asynchronous copies.
+
+    ``cudaHostRegister`` keeps the mapping, so a buddy on the same host can still map the slot's
+    file; DCP's shared, pinned staging buffers are made the same way.  False if CUDA refuses; then
+    the refusal is also taken off CUDA's per-thread last error, which the next kernel launch would
+    otherwise report as its own failure.
+    """
+    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+    if int(cudart.cudaHostRegister(arena.data_ptr(), arena.numel(), 1)) == 0:  # 1: cudaHostRegisterPortable
+        return True
+    _clear_cuda_last_error()
+    return False
+
+
+def _clear_cuda_last_error() -> None:
+    """``cudaGetLastError()`` of the CUDA runtime this process loaded (torch binds no call for it)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+        for path in sorted(paths):
+            if os.path.isabs(path):
+                ctypes.CDLL(path).cudaGetLastError()
+                return
+    except (OSError, AttributeError) as err:
+        log.warning("could not clear CUDA's last error after a refused page-lock (%s)", err)
+
+
+def page_unlock(arena: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(arena.data_ptr())  # type: ignore[no-untyped-call]
+
+
+def _copy_ranges(manifest: Manifest, seat: int, world: int) -> list[tuple[int, int, int, int, int]]:
+    """What `seat` copies into its arena: (tensor index, arena begin, arena end, byte range within the
+    tensor) for every tensor with bytes in the seat's snapshot, its whole range or its part in the seat's
+    slice of the replicated region.  The arena packs what the seat holds: its own state at the
+    manifest's offsets, then its slice of the region (``statetree.held_ranges``)."""
+    first, last = replicated_slice(manifest, seat, world) if manifest.replicated else (0, 0)
+    shift = first - manifest.replicated_at  # where the slice starts in the manifest, less where it is packed
+    ranges = []
+    for index, spec in enumerate(manifest.tensors):
+        begin, end = spec.offset, spec.offset + spec.nbytes
+        if begin >= manifest.replicated_at and manifest.replicated:
+            begin, end = max(begin, first), min(end, last)
+            if begin < end:
+                ranges.append((index, begin - shift, end - shift, begin - spec.offset, end - spec.offset))
+        elif begin < end:
+            ranges.append((index, begin, end, 0, end - begin))
+    return ranges
 
 
 @dataclass
@@ -115,8 +174,10 @@ class SnapshotStore:
         self._target_views: dict[int, tuple[torch.Tensor, tuple[TensorSpec, ...], tuple[int, int],
                                             list[tuple[int, np.ndarray[Any, Any], int, int]]]] = {}
         self._source_views: dict[tuple[int, int], np.ndarray[Any, Any]] = {}
-        self.bytes_per_snapshot = 0  # the arena: the whole state
-        self.bytes_copied_per_snapshot = 0  # what this seat copies: its own state and its slice of the replicated
+        self._ranges_key: tuple[tuple[TensorSpec, ...], int, int] | None = None
+        self._ranges: list[tuple[int, int, int, int, int]] = []
+        self.bytes_per_snapshot = 0  # the whole state
+        self.bytes_copied_per_snapshot = 0  # what this seat copies and holds: own state, slice of the replicated
 
     # -- capture ------------------------------------------------------------------------------
 
@@ -139,13 +200,14 @@ class SnapshotStore:
         slot.done.clear()
         self._sequence += 1
         slot.step, slot.generation, slot.manifest, slot.sequence = step, generation, manifest, self._sequence
+        slot.seat, slot.world, slot.nbytes = seat, world, held_nbytes(manifest, seat, world)
         on_gpu = on_accelerator(tensors)
-        if slot.arena is None or slot.arena.numel() < manifest.nbytes or (on_gpu and not slot.pinned):
-            self._allocate(slot, max(manifest.nbytes, 1), on_gpu)
+        if slot.arena is None or slot.arena.numel() < slot.nbytes or (on_gpu and not slot.pinned):
+            self._allocate(slot, max(slot.nbytes, 1), on_gpu)
         assert slot.arena is not None
-        self.bytes_per_snapshot = self.bytes_copied_per_snapshot = manifest.nbytes
+        self.bytes_per_snapshot = manifest.nbytes
         if on_gpu:
-            self._capture_cuda(slot, manifest, tensors)
+            self._capture_cuda(slot, manifest, tensors, background, seat, world)
             return slot
         pairs = []
         sources = self._sources(tensors)
@@ -180,8 +242,7 @@ class SnapshotStore:
     def _targets(
         self, slot: Slot, manifest: Manifest, seat: int, world: int,
     ) -> list[tuple[int, np.ndarray[Any, Any], int, int]]:
-        """What to copy: (tensor index, arena view, byte range within the tensor) for every tensor with
-        bytes in this seat's snapshot, its whole range or its part in the seat's replicated slice.
+        """What to copy on the CPU path: `_copy_ranges` with numpy views of the arena.
         Reused for the same arena, placement and seat."""
         assert slot.arena is not None
         cached = self._target_views.get(slot.index)
@@ -189,16 +250,18 @@ class SnapshotStore:
                 and cached[2] == (seat, world):
             return cached[3]
         arena_np = slot.arena.numpy()
-        first, last = replicated_slice(manifest, seat, world) if manifest.replicated else (0, 0)
-        targets = []
-        for index, spec in enumerate(manifest.tensors):
-            begin, end = spec.offset, spec.offset + spec.nbytes
-            if begin >= manifest.replicated_at and manifest.replicated:
-                begin, end = max(begin, first), min(end, last)
-            if begin < end:
-                targets.append((index, arena_np[begin:end], begin - spec.offset, end - spec.offset))
+        targets = [(index, arena_np[begin:end], lo, hi) for index, begin, end, lo, hi in
+                   self._cached_copy_ranges(manifest, seat, world)]
         self._target_views[slot.index] = (slot.arena, manifest.tensors, (seat, world), targets)
         return targets
+
+    def _cached_copy_ranges(self, manifest: Manifest, seat: int, world: int) -> list[tuple[int, int, int, int, int]]:
+        """`_copy_ranges` of the placement and seat, reused while they stay the same (a reused layout
+        keeps its `manifest.tensors` object)."""
+        key = (manifest.tensors, seat, world)
+        if self._ranges_key is None or self._ranges_key[0] is not key[0] or self._ranges_key[1:] != key[1:]:
+            self._ranges_key, self._ranges = key, _copy_ranges(manifest, seat, world)
+        return self._ranges
 
     def _sources(self, tensors: list[torch.Tensor]) -> list[tuple[int, np.ndarray[Any, Any]]]:
         """(storage pointer, flat uint8 numpy view) of every tensor.
@@ -223,26 +286,53 @@ class SnapshotStore:
         self._source_views = current
         return out
 
-    def _capture_cuda(self, slot: Slot, manifest: Manifest, tensors: list[torch.Tensor]) -> None:
-        """GPU path: async device-to-pinned-host copies on a side stream, completed by an event."""
+    def _capture_cuda(
+        self, slot: Slot, manifest: Manifest, tensors: list[torch.Tensor], background: set[int],
+        seat: int, world: int,
+    ) -> None:
+        """GPU path: async device-to-pinned-host copies on a side stream, completed by an event.
+
+        The side stream first waits for the compute stream (the state is final).  Tensors the next
+        forward may change (not in `background`: buffers) are copied first, and the compute stream
+        waits for those copies alone, on the GPU: the CPU never blocks here.  Parameters and optimizer
+        state change only in ``optimizer.step()``, whose pre-step hook waits for the final event.
+        As on the CPU path, only this seat's slice of the replicated region is copied.
+        """
         assert slot.arena is not None
         if self._cuda_stream is None:
             self._cuda_stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        stream = self._cuda_stream
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for spec, tensor in zip(manifest.tensors, tensors, strict=True):
-                view_tensor(slot.arena, spec).copy_(tensor.detach(), non_blocking=True)
+        stream, compute = self._cuda_stream, torch.cuda.current_stream()
+        ranges = self._cached_copy_ranges(manifest, seat, world)
+        self.bytes_copied_per_snapshot = sum(end - begin for _, begin, end, _, _ in ranges)
+        early = [r for r in ranges if tensors[r[0]].data_ptr() not in background]
+        late = [r for r in ranges if tensors[r[0]].data_ptr() in background]
+        stream.wait_stream(compute)
+        arena = slot.arena
+
+        def copy(batch: list[tuple[int, int, int, int, int]]) -> Any:
+            for index, begin, end, lo, hi in batch:
+                arena[begin:end].copy_(tensors[index].detach().reshape(-1).view(torch.uint8)[lo:hi], non_blocking=True)
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(stream)
+            return event
+
+        with torch.cuda.stream(stream):
+            if early:
+                compute.wait_event(copy(early))
+            event = copy(late)
         self._pending = slot
         self._jobs.put(_CopyJob(slot, [], cuda_event=event))
 
     def _allocate(self, slot: Slot, nbytes: int, pinned: bool) -> None:
-        """A (new) arena for `slot`: a shared-memory file on the CPU path when configured, else anonymous."""
+        """A (new) arena for `slot`: a shared-memory file when configured (page-locked on the GPU path), else
+        private memory (pinned on the GPU path)."""
         self._release(slot)
         slot.pinned = pinned
-        if self._shm_dir and not pinned:
+        if self._shm_dir and pinned and not shm.in_memory_filesystem(self._shm_dir):
+            log.warning("%s is not a memory filesystem, where CUDA can page-lock snapshot slots: using private "
+                        "pinned memory; a buddy on this host gets its copies over TCP", self._shm_dir)
+            self._shm_dir = ""
+        if self._shm_dir:
             path = shm.slot_path(self._shm_dir, self._member, os.getpid(), slot.index)
             try:
                 slot.mapping = shm.create(path, nbytes)
@@ -252,15 +342,25 @@ class SnapshotStore:
                 self._shm_dir = ""  # said once; the other slot does not try again
             else:
                 slot.arena, slot.shm_path = torch.frombuffer(slot.mapping, dtype=torch.uint8), path
-                return
+                if not pinned:
+                    return
+                if page_lock(slot.arena):
+                    slot.registered = True
+                    return
+                log.warning("CUDA cannot page-lock the shared-memory snapshot slots: using private pinned memory; "
+                            "a buddy on this host gets its copies over TCP")
+                self._release(slot)
+                self._shm_dir = ""
         slot.arena = allocate_arena(nbytes, pinned=pinned)
 
     @staticmethod
     def _release(slot: Slot) -> None:
         """Forget a slot's arena; its file goes (a buddy's mapping, and views still being sent, stay valid)."""
+        if slot.registered and slot.arena is not None:
+            page_unlock(slot.arena)
         if slot.shm_path:
             shm.unlink(slot.shm_path)
-        slot.arena, slot.mapping, slot.shm_path = None, None, ""
+        slot.arena, slot.mapping, slot.shm_path, slot.registered = None, None, "", False
 
     def _free_slot(self) -> Slot:
         """The slot not holding the newest complete snapshot."""
@@ -336,9 +436,9 @@ class SnapshotStore:
 
     @staticmethod
     def restore_arena(slot: Slot) -> tuple[Manifest, torch.Tensor]:
-        """A private copy of the snapshot's arena, to complete (replicated slices) and load from."""
+        """A full arena with what the snapshot holds in place, to complete (replicated slices) and load from."""
         assert slot.arena is not None and slot.manifest is not None
-        return slot.manifest, slot.arena[: max(slot.manifest.nbytes, 1)].clone()
+        return slot.manifest, expand(slot.manifest, [slot.payload()], slot.seat, slot.world)
 
     def close(self) -> None:
         """Stop the copy thread and remove the slot files (the memory stays mapped for whoever holds it)."""
@@ -348,5 +448,8 @@ class SnapshotStore:
             log.warning("snapshot copy thread busy at shutdown; leaving it (daemon)")
         self._thread.join(timeout=5.0)
         for slot in self._slots:
+            if slot.registered and slot.arena is not None and not self._thread.is_alive():  # no copy in flight
+                page_unlock(slot.arena)
+                slot.registered = False
             if slot.shm_path:
                 shm.unlink(slot.shm_path)

@@ -56,7 +56,7 @@ from deadpool.heartbeat import Progress
 from deadpool.membership import ViewChanged
 from deadpool.messages import Message, RestoreReply, RestoreRequest, SnapshotAck, SnapshotHeader
 from deadpool.snapshot import Slot
-from deadpool.statetree import Manifest, SpecCache
+from deadpool.statetree import Manifest, SpecCache, held_nbytes
 from deadpool.transport import Transport, TransportError
 from deadpool.view import View
 
@@ -210,14 +210,13 @@ class SnapshotActor:
         seat = view.seat_of(self._member)
         assert seat is not None
         shared = self._shares_memory_with(view, view.buddy_member(seat), slot)
-        # Mapped: the whole slot file.  Streamed: only what the snapshot holds (see Slot.held).
-        parts = [slot.payload()] if shared else slot.held(seat, view.world_size)
-        nbytes = sum(len(part) for part in parts)
+        payload = slot.payload()  # what the snapshot holds: mapped by a same-host buddy, else streamed
+        nbytes = len(payload)
         header = SnapshotHeader(self._member, view.epoch, seat, slot.step, nbytes, slot.manifest.encode(),
                                 shm_path=slot.shm_path if shared else "", shm_offset=0)
         frames: list[Any] = [codec.encode(header, self._secret)]
         if not shared:
-            frames += [chunk for part in parts for chunk in payload_chunks(part)]
+            frames += payload_chunks(payload)
         try:
             await self._transport.send(addr, frames, self._send_timeout)
             if not shared:
@@ -357,9 +356,15 @@ class SnapshotActor:
             return
         try:
             # Validated in full whenever its tensor specs differ from this seat's previous (valid) header.
-            Manifest.decode(header.manifest, MAX_SNAPSHOT_BYTES, self._spec_caches.setdefault(header.seat, SpecCache()))
+            manifest = Manifest.decode(header.manifest, MAX_SNAPSHOT_BYTES,
+                                       self._spec_caches.setdefault(header.seat, SpecCache()))
         except ValueError as err:
             self._events.emit("rejected", reason="bad_manifest", peer=header.sender, detail=str(err))
+            return
+        held = held_nbytes(manifest, header.seat, view.world_size)
+        if header.nbytes != held:
+            self._events.emit("rejected", reason="size_mismatch", peer=header.sender,
+                              detail=f"{header.nbytes} bytes where seat {header.seat} holds {held}")
             return
         if header.shm_path:
             try:

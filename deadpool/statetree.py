@@ -284,6 +284,48 @@ def held_ranges(manifest: Manifest, seat: int, world: int) -> list[tuple[int, in
     return [(start, end) for start, end in ranges if end > start]
 
 
+def held_nbytes(manifest: Manifest, seat: int, world: int) -> int:
+    """The size of what `seat`'s snapshot holds: its arena is exactly this (the held ranges, packed)."""
+    return sum(end - start for start, end in held_ranges(manifest, seat, world))
+
+
+def scatter(frames: Sequence[memoryview], places: list[tuple[int, int]], target: memoryview) -> None:
+    """Copy the bytes of `frames`, in order, into the `places` (non-empty byte ranges) of `target`, in order.
+
+    Raises:
+        ValueError: the frames hold more bytes than the places.
+    """
+    ranges = iter(places)
+    position, end = next(ranges, (0, 0))
+    for frame in frames:
+        done = 0
+        while done < len(frame):
+            count = min(len(frame) - done, end - position)
+            if count <= 0:
+                raise ValueError("more bytes than places to put them")
+            target[position : position + count] = frame[done : done + count]
+            position, done = position + count, done + count
+            if position == end:
+                position, end = next(ranges, (end, end))
+
+
+def expand(manifest: Manifest, frames: Sequence[memoryview], seat: int, world: int) -> torch.Tensor:
+    """A full arena (``manifest.nbytes``) with what `seat`'s snapshot holds put back in place.
+
+    The other seats' slices of the replicated region are left unset: a restore gathers them.
+
+    Raises:
+        LookupError: the frames are not the size of what the seat's snapshot holds.
+    """
+    places = held_ranges(manifest, seat, world)
+    total, expected = sum(len(frame) for frame in frames), held_nbytes(manifest, seat, world)
+    if total != expected:
+        raise LookupError(f"seat {seat}'s snapshot: {total} bytes where it holds {expected}")
+    arena = torch.empty(max(manifest.nbytes, 1), dtype=torch.uint8)
+    scatter(frames, places, arena.numpy().data.cast("B"))
+    return arena
+
+
 def view_tensor(arena: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
     """The arena bytes of one tensor, viewed with its dtype and shape (no copy)."""
     return arena[spec.offset : spec.offset + spec.nbytes].view(_DTYPES[spec.dtype]).view(spec.shape)

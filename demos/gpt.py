@@ -9,6 +9,7 @@ exactly the same data: no loader state to snapshot.
 from __future__ import annotations
 
 import math
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,6 +117,24 @@ def get_batch(
     starts = torch.randint(0, corpus.numel() - block - 1, (batch,), generator=generator)
     rows = torch.stack([corpus[s : s + block + 1] for s in starts.tolist()])
     return rows[:, :-1], rows[:, 1:]
+
+
+def pick_device(kind: str) -> torch.device:
+    """The worker's device: the CPU, or GPU ``LOCAL_RANK % device count`` with deterministic kernels.
+
+    A GPU run is bit-identical to another only when every kernel is deterministic, so this
+    turns on ``torch.use_deterministic_algorithms`` (and the cuBLAS workspace it needs),
+    before any CUDA work.
+    """
+    if kind == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible to this process")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+    torch.use_deterministic_algorithms(True, warn_only=True)  # a missing one warns; the digests tell
+    device = torch.device("cuda", max(0, int(os.environ.get("LOCAL_RANK", "0"))) % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 def lr_lambda(warmup: int, total: int):  # type: ignore[no-untyped-def]

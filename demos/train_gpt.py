@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import deadpool  # noqa: E402
-from gpt import build_model, count_parameters, get_batch, load_corpus, lr_lambda  # noqa: E402
+from gpt import build_model, count_parameters, get_batch, load_corpus, lr_lambda, pick_device  # noqa: E402
 
 
 def main() -> None:
@@ -35,13 +35,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per worker")
     parser.add_argument("--zero", action="store_true",
                         help="shard the optimizer state across seats (torch ZeroRedundancyOptimizer)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the model trains; cuda: GPU LOCAL_RANK %% device count, deterministic kernels")
     parser.add_argument("--step-delay", type=float, default=0.0, help="extra seconds per step (slow tests)")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
     rt = deadpool.init()
     corpus = load_corpus()
-    model = build_model(args.size, seed=args.seed)
+    model = build_model(args.size, seed=args.seed).to(device)
     if args.zero:
         optimizer = rt.zero_optimizer(model.parameters(), torch.optim.AdamW, lr=args.lr, weight_decay=0.1)
     else:
@@ -56,7 +59,7 @@ def main() -> None:
     tokens = args.batch * args.block
     last = time.perf_counter()
     for step in rt.steps(args.steps):
-        inputs, targets = get_batch(corpus, step, rt.rank, args.batch, args.block, args.seed)
+        inputs, targets = (t.to(device) for t in get_batch(corpus, step, rt.rank, args.batch, args.block, args.seed))
         _, loss = ddp(inputs, targets)
         loss.backward()
         optimizer.step()

@@ -217,7 +217,7 @@ def test_trailing_defaulted_fields_may_be_omitted() -> None:
 
 
 def test_int_is_accepted_for_float_and_becomes_float() -> None:
-    result = decode(frame([TAGS[Heartbeat], ["m", 1, 2, 3, 4, 0]]))
+    result = decode(frame([TAGS[Heartbeat], ["m", 1, 2, 3, 4, 0, ""]]))
     assert isinstance(result, Heartbeat)
     assert type(result.stall_p99_s) is float
 
@@ -364,17 +364,18 @@ def test_hostile_msgpack_is_malformed(payload: bytes) -> None:
 
 
 def test_trailing_bytes_after_the_payload_are_malformed() -> None:
-    assert refused(decode(encode(Heartbeat("m", 1, 2, 3, 4, 0.5)) + b"\x00")).reason == "malformed"
+    assert refused(decode(encode(Heartbeat("m", 1, 2, 3, 4, 0.5, "tcp://h:1")) + b"\x00")).reason == "malformed"
 
 
 @pytest.mark.parametrize(
     ("data", "reason"),
     [
         (b"", "truncated"),
-        (b"DP\x01\x00", "truncated"),
-        (b"XX\x01\x00\x90", "bad_magic"),
-        (b"DP\x01\x02\x90", "bad_flags"),
-        (b"DP\x01\x80\x90", "bad_flags"),
+        (b"DP" + bytes((PROTOCOL_VERSION, 0)), "truncated"),
+        (b"XX" + bytes((PROTOCOL_VERSION, 0)) + b"\x90", "bad_magic"),
+        (b"DP" + bytes((PROTOCOL_VERSION, 2)) + b"\x90", "bad_flags"),
+        (b"DP" + bytes((PROTOCOL_VERSION, 0x80)) + b"\x90", "bad_flags"),
+        (b"DP\x01\x00\x90", "bad_version"),  # protocol 1: before Heartbeat carried its control address
     ],
 )
 def test_header_errors(data: bytes, reason: str) -> None:
@@ -416,21 +417,21 @@ def test_missing_and_unexpected_macs_are_refused(message: Message) -> None:
 
 
 def test_mac_flag_with_the_mac_stripped_is_refused() -> None:
-    signed = encode(Heartbeat("m", 1, 2, 3, 4, 0.5), SECRET)
+    signed = encode(Heartbeat("m", 1, 2, 3, 4, 0.5, "tcp://h:1"), SECRET)
     assert refused(decode(signed[:-MAC_BYTES], SECRET)).reason in {"bad_mac", "truncated"}
     assert refused(decode(signed[: HEADER_BYTES + MAC_BYTES], SECRET)).reason == "truncated"
 
 
 def test_clearing_the_mac_flag_does_not_bypass_authentication() -> None:
-    signed = bytearray(encode(Heartbeat("m", 1, 2, 3, 4, 0.5), SECRET))
+    signed = bytearray(encode(Heartbeat("m", 1, 2, 3, 4, 0.5, "tcp://h:1"), SECRET))
     signed[3] &= ~FLAG_HMAC
     assert refused(decode(bytes(signed), SECRET)).reason == "unauthenticated"
 
 
 def test_a_mac_over_a_different_message_is_refused() -> None:
     """Splicing a valid MAC onto another body (replay of a tag) must not pass."""
-    first = encode(Heartbeat("m", 1, 2, 3, 4, 0.5), SECRET)
-    second = encode(Heartbeat("m", 9, 2, 3, 4, 0.5), SECRET)
+    first = encode(Heartbeat("m", 1, 2, 3, 4, 0.5, "tcp://h:1"), SECRET)
+    second = encode(Heartbeat("m", 9, 2, 3, 4, 0.5, "tcp://h:1"), SECRET)
     spliced = second[:-MAC_BYTES] + first[-MAC_BYTES:]
     assert refused(decode(spliced, SECRET)).reason == "bad_mac"
 

@@ -16,7 +16,7 @@ import zmq
 from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors, launch, read_events, wait_for
 
 from deadpool import codec
-from deadpool.messages import CommitView, Heartbeat, Join, Prepare, SnapshotHeader
+from deadpool.messages import PROTOCOL_VERSION, CommitView, Heartbeat, Join, Prepare, SnapshotHeader
 from deadpool.view import View
 
 pytestmark = pytest.mark.e2e
@@ -59,10 +59,10 @@ def garbage_frames() -> list[list[bytes]]:
         [os.urandom(64)],
         [b"DP"],
         [b"DP\x09\x00" + os.urandom(20)],  # wrong protocol version
-        [b"DP\x01\x00\x92\x7f\x90"],  # unknown tag, unauthenticated
+        [b"DP" + bytes((PROTOCOL_VERSION, 0)) + b"\x92\x7f\x90"],  # unknown tag, unauthenticated
         [codec.encode(join)],  # no HMAC where one is required
         [codec.encode(join, b"wrong-secret")],  # wrong shared secret
-        [codec.encode(Heartbeat("stranger", 1, 1, 1, 1, 0.0), secret)],  # authenticated but unknown peer
+        [codec.encode(Heartbeat("stranger", 1, 1, 1, 1, 0.0, ""), secret)],  # authenticated but unknown peer
         [codec.encode(CommitView(view), secret)],  # stale epoch view (epoch 1) to a worker at a later epoch
         [codec.encode(Prepare(0, [0], "stale"), secret)],  # stale prepare
         [codec.encode(SnapshotHeader("stranger", 99, 0, 1, 3, b""), secret), b"abc"],  # bulk from a stranger

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from deadpool import shm
 from launch_util import LaunchResult, launch
@@ -139,3 +140,30 @@ def test_zero_sharded_optimizer_state_comes_back_from_the_buddy(
     full = [r for r in baseline.of("snapshot_memory") if r["rank"] == seat][0]["snapshot_bytes"]
     # The seat's snapshot is its parameters plus a quarter of the Adam state: about half the replicated one.
     assert restored["bytes"] < 0.6 * full
+
+
+
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="no CUDA device: the GPU snapshot path is covered by tests/test_snapshot_gpu_path.py's fakes",
+)
+GPU_ARGS = ("--device", "cuda")
+
+
+@pytest.fixture(scope="module")
+def gpu_baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
+    result = launch(tmp_path_factory.mktemp("gpu"), "--nproc", "4", "--spares", "1", steps=STEPS,
+                    script_args=GPU_ARGS)
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.digest, result.output[-3000:]
+    return result
+
+
+@needs_cuda
+@pytest.mark.parametrize("chaos", ["kill:rank=2:step=20", "kill:rank=1:step=20:at=allreduce"])
+def test_gpu_kill_is_bit_identical(tmp_path: Path, gpu_baseline: LaunchResult, chaos: str) -> None:
+    """The demo on the GPU (every worker on GPU LOCAL_RANK % count, deterministic kernels): snapshots
+    go through the side stream into pinned memory, the spare restores onto its GPU."""
+    seat = int(chaos.split("rank=")[1].split(":")[0])
+    result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--chaos", chaos, steps=STEPS, script_args=GPU_ARGS)
+    assert_swapped(result, gpu_baseline, seat=seat)

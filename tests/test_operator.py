@@ -30,6 +30,7 @@ from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors, read_even
 
 from deadpool import jobfile, operator
 from deadpool.cli import main as cli_main
+from deadpool.launch import STEADY_HEAP_ENV, steady_heap_env
 from deadpool.metrics import CoordinatorMetrics
 from deadpool.progress import EventTail, JobProgress
 
@@ -160,6 +161,18 @@ def test_status_json_shows_seats_spares_and_steps(job: LiveJob) -> None:
         assert 0 <= seat["heartbeat_age_s"] < 5
     assert len(status["spares"]) == 2 and all(s["pid"] in pids for s in status["spares"])
     assert any(e["event"] == "view_committed" for e in status["recent_events"])
+
+
+@pytest.mark.e2e
+def test_workers_run_with_a_steady_heap(job: LiveJob) -> None:
+    """Every worker (actives and spares) gets the launcher's glibc settings, or the ones this shell set."""
+    expected = steady_heap_env(dict(os.environ)) or {k: os.environ.get(k) for k in STEADY_HEAP_ENV}
+    pids = job.worker_pids()
+    assert len(pids) == 4
+    for pid in pids:
+        environ = dict(item.split("=", 1) for item in
+                       Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
+        assert {k: environ.get(k) for k in STEADY_HEAP_ENV} == expected, pid
 
 
 @pytest.mark.e2e
@@ -371,6 +384,12 @@ def _status(spares: int = 1, steps: tuple[int, ...] = (5, 5), **extra: Any) -> d
     seats = [{"rank": r, "member": f"m{r}", "state": "active", "step": s} for r, s in enumerate(steps)]
     return {"seats": seats, "spares": [{"member": f"s{i}"} for i in range(spares)], "round": None, "outcome": None,
             **extra}
+
+
+def test_a_users_malloc_setting_wins_over_the_steady_heap() -> None:
+    assert steady_heap_env({}) == STEADY_HEAP_ENV
+    assert steady_heap_env({"MALLOC_TRIM_THRESHOLD_": "0"}) == {}, "the user's choice is kept, not mixed with ours"
+    assert steady_heap_env({"MALLOC_MMAP_THRESHOLD_": "65536"}) == {}
 
 
 def test_random_picks_are_seeded_and_wait_for_a_ready_job() -> None:

@@ -157,20 +157,20 @@ async def test_heartbeat_batch_counts_only_the_agents_own_live_members() -> None
     assert coordinator.view is not None
 
     now[0] = 1.0
-    batch = HeartbeatBatch("agent-a", [Heartbeat(m, 1, 5, 5, 4, 0.0) for m in ("m0", "m2", "ghost")])
+    batch = HeartbeatBatch("agent-a", [Heartbeat(m, 1, 5, 5, 4, 0.0, "") for m in ("m0", "m2", "ghost")])
     decoded = codec.decode(codec.encode(batch))
     assert decoded == batch
     await coordinator.handle(decoded)
     assert (coordinator.members["m0"].last_seen, coordinator.members["m0"].step) == (1.0, 5)
     assert coordinator.members["m2"].last_seen == 0.0  # m2 is not agent-a's member
 
-    await coordinator.handle(HeartbeatBatch("agent-x", [Heartbeat("m0", 1, 6, 6, 5, 0.0)]))
+    await coordinator.handle(HeartbeatBatch("agent-x", [Heartbeat("m0", 1, 6, 6, 5, 0.0, "")]))
     assert coordinator.members["m0"].step == 5  # unknown agent: nothing accepted
 
     await coordinator.declare_dead("m1", "test", "declared dead by the test")
     transport.outbox.clear()
     now[0] = 2.0
-    await coordinator.handle(HeartbeatBatch("agent-a", [Heartbeat("m1", 1, 7, 7, 6, 0.0)]))
+    await coordinator.handle(HeartbeatBatch("agent-a", [Heartbeat("m1", 1, 7, 7, 6, 0.0, "")]))
     assert coordinator.members["m1"].last_seen == 0.0  # fenced: not refreshed
     sent = [codec.decode(frame) for address, frame in transport.outbox if address == "inproc://m1"]
     assert any(isinstance(message, Fenced) for message in sent)

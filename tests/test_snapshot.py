@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from deadpool.runtime import _scatter
 from deadpool.snapshot import Slot, SnapshotStore
-from deadpool.statetree import materialize, replicated_slice
+from deadpool.statetree import expand, materialize, replicated_slice, scatter
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -92,7 +91,8 @@ def test_tied_tensors_are_captured_once_each_reference(store: SnapshotStore) -> 
 
 
 def test_each_seat_copies_its_slice_of_replicated_state_and_the_slices_rebuild_it() -> None:
-    """Seats of a data-parallel job hold the same parameters: each copies 1/world of them, all its own state."""
+    """Seats of a data-parallel job hold the same parameters: each copies 1/world of them, all its own state,
+    and its arena is only that big."""
     world = 3
     weight, moment = torch.randn(50, 7), torch.randn(33)
     stores = [SnapshotStore(on_complete=lambda _: None) for _ in range(world)]
@@ -109,10 +109,12 @@ def test_each_seat_copies_its_slice_of_replicated_state_and_the_slices_rebuild_i
                 assert slot.manifest is not None and slot.arena is not None
                 manifest = slot.manifest
                 first, last = replicated_slice(manifest, seat, world)
-                arena = slot.arena[: manifest.nbytes].clone()
-                held = slot.held(seat, world)  # what is streamed to a buddy on another host
-                assert [len(part) for part in held] == [manifest.replicated_at, last - first]
-                assert bytes(held[1]) == arena[first:last].numpy().tobytes()
+                held = slot.payload()  # what a buddy maps or is streamed: own state, then the slice
+                assert len(held) == manifest.replicated_at + last - first >= store.bytes_copied_per_snapshot
+                assert slot.arena.numel() == len(held) < manifest.nbytes / 2, "the arena holds what it copies"
+                _, arena = store.restore_arena(slot)  # put back at the manifest's offsets
+                assert arena.numel() == manifest.nbytes
+                assert arena[first:last].numpy().tobytes() == bytes(held[manifest.replicated_at:])
                 full = materialize(manifest, arena)
                 assert torch.equal(full["own"], own) and full["step"] == step  # private part: whole
                 arenas.append((arena, first, last))
@@ -122,15 +124,32 @@ def test_each_seat_copies_its_slice_of_replicated_state_and_the_slices_rebuild_i
                 rebuilt[first:last] = arena[first:last]
             full = materialize(manifest, rebuilt)
             assert torch.equal(full["w"], weight) and torch.equal(full["m"], moment)
-            assert not torch.equal(materialize(manifest, arenas[1][0])["w"], weight)  # one slice is not enough
+            rebuilt[arenas[1][1]:arenas[1][2]] = 0
+            assert not torch.equal(materialize(manifest, rebuilt)["w"], weight)  # every slice is needed
     finally:
         for store in stores:
             store.close()
 
 
+def test_expand_refuses_a_payload_that_is_not_what_the_seat_holds() -> None:
+    weight = torch.randn(64)
+    store = SnapshotStore(on_complete=lambda _: None)
+    try:
+        slot = store.capture(0, "g", {"w": weight, "own": torch.ones(3)}, set(), {weight.data_ptr()}, 1, 4)
+        store.wait_copy(10.0)
+        assert slot.manifest is not None
+        payload = slot.payload()
+        with pytest.raises(LookupError, match="where it holds"):
+            expand(slot.manifest, [payload[:-1]], 1, 4)
+        with pytest.raises(LookupError, match="where it holds"):
+            expand(slot.manifest, [payload], 1, 2)  # another world size: another slice size
+    finally:
+        store.close()
+
+
 def test_scatter_puts_streamed_parts_back_in_place_and_refuses_extra_bytes() -> None:
     target = bytearray(20)
-    _scatter([memoryview(b"abc"), memoryview(b"defgh")], [(0, 2), (10, 16)], memoryview(target))
+    scatter([memoryview(b"abc"), memoryview(b"defgh")], [(0, 2), (10, 16)], memoryview(target))
     assert bytes(target) == b"ab" + bytes(8) + b"cdefgh" + bytes(4)
     with pytest.raises(ValueError, match="more bytes"):
-        _scatter([memoryview(b"abcd")], [(0, 2)], memoryview(bytearray(4)))
+        scatter([memoryview(b"abcd")], [(0, 2)], memoryview(bytearray(4)))

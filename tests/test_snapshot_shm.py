@@ -458,3 +458,41 @@ def test_sweep_removes_only_slot_files_whose_writer_is_gone(tmp_path: Path) -> N
     assert shm.sweep_stale(str(tmp_path)) == [str(stale)]
     assert not stale.exists() and live.exists() and other.exists()
     assert shm.sweep_stale("") == [] and shm.sweep_stale(str(tmp_path / "missing")) == []
+
+
+MOUNTS = """\
+/dev/vda / ext4 rw,relatime 0 0
+tmpfs /dev/shm tmpfs rw,nosuid,nodev 0 0
+tmpfs /run tmpfs rw 0 0
+/dev/vdb /run/data ext4 rw 0 0
+hugetlbfs /dev/hugepages hugetlbfs rw 0 0
+"""
+
+
+@pytest.mark.parametrize(("directory", "in_memory"), [
+    ("/dev/shm", True), ("/dev/shm/jobs/a", True), ("/tmp", False), ("/dev", False),
+    ("/run/x", True), ("/run/data/slots", False), ("/run/database", True), ("/dev/hugepages", True),
+])
+def test_memory_filesystem_is_the_deepest_mount_holding_the_directory(directory: str, in_memory: bool) -> None:
+    assert shm.in_memory_filesystem(directory, MOUNTS) is in_memory
+
+
+@pytest.mark.parametrize("shared", [True, False])
+async def test_a_header_whose_size_is_not_what_the_seat_holds_is_rejected(
+    shm_dir: str, make_pair: Callable[[str, str], Pair], shared: bool,
+) -> None:
+    """The manifest and the world size say how many bytes a seat's snapshot holds; a header naming
+    another size (a mapped file read too far, or a stream cut short) is refused, not held."""
+    pair = make_pair(shm_dir, shm_dir)
+    await pair.start(pair.view())
+    slot = _capture(pair.store, 0, _state(1))
+    assert slot.manifest is not None
+    payload = slot.payload()
+    short = len(payload) - 8
+    header = SnapshotHeader(WARD, 1, 0, 0, short, slot.manifest.encode(), shm_path=slot.shm_path if shared else "")
+    frames: list[Any] = [codec.encode(header, b"secret")] + ([] if shared else [payload[:short]])
+    await pair.transports[WARD].send(pair.transports[BUDDY].address, frames, 1.0)
+    await until(lambda: bool(pair.events_of(BUDDY, "rejected")))
+    (rejected,) = pair.events_of(BUDDY, "rejected")
+    assert rejected["reason"] == "size_mismatch" and "holds" in rejected["detail"]
+    assert not pair.held()
