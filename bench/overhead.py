@@ -120,7 +120,8 @@ class Row:
     cpu_ratio: float = 0.0
     foreign_cpu: float = 0.0
     wall_s: float = 0.0
-    runs: list[float] = field(default_factory=list)
+    runs: list[float] = field(default_factory=list)  # step_s_median of each round
+    round_ratios: list[float] = field(default_factory=list)  # each round's median over the baseline's, same round
     threads_cpu_s_per_step: dict[str, float] = field(default_factory=dict)  # all ranks, by thread name
     device: str = "cpu"  # where the model trained (rank 0's device)
     gpu: str = ""  # the GPU's name on a --device cuda run
@@ -266,7 +267,7 @@ def run_system(system: System, size: str, steps: int, warmup: int, per_step_s: f
     else:
         port = str(free_port())
         commands = [
-            ([sys.executable] + worker_args,
+            ([sys.executable, *worker_args],
              _child_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD),
                         MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
             for r in range(WORLD)
@@ -334,14 +335,17 @@ def measure(systems: list[System], sizes: list[str], table: dict[str, tuple[int,
                 final_loss=float(first["loss"][-1]) if first["loss"] else 0.0,
                 cpu_s_per_step=statistics.median(r["cpu_s_per_step"] for r, _, _ in runs),
                 foreign_cpu=max(f for _, _, f in runs),
-                threads_cpu_s_per_step=first.get("threads_cpu_s_per_step", {}), wall_s=sum(w for _, w, _ in runs), runs=medians,
+                threads_cpu_s_per_step=first.get("threads_cpu_s_per_step", {}),
+                wall_s=sum(w for _, w, _ in runs), runs=medians,
                 device=str(first.get("device", device)), gpu=str(first.get("gpu", "")),
             ))
         # The ratio's baseline is plain DDP; a run without it (--systems) compares to its first row.
         base_row = next((r for r in size_rows if r.mode == "ddp"), size_rows[0])
         for row in size_rows:
             row.ratio = row.step_s_median / base_row.step_s_median if base_row.step_s_median > 0 else float("nan")
-            row.cpu_ratio = row.cpu_s_per_step / base_row.cpu_s_per_step if base_row.cpu_s_per_step > 0 else float("nan")
+            row.round_ratios = [round(mine / base, 4) for mine, base in zip(row.runs, base_row.runs, strict=True)]
+            base_cpu = base_row.cpu_s_per_step
+            row.cpu_ratio = row.cpu_s_per_step / base_cpu if base_cpu > 0 else float("nan")
         rows.extend(size_rows)
     return rows
 
@@ -362,13 +366,14 @@ def render(rows: list[Row], elapsed: float, repeat: int) -> str:
 
     width = max([31, *(len(row.system) for row in rows)])
     head = f"{'system':{width}s} {'size':5s} {'params':>7s} {'step_s_median':>13s} {'ratio':>6s} " \
-           f"{'stall_p99_s':>11s} {'snapshot_bytes':>14s} {'cpu_s_step':>10s} {'cpu_ratio':>9s} {'foreign_cpu':>11s}"
+           f"{'stall_p99_s':>11s} {'snapshot_bytes':>14s} {'cpu_s_step':>10s} {'cpu_ratio':>9s} {'foreign_cpu':>11s}" \
+           f" {'round_ratios':>13s}"
     lines = [head, "-" * len(head)]
     for row in rows:
         lines.append(
             f"{row.system:{width}s} {row.size:5s} {row.params / 1e6:6.1f}M {row.step_s_median:13.4f} {row.ratio:6.3f} "
             f"{row.stall_p99_s:11.4f} {_human_bytes(row.snapshot_bytes):>14s} {row.cpu_s_per_step:10.4f} "
-            f"{row.cpu_ratio:9.3f} {row.foreign_cpu:11.0%}"
+            f"{row.cpu_ratio:9.3f} {row.foreign_cpu:11.0%} {_spread(row.round_ratios):>13s}"
         )
     steps = ", ".join(f"{size}: {rows_of[0].steps} measured steps" for size, rows_of in _by_size(rows).items())
     gpus = sorted({row.gpu for row in rows if row.gpu})
@@ -401,8 +406,15 @@ def render(rows: list[Row], elapsed: float, repeat: int) -> str:
         "    than wall time to other load on the host: on a host with fewer cores than ranks, step time follows it.",
         "  foreign_cpu: share of the machine's CPUs used by other processes during the row (shared host);",
         "    rows above a few percent were disturbed.",
+        "  round_ratios: with --repeat, the lowest and highest ratio of one round (each round's median over",
+        "    the baseline's median of the same round): how far one run's ratio can move on this host.",
     ]
     return "\n".join(lines)
+
+
+def _spread(ratios: list[float]) -> str:
+    """'lowest-highest' of the per-round ratios; '-' for a single round."""
+    return f"{min(ratios):.3f}-{max(ratios):.3f}" if len(ratios) > 1 else "-"
 
 
 def _by_size(rows: list[Row]) -> dict[str, list[Row]]:

@@ -42,9 +42,10 @@ def test_hung_rank_is_fenced_by_kill_and_swapped(tmp_path: Path, baseline: Launc
     failed = result.of("member_failed")
     assert [f["detected_by"] for f in failed] == ["heartbeat"]
     stopped_at = result.of("chaos_injected")[0]["ts"]
-    # Detected within failure_timeout (2 s) plus slack; no survivor waited for the gloo timeout.
-    assert failed[0]["ts"] - stopped_at < 2.0 + 1.5
-    assert result.of("swap_completed")[0]["ts"] - stopped_at < 2.0 + 8.0
+    # Detected by missed heartbeats (failure_timeout 2 s), well before any survivor's collective timeout
+    # (pg_timeout 10 s) could have fired; the bounds leave room for a loaded CI machine.
+    assert failed[0]["ts"] - stopped_at < 2.0 + 5.0
+    assert result.of("swap_completed")[0]["ts"] - stopped_at < 2.0 + 20.0
     one_view_per_epoch(result)
 
 
