@@ -45,7 +45,7 @@ import torch
 
 from deadpool import shm
 from deadpool.errors import WaitTimeout
-from deadpool.statetree import Manifest, TensorSpec, expand, flatten, held_nbytes, layout, replicated_slice
+from deadpool.statetree import Manifest, TensorSpec, expand, flatten, held_nbytes, held_ranges, layout
 
 log = logging.getLogger("deadpool.snapshot")
 
@@ -122,20 +122,17 @@ def page_unlock(arena: torch.Tensor) -> None:
 
 def _copy_ranges(manifest: Manifest, seat: int, world: int) -> list[tuple[int, int, int, int, int]]:
     """What `seat` copies into its arena: (tensor index, arena begin, arena end, byte range within the
-    tensor) for every tensor with bytes in the seat's snapshot, its whole range or its part in the seat's
-    slice of the replicated region.  The arena packs what the seat holds: its own state at the
-    manifest's offsets, then its slice of the region (``statetree.held_ranges``)."""
-    first, last = replicated_slice(manifest, seat, world) if manifest.replicated else (0, 0)
-    shift = first - manifest.replicated_at  # where the slice starts in the manifest, less where it is packed
+    tensor) for every part of a tensor in what the seat holds (``statetree.held_ranges``), which the
+    arena packs back to back, in order."""
     ranges = []
-    for index, spec in enumerate(manifest.tensors):
-        begin, end = spec.offset, spec.offset + spec.nbytes
-        if begin >= manifest.replicated_at and manifest.replicated:
-            begin, end = max(begin, first), min(end, last)
-            if begin < end:
-                ranges.append((index, begin - shift, end - shift, begin - spec.offset, end - spec.offset))
-        elif begin < end:
-            ranges.append((index, begin, end, 0, end - begin))
+    packed = 0  # where the held range starts in the arena
+    for start, end in held_ranges(manifest, seat, world):
+        for index, spec in enumerate(manifest.tensors):
+            begin, stop = max(spec.offset, start), min(spec.offset + spec.nbytes, end)
+            if begin < stop:
+                ranges.append((index, packed + begin - start, packed + stop - start,
+                               begin - spec.offset, stop - spec.offset))
+        packed += end - start
     return ranges
 
 

@@ -318,7 +318,7 @@ def expand(manifest: Manifest, frames: Sequence[memoryview], seat: int, world: i
         LookupError: the frames are not the size of what the seat's snapshot holds.
     """
     places = held_ranges(manifest, seat, world)
-    total, expected = sum(len(frame) for frame in frames), held_nbytes(manifest, seat, world)
+    total, expected = sum(len(frame) for frame in frames), sum(end - start for start, end in places)
     if total != expected:
         raise LookupError(f"seat {seat}'s snapshot: {total} bytes where it holds {expected}")
     arena = torch.empty(max(manifest.nbytes, 1), dtype=torch.uint8)

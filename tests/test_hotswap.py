@@ -142,7 +142,6 @@ def test_zero_sharded_optimizer_state_comes_back_from_the_buddy(
     assert restored["bytes"] < 0.6 * full
 
 
-
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="no CUDA device: the GPU snapshot path is covered by tests/test_snapshot_gpu_path.py's fakes",
