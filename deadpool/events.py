@@ -75,16 +75,21 @@ class EventLog:
 
 
 def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Yield the events of a file in order, skipping (and logging) unreadable lines."""
+    """Yield the events of a file in order, skipping (and logging) unreadable lines.
+
+    A last line without its newline may be a write still in progress (a reader can
+    see half of one ``write``); it is skipped without a warning.
+    """
     with Path(path).open() as handle:
-        for number, line in enumerate(handle, 1):
-            line = line.strip()
+        for number, raw in enumerate(handle, 1):
+            line = raw.strip()
             if not line:
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
-                log.warning("%s:%d is not a JSON event line; skipped", path, number)
+                if raw.endswith("\n"):
+                    log.warning("%s:%d is not a JSON event line; skipped", path, number)
                 continue
             if isinstance(record, dict):
                 yield record

@@ -69,10 +69,12 @@ def launch(
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """The events written so far (a job may still be appending)."""
+    """The events written so far.  A job may still be appending: a reader can see a line's
+    single ``write`` half done, so the text after the last newline is left for the next read."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    complete = path.read_text().rpartition("\n")[0]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def wait_for(path: Path, predicate: Any, timeout: float) -> list[dict[str, Any]]:

@@ -20,7 +20,6 @@ was killed (same ``dp-test-`` prefix) are removed before a new cluster starts.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -33,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from launch_util import read_events
 
 PREFIX = "dp-test-"
 SUBNET = "10.77.0"
@@ -312,8 +313,7 @@ class Job:
     def events(self) -> list[dict[str, Any]]:
         records = []
         for path in self.event_files:
-            if path.exists():
-                records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            records += read_events(path)
         return sorted(records, key=lambda r: r.get("ts", 0.0))
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch_util import LaunchResult, launch
 
 from deadpool import shm
-from launch_util import LaunchResult, launch
 
 pytestmark = pytest.mark.e2e
 

@@ -55,9 +55,7 @@ class LiveJob:
         self.watch_log = log.with_name("watch.jsonl")
 
     def events(self) -> Events:
-        if not self.events_path.exists():
-            return []
-        return [json.loads(line) for line in self.events_path.read_text().splitlines() if line.strip()]
+        return read_events(self.events_path)
 
     def of(self, kind: str) -> Events:
         return [e for e in self.events() if e.get("event") == kind]
@@ -312,8 +310,7 @@ def test_torchrun_style_script_hot_swaps_bit_identically(tmp_path: Path) -> None
     results = {}
     for name, (proc, events, log) in runs.items():
         proc.wait(timeout=180)
-        records = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
-        result = LaunchResult(proc.returncode, log.read_text(), records, 0.0)
+        result = LaunchResult(proc.returncode, log.read_text(), read_events(events), 0.0)
         assert_no_survivors(result)
         assert result.returncode == 0 and result.digest, result.output[-3000:]
         results[name] = result
@@ -432,6 +429,24 @@ def test_progress_line_follows_the_events(tmp_path: Path) -> None:
     with path.open("a") as handle:
         handle.write('}\nnot json\n{"event": "c"}\n')
     assert [r["event"] for r in tail.read()] == ["b", "c"]
+
+
+def test_event_file_readers_leave_a_half_written_last_line(tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    # A reader can see half of a writer's single write(): CI once failed on exactly that.
+    from deadpool.events import read_events as read_event_file
+
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"event": "a"}\nnot json\n{"event": "b", "loss": 5.7, "tok')
+    with caplog.at_level("WARNING", logger="deadpool.events"):
+        assert [r["event"] for r in read_event_file(path)] == ["a"]
+    assert [r.message for r in caplog.records] == [f"{path}:2 is not a JSON event line; skipped"]
+    path.write_text('{"event": "a"}\n{"event": "b", "loss": 5.7, "tok')
+    assert [r["event"] for r in read_events(path)] == ["a"]
+    with path.open("a") as handle:
+        handle.write('ens": 512}\n')
+    assert [r["event"] for r in read_events(path)] == ["a", "b"]
+    assert [r["event"] for r in read_event_file(path)] == ["a", "b"]
 
 
 def test_metrics_count_events_and_refresh_gauges() -> None:

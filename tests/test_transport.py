@@ -97,7 +97,7 @@ class Endpoints:
         for task in self._readers:
             try:
                 await asyncio.wait_for(asyncio.shield(task), RECV_TIMEOUT)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 stuck.append(task.get_name())
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -253,7 +253,7 @@ async def test_oversized_frames_never_reach_recv_and_the_receiver_stays_healthy(
         try:
             assert await recv_within(receiver, timeout=0.3) == [b"sorry"]
             break
-        except asyncio.TimeoutError:
+        except TimeoutError:
             continue  # lost with the old connection; retry
     else:
         pytest.fail("the offender was never heard again after behaving")
