@@ -33,7 +33,6 @@ class Handoff:
         self._prepare_epoch = 0  # newest epoch a Prepare asked for
         self._terminal: Stop | Fenced | None = None  # a command after which nothing else matters
         self._confirmed: set[tuple[str, int]] = set()  # (generation, step) copies confirmed by the buddy
-        self._ward_steps: dict[int, list[int]] = {}  # seat -> complete copies held for it
         self._post: Callable[[Any], None] | None = None
         self.dropped_commands = 0
 
@@ -64,11 +63,6 @@ class Handoff:
                 self._confirmed = {item for item in self._confirmed if item[1] >= step - 4}
             self.condition.notify_all()
 
-    def set_ward_steps(self, ward_steps: dict[int, list[int]]) -> None:
-        """Publish which buddy copies this member holds (read by the compute thread for PrepareAck)."""
-        with self.condition:
-            self._ward_steps = {seat: list(steps) for seat, steps in ward_steps.items()}
-
     def wake(self) -> None:
         with self.condition:
             self.condition.notify_all()
@@ -92,10 +86,6 @@ class Handoff:
     def is_confirmed(self, generation: str, step: int) -> bool:
         with self.condition:
             return (generation, step) in self._confirmed
-
-    def ward_steps(self) -> dict[int, list[int]]:
-        with self.condition:
-            return {seat: list(steps) for seat, steps in self._ward_steps.items()}
 
     def take(self, timeout: float, what: str) -> Command:
         """Next command, waiting at most `timeout` seconds.

@@ -556,9 +556,9 @@ class Runtime:
                 acked = command.epoch
                 self._snapshots.wait_copy(self.config.copy_timeout)
                 disk = complete_steps(self._disk.root, self.world_size) if self._disk.enabled else []
+                # ward_steps: filled in by the runtime thread, which reads the buddy copies' slot heads.
                 self._handoff.post(PrepareAck(
-                    self.member, command.epoch, self._progress.step,
-                    self._snapshots.complete_steps(), self._handoff.ward_steps(), disk,
+                    self.member, command.epoch, self._progress.step, self._snapshots.complete_steps(), {}, disk,
                 ))
             elif isinstance(command, CommitView) and command.view.epoch > self._epoch:
                 if command.view.seat_of(self.member) is None:

@@ -14,6 +14,7 @@ The compute thread reaches it only through ``Handoff.post``, which lands in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
@@ -28,7 +29,7 @@ from deadpool.events import EventLog
 from deadpool.handoff import Handoff
 from deadpool.heartbeat import HeartbeatActor, Progress
 from deadpool.membership import Drain, Inbound, MembershipActor, Outbound
-from deadpool.messages import Message, RestoreReply, RestoreRequest, SnapshotAck, SnapshotHeader, Stop
+from deadpool.messages import Message, PrepareAck, RestoreReply, RestoreRequest, SnapshotAck, SnapshotHeader, Stop
 from deadpool.snapshot_actor import CHUNK_BYTES, Bulk, Fetch, LocalReady, SnapshotActor
 from deadpool.transport import CONTROL_LIMITS, Limits, Transport, new_event_loop, open_transport
 
@@ -204,6 +205,11 @@ class RuntimeThread:
                     self._stop_event.set()
             elif isinstance(message, (LocalReady, Fetch)):
                 self._snapshots.inbox.put_nowait(message)
+            elif isinstance(message, PrepareAck):
+                # Which ward copies this member holds, as of now: a same-host ward confirms its snapshots
+                # in place, so only the heads of its mapped slots say which steps they hold.
+                ward_steps = self._snapshots.ward_steps()
+                self._membership.inbox.put_nowait(Outbound(dataclasses.replace(message, ward_steps=ward_steps)))
             else:
                 self._membership.inbox.put_nowait(Outbound(message))
         except asyncio.QueueFull:

@@ -10,9 +10,17 @@ mapping keeps the pages alive after the ward dies (SIGKILL) and after its file
 is unlinked, which is exactly when the copy is needed.
 
 This module is the file side of that: naming, creating (writer), validating
-and mapping (reader), and removing a worker's files (its host agent, after
-the worker exits).  Why a buddy may hold the ward's slot without copying it is
-explained in ``snapshot_actor.py``.
+and mapping (reader), the head block, and removing a worker's files (its host
+agent, after the worker exits).  Why a buddy may hold the ward's slot without
+copying it is explained in ``snapshot_actor.py``.
+
+Head block.  A slot file starts with ``HEAD_BYTES`` holding the encoded,
+authenticated ``SnapshotHeader`` of the snapshot the slot holds, under a
+sequence lock: the ward makes the count odd before it rewrites the slot and
+even again once the header is written, after the copy completed.  A buddy that
+maps the file reads the head when it must know what the slot holds (a view
+change asks, a restore asks) instead of being sent a header and acking it at
+every step.  The arena follows at offset ``HEAD_BYTES``.
 """
 
 from __future__ import annotations
@@ -23,9 +31,12 @@ import mmap
 import os
 import re
 import stat
+import struct
 from dataclasses import dataclass
 
 PREFIX = "deadpool-"
+HEAD_BYTES = 1 << 20  # a slot file's head block: the largest control frame fits (transport's frame limit)
+_HEAD = struct.Struct("<QQ")  # sequence count (odd: being rewritten), length of the header frame that follows
 
 
 def _sanitized(member: str) -> str:
@@ -134,6 +145,36 @@ def sweep_stale(shm_dir: str) -> list[str]:
         except OSError:
             continue  # another user's process, or the file went meanwhile: not ours to judge
     return removed
+
+
+def invalidate_head(head: memoryview) -> None:
+    """Mark the slot as being rewritten (count odd) before its arena is written; the writer calls this."""
+    count, length = _HEAD.unpack_from(head)
+    if count % 2 == 0:
+        _HEAD.pack_into(head, 0, count + 1, length)
+
+
+def write_head(head: memoryview, frame: bytes) -> bool:
+    """Publish the header of the snapshot the slot now holds (count even); False if it does not fit."""
+    if _HEAD.size + len(frame) > len(head):
+        return False
+    invalidate_head(head)
+    count, _ = _HEAD.unpack_from(head)
+    head[_HEAD.size : _HEAD.size + len(frame)] = frame
+    _HEAD.pack_into(head, 0, count, len(frame))  # the length first, under the odd count
+    _HEAD.pack_into(head, 0, count + 1, len(frame))
+    return True
+
+
+def read_head(head: memoryview) -> bytes | None:
+    """The header frame of a slot, or None while it is rewritten, never written, or torn by a concurrent write."""
+    if len(head) < _HEAD.size:
+        return None
+    count, length = _HEAD.unpack_from(head)
+    if count % 2 or length == 0 or _HEAD.size + length > len(head):
+        return None
+    frame = bytes(head[_HEAD.size : _HEAD.size + length])
+    return frame if _HEAD.unpack_from(head) == (count, length) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,8 @@ class Slot:
     done: threading.Event = field(default_factory=threading.Event)
     shm_path: str = ""  # the shared-memory file the arena lives in ("" for anonymous or pinned memory)
     mapping: mmap.mmap | None = None  # the file's mapping, referenced for as long as the arena is
+    head: memoryview | None = None  # the file's head block (``shm.write_head``), before the arena
+    allocation: int = 0  # which arena this is: a reallocated slot file is a new file under the same name
 
     def payload(self) -> memoryview:
         """What the snapshot holds, as the arena packs it (zero-copy): the whole state, or, with a
@@ -195,6 +197,8 @@ class SnapshotStore:
         slot = self._free_slot()
         slot.complete = False
         slot.done.clear()
+        if slot.head is not None:
+            shm.invalidate_head(slot.head)  # before a byte of the arena changes: a buddy may be mapping it
         self._sequence += 1
         slot.step, slot.generation, slot.manifest, slot.sequence = step, generation, manifest, self._sequence
         slot.seat, slot.world, slot.nbytes = seat, world, held_nbytes(manifest, seat, world)
@@ -325,6 +329,7 @@ class SnapshotStore:
         private memory (pinned on the GPU path)."""
         self._release(slot)
         slot.pinned = pinned
+        slot.allocation += 1
         if self._shm_dir and pinned and not shm.in_memory_filesystem(self._shm_dir):
             log.warning("%s is not a memory filesystem, where CUDA can page-lock snapshot slots: using private "
                         "pinned memory; a buddy on this host gets its copies over TCP", self._shm_dir)
@@ -332,13 +337,14 @@ class SnapshotStore:
         if self._shm_dir:
             path = shm.slot_path(self._shm_dir, self._member, os.getpid(), slot.index)
             try:
-                slot.mapping = shm.create(path, nbytes)
+                slot.mapping = shm.create(path, shm.HEAD_BYTES + nbytes)
             except OSError as err:
                 log.warning("snapshot slots cannot live in %s (%s): using private memory; a buddy on this host "
                             "gets its copies over TCP", self._shm_dir, err)
                 self._shm_dir = ""  # said once; the other slot does not try again
             else:
-                slot.arena, slot.shm_path = torch.frombuffer(slot.mapping, dtype=torch.uint8), path
+                slot.arena = torch.frombuffer(slot.mapping, dtype=torch.uint8, offset=shm.HEAD_BYTES)
+                slot.head, slot.shm_path = memoryview(slot.mapping)[: shm.HEAD_BYTES], path
                 if not pinned:
                     return
                 if page_lock(slot.arena):
@@ -357,7 +363,9 @@ class SnapshotStore:
             page_unlock(slot.arena)
         if slot.shm_path:
             shm.unlink(slot.shm_path)
-        slot.arena, slot.mapping, slot.shm_path, slot.registered = None, None, "", False
+        if slot.head is not None:
+            slot.head.release()
+        slot.arena, slot.mapping, slot.head, slot.shm_path, slot.registered = None, None, None, "", False
 
     def _free_slot(self) -> Slot:
         """The slot not holding the newest complete snapshot."""

@@ -20,20 +20,36 @@ read-only (once per file) and holds the copy as a view of the ward's slot,
 without copying it.  A buddy that cannot map it acks with ``error`` and the
 ward sends that snapshot, and every later one to that buddy, over the wire.
 
+Confirmed in place.  The ward also writes each header into its slot file's
+head block (``shm.write_head``).  Once the buddy has acked a header naming a
+slot file (in the current view, for that allocation of the file), it maps that
+file for as long as the ward may write it, so a later snapshot in the same
+file is held by the buddy the moment the copy and its head are written: the
+ward then confirms it to its gate without any message.  With two slots that
+is one header and ack per slot file and view, then none.  The buddy learns
+what each mapped slot holds by reading its head (``_refresh``) when it is
+asked: for every PrepareAck (the runtime thread fills in ``ward_steps``), for
+a restore, and when a header arrives.  The ward marks a slot's head as being
+rewritten (``shm.invalidate_head``) before its arena changes, so a slot whose
+old snapshot is being overwritten is neither reported nor served.
+
 Why holding the ward's slot without a copy is safe: the ward has two slots
 and rewrites the one holding snapshot k-1 only when it captures k+1, at the
 end of step k+1, after that step's gradient all-reduce completed.  Every seat
 ran its pre-step gate (``Runtime._gate``) before joining that all-reduce, and
 the gate waits until the seat's snapshot k is copied and confirmed by its
-buddy.  So when k-1's slot is rewritten, every seat holds step k (locally,
-or as its buddy's confirmed copy) and holds it until it holds k+1, and the
-restore step (``decisions.plan_restore``: the newest step held by every seat)
-is at least k: k-1 is never requested again.  And the slot of the newest
-confirmed snapshot is never rewritten before the next one is confirmed.  A
-ward killed mid-copy leaves its newest confirmed slot intact; the buddy's
-mapping keeps those pages after the ward is gone and its file is unlinked.
-A newer header naming a file that an older copy lives in drops that copy (its
-slot is being rewritten).
+buddy (by its ack, or in place once the buddy maps the file).  So when k-1's
+slot is rewritten, every seat holds step k (locally, or as its buddy's
+confirmed copy) and holds it until it holds k+1, and the restore step
+(``decisions.plan_restore``: the newest step held by every seat) is at least
+k: k-1 is never requested again.  And the slot of the newest confirmed
+snapshot is never rewritten before the next one is confirmed.  A ward killed
+mid-copy leaves its newest confirmed slot intact (and the head of the slot it
+was rewriting marked as such); the buddy's mapping keeps those pages after
+the ward is gone and its file is unlinked.  A buddy keeps a mapped slot until
+a newer header names that file (it was reallocated) or the seat is no longer
+its ward and no restore needs it: never while the ward may still confirm a
+snapshot in it without a message.
 """
 
 from __future__ import annotations
@@ -93,8 +109,11 @@ class Fetch:
 
 @dataclass(slots=True)
 class WardCopy:
-    header: SnapshotHeader
+    header: SnapshotHeader  # for a mapped slot: the newest header read from its head block
     frames: list[memoryview]  # the received frames, or chunks of a read-only view of the ward's slot file
+    mapping: shm.Mapping | None = None  # the ward's slot file, mapped read-only (a shared copy)
+    head_frame: bytes = b""  # the head block's frame `header` was decoded from (b"": the header came by message)
+    valid: bool = True  # a mapped slot's head names a complete snapshot (false while the ward rewrites it)
 
     @property
     def shared(self) -> bool:
@@ -110,6 +129,7 @@ class _InFlight:
     sent_at: float
     attempts: int
     epoch: int  # view epoch when this transfer began: acks for headers from older views do not count
+    mapped: tuple[str, str, int] | None = None  # (buddy, slot file, allocation) when the buddy is to map it
 
 
 def payload_chunks(payload: memoryview) -> list[memoryview]:
@@ -151,6 +171,7 @@ class SnapshotActor:
         self._shm_dir = shm_dir  # ward files are mapped only from here ("" : no shared-memory copies taken)
         self._shm_refused: set[str] = set()  # buddies that could not map our slots: they get frames
         self._mappings: dict[str, shm.Mapping] = {}  # ward slot file -> its mapping, while a copy lives in it
+        self._mapped_by_buddy: set[tuple[str, str, int]] = set()  # (buddy, slot file, allocation) it acked, this view
         self._spec_caches: dict[int, SpecCache] = {}  # ward seat -> its last validated tensor specs
         self.bytes_sent = 0
         self.bytes_held_for_wards = 0  # copies held in memory of our own
@@ -195,32 +216,57 @@ class SnapshotActor:
             self._next = slot
 
     def _start_send(self, slot: Slot, tasks: asyncio.TaskGroup) -> None:
-        epoch = self._view.epoch if self._view else 0
-        self._inflight = _InFlight(slot, slot.step, slot.generation, time.monotonic(), 1, epoch)
+        """Send the snapshot to the buddy, or, when the buddy already maps this slot file, only publish
+        its header in the file's head block and count it confirmed (no message, no ack)."""
+        view = self._view
+        seat = view.seat_of(self._member) if view else None
+        if view is None or seat is None:
+            return
+        buddy = view.buddy_member(seat)
+        mapped = None
+        if self._shares_memory_with(view, buddy, slot):
+            frame = self._header_frame(slot, shared=True)
+            # A header too large for the head block cannot describe the slot there: frames instead.
+            if frame is not None and slot.head is not None and shm.write_head(slot.head, frame):
+                mapped = (buddy, slot.shm_path, slot.allocation)
+                if mapped in self._mapped_by_buddy:
+                    self._confirmed(slot.generation, slot.step)
+                    return
+        self._inflight = _InFlight(slot, slot.step, slot.generation, time.monotonic(), 1, view.epoch, mapped)
         self._flight_started.set()
         self._sender = tasks.create_task(self._send_snapshot(self._inflight))
 
+    def _header_frame(self, slot: Slot, shared: bool) -> bytes | None:
+        """The encoded header of `slot`'s snapshot: naming its file (`shared`) or followed by the payload."""
+        view = self._view
+        seat = view.seat_of(self._member) if view else None
+        if view is None or seat is None or slot.manifest is None:
+            return None
+        header = SnapshotHeader(self._member, view.epoch, seat, slot.step, slot.nbytes, slot.manifest.encode(),
+                                shm_path=slot.shm_path if shared else "", shm_offset=shm.HEAD_BYTES if shared else 0)
+        return codec.encode(header, self._secret)
+
+    def _confirmed(self, generation: str, step: int) -> None:
+        self._handoff.confirm(generation, step)
+        self._progress.confirmed_step = step
+
     async def _send_snapshot(self, flight: _InFlight) -> None:
-        view, addr = self._view, self._buddy_addr()
-        slot = flight.slot
-        if view is None or addr is None or slot.manifest is None:
-            return
+        addr, slot = self._buddy_addr(), flight.slot
         if not slot.complete or slot.step != flight.step or slot.generation != flight.generation:
             return  # the slot was reused: a newer snapshot supersedes this one
-        seat = view.seat_of(self._member)
-        assert seat is not None
-        shared = self._shares_memory_with(view, view.buddy_member(seat), slot)
-        payload = slot.payload()  # what the snapshot holds: mapped by a same-host buddy, else streamed
-        nbytes = len(payload)
-        header = SnapshotHeader(self._member, view.epoch, seat, slot.step, nbytes, slot.manifest.encode(),
-                                shm_path=slot.shm_path if shared else "", shm_offset=0)
-        frames: list[Any] = [codec.encode(header, self._secret)]
+        if flight.mapped is not None and flight.mapped[0] in self._shm_refused:
+            flight.mapped = None  # the buddy cannot map our slots: it gets frames
+        shared = flight.mapped is not None
+        frame = self._header_frame(slot, shared)
+        if addr is None or frame is None:
+            return
+        frames: list[Any] = [frame]
         if not shared:
-            frames += payload_chunks(payload)
+            frames += payload_chunks(slot.payload())  # what the snapshot holds
         try:
             await self._transport.send(addr, frames, self._send_timeout)
             if not shared:
-                self.bytes_sent += nbytes
+                self.bytes_sent += slot.nbytes
         except TransportError as err:
             log.warning("snapshot of step %d not sent to buddy: %s (will retry)", slot.step, err)
 
@@ -271,8 +317,10 @@ class SnapshotActor:
             return
         if flight is None or ack.step != flight.step or ack.header_epoch < flight.epoch:
             return  # a late ack for a superseded transfer (or for an older view's header of the same step)
-        self._handoff.confirm(flight.generation, flight.step)
-        self._progress.confirmed_step = flight.step
+        if flight.mapped is not None:  # later snapshots in this file are confirmed in place
+            buddy, path, _ = flight.mapped
+            self._mapped_by_buddy = {m for m in self._mapped_by_buddy if m[:2] != (buddy, path)} | {flight.mapped}
+        self._confirmed(flight.generation, flight.step)
         self._inflight = None
         pending, self._next = self._next, None
         if pending is not None and pending.complete:
@@ -295,6 +343,7 @@ class SnapshotActor:
     def _on_view(self, view: View, tasks: asyncio.TaskGroup) -> None:
         old = self._view
         self._view = view
+        self._mapped_by_buddy.clear()  # the buddy (or its view of us) may have changed: map-and-ack again
         my_seat = view.seat_of(self._member)
         wards = set(view.wards_of(my_seat)) if my_seat is not None else set()
         for seat in list(self._wards):
@@ -303,22 +352,56 @@ class SnapshotActor:
                 del self._wards[seat]
         for seat in [seat for seat in self._spec_caches if seat not in wards]:
             del self._spec_caches[seat]
-        self._publish_wards()
+        self._update_holdings()
         if old is None or old.store_prefix != view.store_prefix:
             self._inflight, self._next = None, None  # the compute side re-announces after its rebuild
         parked, self._parked = list(self._parked), deque(maxlen=16)
         for item in parked:
             self.inbox.put_nowait(item)
 
-    def _publish_wards(self) -> None:
-        steps = {seat: sorted(c.header.step for c in copies) for seat, copies in self._wards.items()}
+    def ward_steps(self) -> dict[int, list[int]]:
+        """Seat -> steps of the complete copies held for it, read from the mapped slots' heads now.
+
+        The runtime thread puts this into every PrepareAck: a same-host ward's newest
+        snapshots were never announced by message."""
+        view = self._view
+        if view is not None:
+            for seat in self._wards:
+                self._refresh(seat, view)
+        return {seat: sorted({c.header.step for c in copies if c.valid}) for seat, copies in self._wards.items()}
+
+    def _refresh(self, seat: int, view: View) -> None:
+        """Read what each mapped slot of `seat` holds now from its head block (``shm.read_head``)."""
+        for copy in self._wards.get(seat, []):
+            if copy.mapping is None:
+                continue
+            frame = shm.read_head(copy.mapping.view[: shm.HEAD_BYTES])
+            if frame is None:
+                copy.valid = False  # being rewritten: what it held is gone, the next snapshot is not there yet
+                continue
+            if frame == copy.head_frame:
+                copy.valid = True  # the header accepted last time (the same step written again, or no change)
+                continue
+            header = codec.decode(frame, self._secret)
+            problem: tuple[str, str] | None
+            if not isinstance(header, SnapshotHeader):
+                problem = ("bad_head", str(header))
+            elif (problem := self._check_head(header, copy, view.world_size)) is None:
+                copy.header, copy.valid, copy.head_frame = header, True, frame
+                copy.frames = payload_chunks(copy.mapping.view[header.shm_offset : header.shm_offset + header.nbytes])
+                continue
+            copy.valid, copy.head_frame = False, b""
+            self._events.emit("rejected", reason=problem[0], peer=copy.header.sender, seat=seat, detail=problem[1],
+                              kind="slot_head")
+
+    def _update_holdings(self) -> None:
+        """Memory report, and unmap slot files no copy lives in any more."""
         held = [c for copies in self._wards.values() for c in copies]
         self.bytes_held_for_wards = sum(c.header.nbytes for c in held if not c.shared)
         self.bytes_shared_for_wards = sum(c.header.nbytes for c in held if c.shared)
         live = {c.header.shm_path for c in held if c.shared}
         for path in [path for path in self._mappings if path not in live]:
             del self._mappings[path]  # unmapped once the last view of it (e.g. a restore being sent) is gone
-        self._handoff.set_ward_steps(steps)
 
     # -- incoming bulk ------------------------------------------------------------------------
 
@@ -341,57 +424,77 @@ class SnapshotActor:
             self._events.emit("rejected", reason="unexpected_type", detail=type(message).__name__)
 
     async def _on_ward_copy(self, header: SnapshotHeader, frames: list[memoryview], view: View) -> None:
-        my_seat = view.seat_of(self._member)
-        if not 0 <= header.seat < view.world_size or view.seats[header.seat] != header.sender:
-            self._events.emit("rejected", reason="not_in_view", peer=header.sender, kind="snapshot")
-            return
-        if my_seat is None or view.buddies[header.seat] != my_seat:
-            self._events.emit("rejected", reason="not_my_ward", peer=header.sender, seat=header.seat)
-            return
         if header.shm_path and frames:
             self._events.emit("rejected", reason="unexpected_frames", peer=header.sender, kind="shm_snapshot")
             return
         if not header.shm_path and sum(len(f) for f in frames) != header.nbytes:
             self._events.emit("rejected", reason="size_mismatch", peer=header.sender)
             return
+        problem = self._check_ward_header(header, view)
+        if problem is not None:
+            self._events.emit("rejected", reason=problem[0], peer=header.sender, seat=header.seat, detail=problem[1])
+            return
+        mapping = None
+        if header.shm_path:
+            try:
+                mapping = shm.map_readonly(header.shm_path, self._shm_dir, header.shm_offset, header.nbytes,
+                                           self._mappings.get(header.shm_path))
+            except shm.ShmRefused as err:
+                self._events.emit("rejected", reason="bad_shm_path", peer=header.sender, detail=str(err))
+                await self._send_ack(view, header, error=str(err))
+                return
+            self._mappings[header.shm_path] = mapping
+            frames = payload_chunks(mapping.view[header.shm_offset : header.shm_offset + header.nbytes])
+            if header.shm_offset < shm.HEAD_BYTES:
+                mapping = None  # no head block before the payload: this copy is what the header says, no more
+        self._refresh(header.seat, view)
+        copies = [c for c in self._wards.get(header.seat, []) if c.header.sender == header.sender]
+        if header.shm_path:
+            # The copy that lived in the file this header names is gone: the ward rewrote that slot.
+            copies = [c for c in copies if c.header.shm_path != header.shm_path]
+        else:
+            copies = [c for c in copies if c.header.step != header.step or c.shared]
+        copies.append(WardCopy(header, frames, mapping))
+        # A mapped slot stays mapped while the ward may still confirm snapshots in it without a message;
+        # copies received as frames: the two newest.
+        received = sorted((c for c in copies if not c.shared), key=lambda c: c.header.step)[-2:]
+        self._wards[header.seat] = sorted([c for c in copies if c.shared] + received, key=lambda c: c.header.step)
+        self._update_holdings()
+        await self._send_ack(view, header)
+
+    def _check_ward_header(self, header: SnapshotHeader, view: View) -> tuple[str, str] | None:
+        """Why a ward's header is refused (reason, detail), or None."""
+        my_seat = view.seat_of(self._member)
+        if not 0 <= header.seat < view.world_size or view.seats[header.seat] != header.sender:
+            return "not_in_view", f"{header.sender} is not seat {header.seat} here"
+        if my_seat is None or view.buddies[header.seat] != my_seat:
+            return "not_my_ward", f"seat {header.seat}"
+        return self._check_layout(header, view.world_size)
+
+    def _check_head(self, header: SnapshotHeader, copy: WardCopy, world: int) -> tuple[str, str] | None:
+        """Why a header read from a mapped slot's head is refused, or None.
+
+        It must come from the ward the slot was accepted from (which may have died since: its
+        seat then belongs to a spare) and describe a payload inside that file, after the head."""
+        accepted, mapping = copy.header, copy.mapping
+        assert mapping is not None
+        if (header.sender, header.seat, header.shm_path) != (accepted.sender, accepted.seat, mapping.path):
+            return "not_my_ward", f"{header.sender} seat {header.seat} in {accepted.sender}'s slot file"
+        if header.shm_offset < shm.HEAD_BYTES or header.shm_offset + header.nbytes > mapping.size:
+            return "size_mismatch", f"{header.nbytes} bytes at {header.shm_offset} of a {mapping.size}-byte file"
+        return self._check_layout(header, world)
+
+    def _check_layout(self, header: SnapshotHeader, world: int) -> tuple[str, str] | None:
         try:
             # Validated in full whenever its tensor specs differ from this seat's previous (valid) header.
             manifest = Manifest.decode(header.manifest, MAX_SNAPSHOT_BYTES,
                                        self._spec_caches.setdefault(header.seat, SpecCache()))
         except ValueError as err:
-            self._events.emit("rejected", reason="bad_manifest", peer=header.sender, detail=str(err))
-            return
-        held = held_nbytes(manifest, header.seat, view.world_size)
+            return "bad_manifest", str(err)
+        held = held_nbytes(manifest, header.seat, world)
         if header.nbytes != held:
-            self._events.emit("rejected", reason="size_mismatch", peer=header.sender,
-                              detail=f"{header.nbytes} bytes where seat {header.seat} holds {held}")
-            return
-        if header.shm_path:
-            try:
-                frames = self._map_ward_slot(header)
-            except shm.ShmRefused as err:
-                self._events.emit("rejected", reason="bad_shm_path", peer=header.sender, detail=str(err))
-                await self._send_ack(view, header, error=str(err))
-                return
-        # A copy living in the file this header names is gone: the ward is rewriting that slot.
-        copies = [c for c in self._wards.get(header.seat, [])
-                  if c.header.step != header.step and not (header.shm_path and c.header.shm_path == header.shm_path)]
-        copies.append(WardCopy(header, frames))
-        copies.sort(key=lambda c: c.header.step)
-        self._wards[header.seat] = copies[-2:]
-        self._publish_wards()
-        await self._send_ack(view, header)
-
-    def _map_ward_slot(self, header: SnapshotHeader) -> list[memoryview]:
-        """The payload a shared-memory header names, as chunks of a read-only view of the ward's file.
-
-        Raises:
-            shm.ShmRefused: the file may not be trusted or mapped (see ``shm.map_readonly``).
-        """
-        mapping = shm.map_readonly(header.shm_path, self._shm_dir, header.shm_offset, header.nbytes,
-                                   self._mappings.get(header.shm_path))
-        self._mappings[header.shm_path] = mapping
-        return payload_chunks(mapping.view[header.shm_offset : header.shm_offset + header.nbytes])
+            return "size_mismatch", f"{header.nbytes} bytes where seat {header.seat} holds {held}"
+        return None
 
     async def _send_ack(self, view: View, header: SnapshotHeader, error: str = "") -> None:
         ack = SnapshotAck(self._member, view.epoch, header.seat, header.step, error[:500], header.epoch)
@@ -406,9 +509,10 @@ class SnapshotActor:
         if not 0 <= request.seat < view.world_size or view.seats[request.seat] != request.sender:
             self._events.emit("rejected", reason="not_in_view", peer=request.sender, kind="restore_request")
             return
-        copy = next((c for c in self._wards.get(request.seat, []) if c.header.step == request.step), None)
+        self._refresh(request.seat, view)
+        copy = next((c for c in self._wards.get(request.seat, []) if c.valid and c.header.step == request.step), None)
         if copy is None:
-            held = [c.header.step for c in self._wards.get(request.seat, [])]
+            held = [c.header.step for c in self._wards.get(request.seat, []) if c.valid]
             reply = RestoreReply(self._member, request.epoch, request.seat, request.step, False,
                                  f"no copy of seat {request.seat} step {request.step} here (held: {held})")
             frames: list[Any] = [codec.encode(reply, self._secret)]

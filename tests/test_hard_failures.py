@@ -90,15 +90,23 @@ def test_partitioned_member_cannot_split_the_brain(tmp_path: Path, baseline: Lau
     cut = result.of("chaos_injected")[0]
     victim = cut["member"]
     assert [f["failed_member"] for f in result.of("member_failed")] == [victim]
-    # The cut member may finish only the step whose gate it had passed (its previous snapshot
-    # was confirmed before the cut), and only together with every other seat in the same epoch:
-    # its next gate needs a confirmation that can no longer reach it.
+    # Its gloo sockets still work, and on one host its gate needs no message (its buddy maps its
+    # slots and every snapshot is confirmed in place), so the cut member goes on training in
+    # lockstep with the others until the coordinator declares it dead (failure_timeout) and the
+    # others pause. Every step it finishes after the cut is in the epoch of the cut. At most one
+    # of them was not finished by every seat: the step whose all-reduce the others abandoned when
+    # they paused (gloo may complete it for the member alone). The others roll back to a step
+    # before it, so that state is never used.
     after_cut = [e for e in result.of("step_finished") if e["member"] == victim and e["ts"] > cut["ts"]]
-    assert {(e["epoch"], e["step"]) for e in after_cut} <= {(cut["epoch"], cut["step"])}, after_cut
+    assert {e["epoch"] for e in after_cut} <= {cut["epoch"]}, after_cut
+    alone = []
     for late in after_cut:
         together = {e["member"] for e in result.of("step_finished")
                     if (e["epoch"], e["step"]) == (late["epoch"], late["step"])}
-        assert len(together) == 4, together
+        if len(together) != 4:
+            alone.append(late["step"])
+    (resumed,) = {e["step"] for e in result.of("restored")}
+    assert len(alone) <= 1 and all(step > resumed for step in alone), (alone, resumed)
     assert not [e for e in result.of("restored") if e["member"] == victim]
 
 

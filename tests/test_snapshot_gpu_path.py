@@ -178,7 +178,8 @@ def test_gpu_path_page_locks_shared_memory_slots_for_a_buddy_to_map(
     assert slot.arena is not None and slot.manifest is not None
     assert slot.shm_path and slot.pinned and slot.registered and locked == [slot.arena.data_ptr()]
     assert "allocate(pinned=True)" not in fake_cuda.calls
-    with open(slot.shm_path, "rb") as mapped:  # what a buddy on this host maps
+    with open(slot.shm_path, "rb") as mapped:  # what a buddy on this host maps (after the head block)
+        mapped.seek(shm.HEAD_BYTES)
         assert mapped.read(slot.manifest.nbytes) == slot.arena[: slot.manifest.nbytes].numpy().tobytes()
     store.close()
     assert unlocked == locked and not list(tmp_path.iterdir())
@@ -224,6 +225,7 @@ def test_real_gpu_snapshot_into_a_shared_memory_slot() -> None:
         assert slot.arena is not None and slot.manifest is not None
         assert slot.shm_path and slot.registered and slot.arena.is_pinned()
         with open(slot.shm_path, "rb") as mapped:
+            mapped.seek(shm.HEAD_BYTES)
             assert mapped.read(slot.manifest.nbytes) == slot.arena[: slot.manifest.nbytes].numpy().tobytes()
         assert torch.equal(materialize(*store.restore_arena(slot))["w"], expected)
     finally:

@@ -29,7 +29,7 @@ from deadpool.events import EventLog
 from deadpool.handoff import Handoff
 from deadpool.heartbeat import Progress
 from deadpool.membership import ViewChanged
-from deadpool.messages import SnapshotHeader
+from deadpool.messages import RestoreReply, RestoreRequest, SnapshotHeader
 from deadpool.snapshot import Slot, SnapshotStore
 from deadpool.snapshot_actor import Bulk, Fetch, LocalReady, SnapshotActor
 from deadpool.statetree import Manifest, materialize
@@ -82,9 +82,9 @@ def test_cpu_slots_are_private_shared_memory_files_removed_on_close(shm_dir: str
             info = os.lstat(slot.shm_path)
             assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600
             assert slot.manifest is not None and info.st_size >= slot.manifest.nbytes
-        # The file is the arena: what the copy wrote is what a reader of the file sees.
+        # The file is the head block and the arena: what the copy wrote is what a reader of the file sees.
         assert first.manifest is not None
-        on_file = Path(first.shm_path).read_bytes()[: first.manifest.nbytes]
+        on_file = Path(first.shm_path).read_bytes()[shm.HEAD_BYTES : shm.HEAD_BYTES + first.manifest.nbytes]
         assert on_file == bytes(first.payload())
         restored = materialize(first.manifest, torch.frombuffer(bytearray(on_file), dtype=torch.uint8))
         assert torch.equal(restored["w"], state["w"]) and restored["step"] == 1
@@ -234,6 +234,7 @@ class Pair:
         for log in self.events.values():
             log.records = []
         self.actors: dict[str, SnapshotActor] = {}
+        self.received: dict[str, list[Any]] = {WARD: [], BUDDY: []}
         self.tasks: list[asyncio.Task[None]] = []
         self.store = SnapshotStore(on_complete=lambda _: None, shm_dir=ward_shm_dir, member=WARD)
         for member, directory in ((WARD, ward_shm_dir), (BUDDY, buddy_shm_dir)):
@@ -251,17 +252,23 @@ class Pair:
     async def start(self, view: View) -> None:
         for member, actor in self.actors.items():
             self.tasks.append(asyncio.create_task(actor.run()))
-            self.tasks.append(asyncio.create_task(self._read(self.transports[member], actor)))
+            self.tasks.append(asyncio.create_task(self._read(self.transports[member], actor, self.received[member])))
             actor.inbox.put_nowait(ViewChanged(view))
 
     @staticmethod
-    async def _read(transport: Transport, actor: SnapshotActor) -> None:
+    async def _read(transport: Transport, actor: SnapshotActor, received: list[Any] | None = None) -> None:
         """What RuntimeThread._read does for the bulk transport."""
         while True:
             frames = await transport.recv()
             message = codec.decode(frames[0], b"secret")
             assert not isinstance(message, codec.DecodeError), message
+            if received is not None:
+                received.append(message)
             await actor.inbox.put(Bulk(message, frames[1:]))
+
+    def headers_received(self) -> list[int]:
+        """Steps of the snapshot headers the buddy was sent."""
+        return [m.step for m in self.received[BUDDY] if isinstance(m, SnapshotHeader)]
 
     async def send(self, step: int, state: dict[str, Any]) -> Slot:
         slot = _capture(self.store, step, state)
@@ -324,22 +331,106 @@ async def test_same_host_buddy_maps_the_slot_instead_of_receiving_it(
     ward, buddy = pair.actors[WARD], pair.actors[BUDDY]
     assert ward.bytes_sent == 0, "nothing streamed"
     assert buddy.bytes_held_for_wards == 0 and buddy.bytes_shared_for_wards == copy.header.nbytes
-    assert pair.handoffs[BUDDY].ward_steps() == {0: [0]}
+    assert buddy.ward_steps() == {0: [0]}
 
 
-async def test_a_newer_header_naming_the_same_file_drops_the_older_copy(
+async def test_a_mapped_slot_is_confirmed_in_place_and_its_head_says_what_it_holds(
+    shm_dir: str, make_pair: Callable[[str, str], Pair]
+) -> None:
+    """Once the buddy mapped both slot files (one header and ack each), later snapshots cost no message:
+    the ward publishes each header in its slot's head block and counts it confirmed; the buddy reads
+    the heads when asked what it holds, and serves what they name."""
+    pair = make_pair(shm_dir, shm_dir)
+    await pair.start(pair.view())
+    buddy = pair.actors[BUDDY]
+    first = await pair.send(0, _state(1))
+    second = await pair.send(1, _state(2))
+    assert pair.headers_received() == [0, 1]
+    third = await pair.send(2, _state(3))  # rewrites step 0's slot
+    fourth = await pair.send(3, _state(4))
+    assert (third.shm_path, fourth.shm_path) == (first.shm_path, second.shm_path)
+    assert pair.headers_received() == [0, 1], "steps 2 and 3 were confirmed without a message"
+    assert buddy.ward_steps() == {0: [2, 3]}
+    assert [_copy_bytes(c) for c in pair.held()[0]] == [bytes(third.payload()), bytes(fourth.payload())]
+    assert set(buddy._mappings) == {first.shm_path, second.shm_path}
+    # The ward rewrites step 2's slot: from then on it is not held (nor reported) until the ward
+    # publishes the new snapshot's header there.
+    _capture(pair.store, 4, _state(5))
+    assert buddy.ward_steps() == {0: [3]}
+    pair.actors[WARD].inbox.put_nowait(LocalReady(third))
+    await until(lambda: pair.handoffs[WARD].is_confirmed(GENERATION, 4))
+    assert buddy.ward_steps() == {0: [3, 4]} and pair.headers_received() == [0, 1]
+
+
+async def test_a_slot_being_rewritten_is_neither_reported_nor_served(
     shm_dir: str, make_pair: Callable[[str, str], Pair]
 ) -> None:
     pair = make_pair(shm_dir, shm_dir)
     await pair.start(pair.view())
+    buddy = pair.actors[BUDDY]
     first = await pair.send(0, _state(1))
-    second = await pair.send(1, _state(2))
-    assert [c.header.step for c in pair.held()[0]] == [0, 1]
-    third = await pair.send(2, _state(3))  # rewrites step 0's slot
-    assert third.shm_path == first.shm_path
-    assert [c.header.step for c in pair.held()[0]] == [1, 2]
-    assert [_copy_bytes(c) for c in pair.held()[0]] == [bytes(second.payload()), bytes(third.payload())]
-    assert set(pair.actors[BUDDY]._mappings) == {first.shm_path, second.shm_path}
+    await pair.send(1, _state(2))
+    assert first.head is not None
+    shm.invalidate_head(first.head)  # what capture does before the copy overwrites the slot
+    assert buddy.ward_steps() == {0: [1]}
+    await buddy._on_restore_request(RestoreRequest(WARD, 1, 0, 0, pair.transports[WARD].address), pair.view())
+    await until(lambda: any(isinstance(m, RestoreReply) for m in pair.received[WARD]))
+    reply = next(m for m in pair.received[WARD] if isinstance(m, RestoreReply))
+    assert not reply.ok and "held: [1]" in reply.error
+
+
+async def test_snapshots_after_a_view_change_are_announced_again(
+    shm_dir: str, make_pair: Callable[[str, str], Pair]
+) -> None:
+    """A new view may bring a new buddy, or one that dropped its mappings: each slot is mapped and acked
+    again before its snapshots are confirmed in place."""
+    pair = make_pair(shm_dir, shm_dir)
+    await pair.start(pair.view())
+    for step in range(3):
+        await pair.send(step, _state(step))
+    assert pair.headers_received() == [0, 1]
+    for actor in pair.actors.values():
+        actor.inbox.put_nowait(ViewChanged(pair.view(epoch=2)))
+    for step in range(3, 6):
+        await pair.send(step, _state(step))
+    assert pair.headers_received() == [0, 1, 3, 4]
+    assert pair.actors[BUDDY].ward_steps() == {0: [4, 5]}
+
+
+async def test_a_forged_or_foreign_head_is_refused(shm_dir: str, make_pair: Callable[[str, str], Pair]) -> None:
+    pair = make_pair(shm_dir, shm_dir)
+    await pair.start(pair.view())
+    buddy = pair.actors[BUDDY]
+    first = await pair.send(0, _state(1))
+    await pair.send(1, _state(2))
+    assert first.head is not None and first.manifest is not None
+    header = SnapshotHeader(WARD, 1, 0, 7, first.nbytes, first.manifest.encode(), shm_path=first.shm_path,
+                            shm_offset=shm.HEAD_BYTES)
+    assert shm.write_head(first.head, codec.encode(header, b"not the secret"))
+    assert buddy.ward_steps() == {0: [1]}
+    other = dataclasses.replace(header, sender=BUDDY)  # a header naming another member, in the ward's file
+    assert shm.write_head(first.head, codec.encode(other, b"secret"))
+    assert buddy.ward_steps() == {0: [1]}
+    beyond = dataclasses.replace(header, shm_offset=shm.HEAD_BYTES + (1 << 30))
+    assert shm.write_head(first.head, codec.encode(beyond, b"secret"))
+    assert buddy.ward_steps() == {0: [1]}
+    reasons = [(r["reason"], r.get("kind")) for r in pair.events_of(BUDDY, "rejected")]
+    assert reasons == [("bad_head", "slot_head"), ("not_my_ward", "slot_head"), ("size_mismatch", "slot_head")]
+    assert shm.write_head(first.head, codec.encode(header, b"secret"))  # a good one is taken again
+    assert buddy.ward_steps() == {0: [1, 7]}
+
+
+def test_head_block_sequence_lock() -> None:
+    head = memoryview(bytearray(4096))
+    assert shm.read_head(head) is None  # never written
+    assert shm.write_head(head, b"one")
+    assert shm.read_head(head) == b"one"
+    shm.invalidate_head(head)
+    assert shm.read_head(head) is None  # being rewritten
+    shm.invalidate_head(head)  # idempotent: still odd
+    assert shm.write_head(head, b"two") and shm.read_head(head) == b"two"
+    assert not shm.write_head(head, b"x" * 4096) and shm.read_head(head) == b"two"  # too large: untouched
+    assert shm.read_head(head[:8]) is None
 
 
 async def test_held_copy_survives_the_ward_unlinking_its_files_and_is_served_to_a_restore(
