@@ -28,8 +28,8 @@ file is held by the buddy the moment the copy and its head are written: the
 ward then confirms it to its gate without any message.  With two slots that
 is one header and ack per slot file and view, then none.  The buddy learns
 what each mapped slot holds by reading its head (``_refresh``) when it is
-asked: for every PrepareAck (the runtime thread fills in ``ward_steps``), for
-a restore, and when a header arrives.  The ward marks a slot's head as being
+asked: for every PrepareAck (the runtime thread fills in ``ward_steps``) and
+for a restore.  The ward marks a slot's head as being
 rewritten (``shm.invalidate_head``) before its arena changes, so a slot whose
 old snapshot is being overwritten is neither reported nor served.
 
@@ -447,7 +447,6 @@ class SnapshotActor:
             frames = payload_chunks(mapping.view[header.shm_offset : header.shm_offset + header.nbytes])
             if header.shm_offset < shm.HEAD_BYTES:
                 mapping = None  # no head block before the payload: this copy is what the header says, no more
-        self._refresh(header.seat, view)
         copies = [c for c in self._wards.get(header.seat, []) if c.header.sender == header.sender]
         if header.shm_path:
             # The copy that lived in the file this header names is gone: the ward rewrote that slot.
