@@ -260,7 +260,7 @@ def run_system(system: System, size: str, steps: int, warmup: int, per_step_s: f
                    "--warmup", str(warmup), "--out", str(out), "--ckpt-dir", str(run_dir / "ckpt"),
                    "--device", device]
     if system.mode == "deadpool":
-        launch = [sys.executable, "-m", "deadpool.cli", "launch", "--nproc", str(WORLD), "--spares", "0",
+        launch = [sys.executable, "-m", "deadpool", "launch", "--nproc", str(WORLD), "--spares", "0",
                   "--events", str(run_dir / "events.jsonl"), "--snapshot-every", str(system.snapshot_every),
                   *system.launch_args]
         commands = [(launch + worker_args, _child_env())]

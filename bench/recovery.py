@@ -56,7 +56,7 @@ def run_deadpool(kill: bool, workdir: Path) -> dict[str, Any]:
     """One DeadPool job; the same numbers as the baselines' drivers report."""
     workdir.mkdir(parents=True, exist_ok=True)
     events_path = workdir / "events.jsonl"
-    command = [sys.executable, "-m", "deadpool.cli", "launch", "--no-progress", "--events", str(events_path),
+    command = [sys.executable, "-m", "deadpool", "launch", "--no-progress", "--events", str(events_path),
                "--nproc", str(WORLD), "--spares", "1"]
     if kill:
         command += ["--chaos", f"kill:rank={KILL_RANK}:step={KILL_STEP}"]

@@ -1,6 +1,6 @@
 """Scale benchmark: what one coordinator costs from 64 to 16,384 members (deterministic simulation).
 
-Every row is one ``deadpool.simulate`` run: the real coordinator on a virtual
+Every row is one ``deadpool.tools.simulate`` run: the real coordinator on a virtual
 clock, simulated members speaking the real protocol, seeded failures (a hang,
 a crash, a zombie; one during a view change).  Reported per row:
 
@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from deadpool.simulate import SimConfig, adaptive_interval, simulate  # noqa: E402
+from deadpool.tools.simulate import SimConfig, adaptive_interval, simulate  # noqa: E402
 
 SIZES = (64, 256, 1024, 4096, 16384)
 QUICK_SIZES = (64, 256, 1024)

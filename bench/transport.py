@@ -78,9 +78,9 @@ _make_importable()
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
-from deadpool.codec import decode, encode  # noqa: E402
-from deadpool.messages import Heartbeat, SnapshotAck, SnapshotHeader, Stop  # noqa: E402
-from deadpool.transport import Limits, Transport, open_transport  # noqa: E402
+from deadpool.protocol.codec import decode, encode  # noqa: E402
+from deadpool.protocol.messages import Heartbeat, SnapshotAck, SnapshotHeader, Stop  # noqa: E402
+from deadpool.protocol.transport import Limits, Transport, open_transport  # noqa: E402
 
 SECRET = b"bench-shared-secret"
 SEND_TIMEOUT = 10.0  # one send on loopback; reaching it means something is broken

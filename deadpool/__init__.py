@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 from deadpool.errors import DeadPoolError, FencedError, JobStopped, MisuseError, PeerFailure, WaitTimeout
 
 if TYPE_CHECKING:
-    from deadpool.runtime import Runtime, init
+    from deadpool.worker.runtime import Runtime, init
 
 
 def __getattr__(name: str) -> Any:
     """Import the runtime (and torch) only when a training script asks for it: operator tools stay fast."""
     if name in ("Runtime", "init"):
-        from deadpool import runtime
+        from deadpool.worker import runtime
 
         return getattr(runtime, name)
     raise AttributeError(f"module 'deadpool' has no attribute {name!r}")

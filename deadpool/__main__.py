@@ -2,6 +2,7 @@
 
 import sys
 
-from deadpool.cli import main
+# deadpool.tools is installed from the top-level tools/ (package-dir), which mypy cannot map.
+from deadpool.tools.cli import main  # type: ignore[import-not-found]
 
 sys.exit(main())

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from deadpool.errors import MisuseError
-from deadpool.transport import Frame, Transport
+from deadpool.protocol.transport import Frame, Transport
 
 ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "partition": None}
 POINTS = ("boundary", "backward", "allreduce", "broadcast", "recovery")

@@ -20,8 +20,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import deadpool  # noqa: E402
 from gpt import build_model, count_parameters, get_batch, load_corpus, lr_lambda, pick_device  # noqa: E402
+
+import deadpool  # noqa: E402
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ def launch(
     command = [
         sys.executable,
         "-m",
-        "deadpool.cli",
+        "deadpool.tools.cli",
         "launch",
         "--events",
         str(events),

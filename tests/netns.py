@@ -249,7 +249,7 @@ class Job:
         head = cluster.hosts[0]
         env = {**os.environ, **(env or {}), "DEADPOOL_SECRET": secret or os.urandom(16).hex(), "PYTHONUNBUFFERED": "1"}
         for host in cluster.hosts:
-            argv = [sys.executable, "-m", "deadpool.cli", "launch",
+            argv = [sys.executable, "-m", "deadpool", "launch",
                     "--nnodes", str(len(cluster.hosts)), "--node-rank", str(host.index),
                     "--nproc-per-node", str(nproc), "--spares", str(spares),
                     "--host-name", f"host{host.index}", "--bind-host", host.addr,

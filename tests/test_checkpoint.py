@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from deadpool import checkpoint
-from deadpool.snapshot import SnapshotStore
-from deadpool.statetree import held_ranges, materialize
+from deadpool.snapshot import checkpoint
+from deadpool.snapshot.statetree import held_ranges, materialize
+from deadpool.snapshot.store import SnapshotStore
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_a_checkpoint_written_before_arenas_were_packed_still_loads(tmp_path: Pa
     """Older checkpoints hold one tensor per manifest entry at the manifest's offsets, and no held layout."""
     import torch.distributed.checkpoint as dcp
 
-    from deadpool.statetree import flatten, layout, view_tensor
+    from deadpool.snapshot.statetree import flatten, layout, view_tensor
 
     state = {"w": torch.randn(100), "own": torch.arange(5.0), "step": 3}
     skeleton, tensors = flatten(state)

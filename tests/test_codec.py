@@ -26,9 +26,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deadpool import codec
-from deadpool.codec import FLAG_HMAC, HEADER_BYTES, MAC_BYTES, MAGIC, DecodeError, decode, encode
-from deadpool.messages import (
+from deadpool.protocol import codec
+from deadpool.protocol.codec import FLAG_HMAC, HEADER_BYTES, MAC_BYTES, MAGIC, DecodeError, decode, encode
+from deadpool.protocol.messages import (
     PROTOCOL_VERSION,
     REGISTRY,
     TAGS,
@@ -39,7 +39,7 @@ from deadpool.messages import (
     SnapshotHeader,
     StepReport,
 )
-from deadpool.view import View
+from deadpool.protocol.view import View
 
 # Modest settings: the whole file should run in a few seconds on 2 cores.
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

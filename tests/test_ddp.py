@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from deadpool.ddp import DataParallel, plan_buckets
+from deadpool.worker.ddp import DataParallel, plan_buckets
 
 
 class FakeRuntime:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from deadpool import decisions
-from deadpool.view import View, place_buddies
+from deadpool.coordinator import decisions
+from deadpool.protocol.view import View, place_buddies
 
 
 def make_view(world: int = 4, spares: list[str] | None = None, hosts: dict[str, str] | None = None) -> View:

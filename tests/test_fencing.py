@@ -15,9 +15,9 @@ import pytest
 import zmq
 from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors, launch, read_events, wait_for
 
-from deadpool import codec
-from deadpool.messages import PROTOCOL_VERSION, CommitView, Heartbeat, Join, Prepare, SnapshotHeader
-from deadpool.view import View
+from deadpool.protocol import codec
+from deadpool.protocol.messages import PROTOCOL_VERSION, CommitView, Heartbeat, Join, Prepare, SnapshotHeader
+from deadpool.protocol.view import View
 
 pytestmark = pytest.mark.e2e
 
@@ -28,7 +28,7 @@ SECRET = "test-secret-0123456789"
 def start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
     events = tmp_path / "events.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deadpool.cli", "launch", "--events", str(events), *args, str(DEMO),
+        [sys.executable, "-m", "deadpool", "launch", "--events", str(events), *args, str(DEMO),
          "--steps", str(STEPS), "--step-delay", "0.1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
         env={**os.environ, "DEADPOOL_SECRET": SECRET},

@@ -113,7 +113,7 @@ def test_partitioned_member_cannot_split_the_brain(tmp_path: Path, baseline: Lau
 def test_coordinator_restart_rebuilds_view_and_handles_next_failure(tmp_path: Path, baseline: LaunchResult) -> None:
     events = tmp_path / "events.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deadpool.cli", "launch", "--events", str(events), "--nproc", "4", "--spares", "1",
+        [sys.executable, "-m", "deadpool", "launch", "--events", str(events), "--nproc", "4", "--spares", "1",
          "--chaos", "kill:rank=2:step=12", str(DEMO), "--steps", str(STEPS), *SLOW],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     try:
@@ -141,7 +141,7 @@ def test_spare_joins_running_job_and_is_adopted_later(tmp_path: Path, baseline: 
     events = tmp_path / "events.jsonl"
     env = {**os.environ, "DEADPOOL_SECRET": "joining-spare-secret"}
     job = subprocess.Popen(
-        [sys.executable, "-m", "deadpool.cli", "launch", "--events", str(events), "--nproc", "4", "--spares", "0",
+        [sys.executable, "-m", "deadpool", "launch", "--events", str(events), "--nproc", "4", "--spares", "0",
          "--chaos", "kill:rank=1:step=13", str(DEMO), "--steps", str(STEPS), "--step-delay", "0.6"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
     extra = None
@@ -149,7 +149,7 @@ def test_spare_joins_running_job_and_is_adopted_later(tmp_path: Path, baseline: 
         started = wait_for(events, lambda ev: any(e["event"] == "step_finished" for e in ev), 120)
         address = next(e for e in started if e["event"] == "coordinator_started")["address"]
         extra = subprocess.Popen(
-            [sys.executable, "-m", "deadpool.cli", "launch", "--events", str(events), "--nproc", "0", "--spares", "1",
+            [sys.executable, "-m", "deadpool", "launch", "--events", str(events), "--nproc", "0", "--spares", "1",
              "--coordinator", address, str(DEMO), "--steps", str(STEPS), "--step-delay", "0.6"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
         joined = wait_for(events, lambda ev: any(e["event"] == "view_committed" and e["spares"] for e in ev), 120)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from launch_util import LaunchResult, launch
 
-from deadpool import shm
+from deadpool.snapshot import shm
 
 pytestmark = pytest.mark.e2e
 

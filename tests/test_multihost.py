@@ -29,7 +29,7 @@ from typing import Any
 import netns
 import pytest
 
-from deadpool import decisions
+from deadpool.coordinator import decisions
 
 STEPS = 12
 FAULT_AFTER_STEP = 4  # host 2 is lost when rank 0 has printed this step

@@ -5,7 +5,7 @@ The end-to-end tests share one real job (``deadpool launch`` of the GPT demo,
 against it: status, stop/cont, a kill at a step, a seeded random kill, the
 metrics endpoint, then the job's end and its plot.  Commands run as real
 subprocesses where the entry point itself is under test and in-process
-(``deadpool.cli.main``) elsewhere, which skips a torch import per call.  A
+(``deadpool.tools.cli.main``) elsewhere, which skips a torch import per call.  A
 torchrun-style script then runs under ``deadpool launch`` with a kill and
 ends bit-identical to its failure-free run.  The rest are pure logic.
 """
@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deadpool.tools import operator
+from deadpool.tools.cli import main as cli_main
 from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors, read_events, wait_for
 
-from deadpool import jobfile, operator
-from deadpool.cli import main as cli_main
-from deadpool.launch import STEADY_HEAP_ENV, steady_heap_env
-from deadpool.metrics import CoordinatorMetrics
-from deadpool.progress import EventTail, JobProgress
+from deadpool.agent import jobfile
+from deadpool.agent.launch import STEADY_HEAP_ENV, steady_heap_env
+from deadpool.agent.progress import EventTail, JobProgress
+from deadpool.coordinator.metrics import CoordinatorMetrics
 
 STEPS = 50
 STEP_DELAY = 0.3
@@ -98,7 +99,7 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def deadpool_command(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "deadpool.cli", *argv]
+    return [sys.executable, "-m", "deadpool", *argv]
 
 
 @pytest.fixture(scope="module")
@@ -434,11 +435,11 @@ def test_progress_line_follows_the_events(tmp_path: Path) -> None:
 def test_event_file_readers_leave_a_half_written_last_line(tmp_path: Path,
                                                            caplog: pytest.LogCaptureFixture) -> None:
     # A reader can see half of a writer's single write(): CI once failed on exactly that.
-    from deadpool.events import read_events as read_event_file
+    from deadpool.events.log import read_events as read_event_file
 
     path = tmp_path / "events.jsonl"
     path.write_text('{"event": "a"}\nnot json\n{"event": "b", "loss": 5.7, "tok')
-    with caplog.at_level("WARNING", logger="deadpool.events"):
+    with caplog.at_level("WARNING", logger="deadpool.events.log"):
         assert [r["event"] for r in read_event_file(path)] == ["a"]
     assert [r.message for r in caplog.records] == [f"{path}:2 is not a JSON event line; skipped"]
     path.write_text('{"event": "a"}\n{"event": "b", "loss": 5.7, "tok')

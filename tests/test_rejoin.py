@@ -13,16 +13,16 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from deadpool.tools.simulate import CapturingTransport
 
-from deadpool import codec
+from deadpool.actors.handoff import Handoff
+from deadpool.actors.membership import Inbound, MembershipActor, Outbound
 from deadpool.config import Config
-from deadpool.coordinator import REJOIN_ASK_INTERVAL_S, Coordinator
-from deadpool.events import EventLog
-from deadpool.handoff import Handoff
-from deadpool.membership import Inbound, MembershipActor, Outbound
-from deadpool.messages import Heartbeat, Join, Message, Rejoin, ViewReport, Welcome
-from deadpool.simulate import CapturingTransport
-from deadpool.view import View
+from deadpool.coordinator.service import REJOIN_ASK_INTERVAL_S, Coordinator
+from deadpool.events.log import EventLog
+from deadpool.protocol import codec
+from deadpool.protocol.messages import Heartbeat, Join, Message, Rejoin, ViewReport, Welcome
+from deadpool.protocol.view import View
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 

@@ -13,14 +13,14 @@ import asyncio
 
 import pytest
 
-from deadpool import codec
+from deadpool.actors.handoff import Handoff
+from deadpool.actors.heartbeat import Progress
+from deadpool.actors.runtime_thread import RuntimeThread
 from deadpool.config import Config
-from deadpool.events import EventLog
-from deadpool.handoff import Handoff
-from deadpool.heartbeat import Progress
-from deadpool.messages import Finished
-from deadpool.runtime_thread import RuntimeThread
-from deadpool.transport import CONTROL_LIMITS, open_transport
+from deadpool.events.log import EventLog
+from deadpool.protocol import codec
+from deadpool.protocol.messages import Finished
+from deadpool.protocol.transport import CONTROL_LIMITS, open_transport
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 

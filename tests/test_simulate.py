@@ -12,13 +12,14 @@ import dataclasses
 import json
 
 import pytest
+from deadpool.tools import cli, simulate
+from deadpool.tools.simulate import REAL_TIME_KEYS, SimConfig
 
-from deadpool import cli, codec, simulate
 from deadpool.config import Config
-from deadpool.coordinator import Coordinator
-from deadpool.events import EventLog
-from deadpool.messages import AgentHello, Fenced, Heartbeat, HeartbeatBatch, Join
-from deadpool.simulate import REAL_TIME_KEYS, SimConfig
+from deadpool.coordinator.service import Coordinator
+from deadpool.events.log import EventLog
+from deadpool.protocol import codec
+from deadpool.protocol.messages import AgentHello, Fenced, Heartbeat, HeartbeatBatch, Join
 
 REQUIRED = ("members", "failures", "views_committed", "invariant_violations", "detect_s_p50",
             "view_change_s_p50", "coordinator_msgs_per_s", "wall_s")

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from deadpool.snapshot import Slot, SnapshotStore
-from deadpool.statetree import expand, materialize, replicated_slice, scatter
+from deadpool.snapshot.statetree import expand, materialize, replicated_slice, scatter
+from deadpool.snapshot.store import Slot, SnapshotStore
 
 pytestmark = pytest.mark.timeout(30)
 

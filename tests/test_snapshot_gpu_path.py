@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from deadpool import shm, snapshot
-from deadpool.snapshot import SnapshotStore
-from deadpool.statetree import materialize, replicated_slice
+from deadpool.snapshot import shm
+from deadpool.snapshot import store as snapshot
+from deadpool.snapshot.statetree import materialize, replicated_slice
+from deadpool.snapshot.store import SnapshotStore
 
 
 class Recorder:

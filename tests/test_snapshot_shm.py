@@ -24,17 +24,18 @@ import pytest
 import pytest_asyncio
 import torch
 
-from deadpool import codec, shm
-from deadpool.events import EventLog
-from deadpool.handoff import Handoff
-from deadpool.heartbeat import Progress
-from deadpool.membership import ViewChanged
-from deadpool.messages import RestoreReply, RestoreRequest, SnapshotHeader
-from deadpool.snapshot import Slot, SnapshotStore
-from deadpool.snapshot_actor import Bulk, Fetch, LocalReady, SnapshotActor
-from deadpool.statetree import Manifest, materialize
-from deadpool.transport import Limits, Transport, open_transport
-from deadpool.view import View
+from deadpool.actors.handoff import Handoff
+from deadpool.actors.heartbeat import Progress
+from deadpool.actors.membership import ViewChanged
+from deadpool.actors.snapshot_actor import Bulk, Fetch, LocalReady, SnapshotActor
+from deadpool.events.log import EventLog
+from deadpool.protocol import codec
+from deadpool.protocol.messages import RestoreReply, RestoreRequest, SnapshotHeader
+from deadpool.protocol.transport import Limits, Transport, open_transport
+from deadpool.protocol.view import View
+from deadpool.snapshot import shm
+from deadpool.snapshot.statetree import Manifest, materialize
+from deadpool.snapshot.store import Slot, SnapshotStore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -114,7 +115,7 @@ def test_unusable_shm_dir_falls_back_to_private_memory_and_says_so_once(
     missing = str(tmp_path / "no-such-dir")
     store = SnapshotStore(on_complete=lambda _: None, shm_dir=missing, member=WARD)
     try:
-        with caplog.at_level(logging.WARNING, logger="deadpool.snapshot"):
+        with caplog.at_level(logging.WARNING, logger="deadpool.snapshot.store"):
             state = _state(1)
             first = _capture(store, 0, state)
             second = _capture(store, 1, _state(2))

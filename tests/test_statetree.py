@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from deadpool.errors import MisuseError
-from deadpool.snapshot import SnapshotStore
-from deadpool.statetree import (
+from deadpool.snapshot.statetree import (
     Manifest,
     SpecCache,
     TensorSpec,
@@ -20,6 +19,7 @@ from deadpool.statetree import (
     replicated_slice,
     unflatten,
 )
+from deadpool.snapshot.store import SnapshotStore
 
 
 def training_state() -> dict[str, object]:

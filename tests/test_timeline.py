@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from deadpool import timeline
+from deadpool.tools import timeline
 
 T0 = 1_700_000_000.0
 DIGEST = "3fa9c2e1b0d4" + "0" * 52

@@ -34,7 +34,7 @@ import pytest_asyncio
 import zmq
 from deadpool.transports import zmq_transport
 
-from deadpool.transport import Frame, Limits, Transport, TransportError, open_transport
+from deadpool.protocol.transport import Frame, Limits, Transport, TransportError, open_transport
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(20)]
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from deadpool import zero as zero_mod
 from deadpool.errors import MisuseError
+from deadpool.worker import zero as zero_mod
 
 
 def make(seed: int = 0) -> tuple[torch.nn.Module, zero_mod.ZeroShard, list[object]]:

@@ -1,1 +1,1 @@
-"""Transport implementations (installed as ``deadpool.transports``); see ``deadpool/transport.py``."""
+"""Transport implementations (installed as ``deadpool.transports``); see ``deadpool/protocol/transport.py``."""

@@ -14,7 +14,7 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 
-from deadpool.transport import Frame, Limits, TransportError
+from deadpool.protocol.transport import Frame, Limits, TransportError
 
 _ENDPOINTS: dict[str, InProcTransport] = {}
 _BLOCKED: set[str] = set()

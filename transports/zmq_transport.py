@@ -18,12 +18,13 @@ import errno
 import os
 import socket
 import threading
+import typing
 from collections.abc import Sequence
 
 import zmq
 import zmq.asyncio
 
-from deadpool.transport import Frame, Limits, TransportError
+from deadpool.protocol.transport import Frame, Limits, TransportError
 
 _CONTEXT: zmq.asyncio.Context | None = None
 _CONTEXT_PID = 0
@@ -209,7 +210,8 @@ class ZmqTransport:
         except zmq.ZMQError as err:
             raise TransportError(f"cannot connect to {address!r}: {err}") from None
         try:
-            sent = sock.send_multipart(list(frames), copy=False)
+            # zmq.asyncio returns an asyncio Future (typed only as an Awaitable).
+            sent = typing.cast("asyncio.Future[object]", sock.send_multipart(list(frames), copy=False))
             if sent.done():
                 # pyzmq queued it at once (the usual case): no timer and no extra loop iteration for a wait
                 # that cannot happen.  Only a pending send (full queue, peer not connected) waits, bounded.

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-log = logging.getLogger("deadpool.progress")
+log = logging.getLogger("deadpool.agent.progress")
 
 TOKENS_WINDOW_S = 10.0  # tokens/s is the rate over this much recent wall time
 MIN_RATE_SPAN_S = 1.0  # no rate from reports closer together than this

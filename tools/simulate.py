@@ -9,7 +9,7 @@ without processes, sockets or real time.
 
 What is real and what is simulated:
 
-- The coordinator is the real :class:`~deadpool.coordinator.Coordinator`,
+- The coordinator is the real :class:`~deadpool.coordinator.service.Coordinator`,
   with its decisions (``decisions.py``), on a virtual clock (its injected
   ``clock`` and ``wall_clock``), its event log kept in memory.
 - Every message is a real protocol message encoded and decoded by the real
@@ -23,7 +23,7 @@ What is real and what is simulated:
 Design choice: direct dispatch, not the in-process transport.  Every frame a
 member sends is decoded here and passed to ``Coordinator.handle()``; the
 coordinator's sends are captured by :class:`CapturingTransport`, a small
-object implementing the :class:`~deadpool.transport.Transport` protocol, and
+object implementing the :class:`~deadpool.protocol.transport.Transport` protocol, and
 delivered to the simulated members one tick later.  ``transports/inproc.py``
 costs about 17 us per message end to end (``bench/transport.py``: an
 ``asyncio.wait_for`` per send, a queue round trip, a frame copy): at 16,384
@@ -67,12 +67,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deadpool import codec
 from deadpool.config import Config
-from deadpool.coordinator import Coordinator
+from deadpool.coordinator.service import Coordinator
 from deadpool.errors import MisuseError
-from deadpool.events import EventLog
-from deadpool.messages import (
+from deadpool.events.log import EventLog
+from deadpool.protocol import codec
+from deadpool.protocol.messages import (
     AgentHello,
     CollectiveFailed,
     CommitView,
@@ -89,8 +89,8 @@ from deadpool.messages import (
     Stop,
     Welcome,
 )
-from deadpool.transport import CONTROL_LIMITS, Frame, TransportError
-from deadpool.view import View
+from deadpool.protocol.transport import CONTROL_LIMITS, Frame, TransportError
+from deadpool.protocol.view import View
 
 REAL_TIME_KEYS: tuple[str, ...] = (
     "wall_s",
@@ -176,7 +176,7 @@ class SimConfig:
 class CapturingTransport:
     """The coordinator's transport in the simulation: sends are captured, nothing is received.
 
-    Implements :class:`deadpool.transport.Transport`; the simulator calls
+    Implements :class:`deadpool.protocol.transport.Transport`; the simulator calls
     ``Coordinator.handle()`` itself, so ``recv`` is never used.
     """
 

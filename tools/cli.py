@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="deadpool", description="Hot-swap failed ranks in PyTorch training.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    from deadpool import launch
+    from deadpool.agent import launch
 
     launch_parser = commands.add_parser("launch", help="start the coordinator and this host's workers")
     launch.add_arguments(launch_parser)
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     coordinator_parser = commands.add_parser("coordinator", help="run the membership service on its own")
     coordinator_parser.add_argument("rest", nargs=argparse.REMAINDER)
 
-    from deadpool import operator
+    from . import operator
 
     status_parser = commands.add_parser("status", help="the live view: seats, members, steps, snapshots, spares")
     operator.add_status_arguments(status_parser)
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "launch":
             return launch.run(args)
         if args.command == "coordinator":
-            from deadpool import coordinator
+            from deadpool.coordinator import service as coordinator
 
             return coordinator.main(args.rest)
         if args.command == "status":
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             import dataclasses
             import json
 
-            from deadpool import simulate
+            from . import simulate
 
             config = simulate.SimConfig(
                 members=args.members, failures=args.failures, seed=args.seed,
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result) if args.json else simulate.format_table(result))
             return 1 if result["invariant_violations"] else 0
         if args.command == "events":
-            from deadpool import timeline
+            from . import timeline
 
             events = timeline.load(args.file)
             print(timeline.format_timeline(events))

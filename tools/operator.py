@@ -5,7 +5,7 @@ own transport, sends one authenticated request to the coordinator
 (``StatusRequest`` or ``ChaosCommand``) that names that endpoint as
 ``reply_to``, and waits for the answer carrying the same nonce, never longer
 than ``--timeout``.  It speaks the job's protocol with the job's secret
-(``deadpool.jobfile.resolve``), so the coordinator treats a wrong secret like
+(``deadpool.agent.jobfile.resolve``), so the coordinator treats a wrong secret like
 any other unauthenticated frame: dropped and logged, and the tool reports a
 timeout that names the secret as a likely cause.
 
@@ -31,12 +31,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deadpool import codec, jobfile
+from deadpool.agent import jobfile
 from deadpool.errors import MisuseError, PeerFailure, WaitTimeout
-from deadpool.messages import ChaosCommand, ChaosResult, Message, StatusReply, StatusRequest
-from deadpool.transport import CONTROL_LIMITS, TransportError, open_transport
+from deadpool.protocol import codec
+from deadpool.protocol.messages import ChaosCommand, ChaosResult, Message, StatusReply, StatusRequest
+from deadpool.protocol.transport import CONTROL_LIMITS, TransportError, open_transport
 
-log = logging.getLogger("deadpool.operator")
+log = logging.getLogger("deadpool.tools.operator")
 
 DEFAULT_TIMEOUT = 5.0  # seconds for one request/reply; the coordinator answers in milliseconds
 ACTIONS = ("kill", "stop", "cont")

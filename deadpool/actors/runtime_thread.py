@@ -21,19 +21,27 @@ import threading
 from collections import Counter
 from typing import Any
 
-from deadpool import codec
+from deadpool.actors.handoff import Handoff
+from deadpool.actors.heartbeat import HeartbeatActor, Progress
+from deadpool.actors.membership import Drain, Inbound, MembershipActor, Outbound
+from deadpool.actors.snapshot_actor import CHUNK_BYTES, Bulk, Fetch, LocalReady, SnapshotActor
 from deadpool.chaos import PartitionedTransport, PartitionSwitch
 from deadpool.config import Config
 from deadpool.errors import MisuseError
-from deadpool.events import EventLog
-from deadpool.handoff import Handoff
-from deadpool.heartbeat import HeartbeatActor, Progress
-from deadpool.membership import Drain, Inbound, MembershipActor, Outbound
-from deadpool.messages import Message, PrepareAck, RestoreReply, RestoreRequest, SnapshotAck, SnapshotHeader, Stop
-from deadpool.snapshot_actor import CHUNK_BYTES, Bulk, Fetch, LocalReady, SnapshotActor
-from deadpool.transport import CONTROL_LIMITS, Limits, Transport, new_event_loop, open_transport
+from deadpool.events.log import EventLog
+from deadpool.protocol import codec
+from deadpool.protocol.messages import (
+    Message,
+    PrepareAck,
+    RestoreReply,
+    RestoreRequest,
+    SnapshotAck,
+    SnapshotHeader,
+    Stop,
+)
+from deadpool.protocol.transport import CONTROL_LIMITS, Limits, Transport, new_event_loop, open_transport
 
-log = logging.getLogger("deadpool.runtime")
+log = logging.getLogger("deadpool.worker.runtime")
 
 _BULK_TYPES = (SnapshotHeader, SnapshotAck, RestoreRequest, RestoreReply)
 BULK_LIMITS = Limits(max_frame_bytes=CHUNK_BYTES + (1 << 20), max_frames=4097, inbox_size=8, send_hwm=8)

@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from deadpool.snapshot import Slot
-from deadpool.statetree import Manifest, expand, held_nbytes, view_tensor
+from deadpool.snapshot.statetree import Manifest, expand, held_nbytes, view_tensor
+from deadpool.snapshot.store import Slot
 
-log = logging.getLogger("deadpool.checkpoint")
+log = logging.getLogger("deadpool.snapshot.checkpoint")
 
 MANIFEST = "deadpool-manifest.msgpack"
 HELD = "deadpool-held.json"  # the seat and world size the snapshot was captured in

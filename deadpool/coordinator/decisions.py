@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from deadpool.view import View, place_buddies
+from deadpool.protocol.view import View, place_buddies
 
 DISK = "@disk"  # restore_from value: read the seat's state from the disk checkpoint
 

@@ -43,11 +43,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from deadpool import shm
 from deadpool.errors import WaitTimeout
-from deadpool.statetree import Manifest, TensorSpec, expand, flatten, held_nbytes, held_ranges, layout
+from deadpool.snapshot import shm
+from deadpool.snapshot.statetree import Manifest, TensorSpec, expand, flatten, held_nbytes, held_ranges, layout
 
-log = logging.getLogger("deadpool.snapshot")
+log = logging.getLogger("deadpool.snapshot.store")
 
 
 @dataclass

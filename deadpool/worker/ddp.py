@@ -42,7 +42,7 @@ from torch import nn
 if TYPE_CHECKING:
     from torch.distributed import Work
 
-    from deadpool.runtime import Runtime
+    from deadpool.worker.runtime import Runtime
 
 DEFAULT_BUCKET_MB = 25.0  # torch DDP's bucket_cap_mb: the demo's 13 MB of gradients are one bucket
 

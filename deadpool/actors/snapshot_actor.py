@@ -65,18 +65,19 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from deadpool import codec, shm
-from deadpool.events import EventLog
-from deadpool.handoff import Handoff
-from deadpool.heartbeat import Progress
-from deadpool.membership import ViewChanged
-from deadpool.messages import Message, RestoreReply, RestoreRequest, SnapshotAck, SnapshotHeader
-from deadpool.snapshot import Slot
-from deadpool.statetree import Manifest, SpecCache, held_nbytes
-from deadpool.transport import Transport, TransportError
-from deadpool.view import View
+from deadpool.actors.handoff import Handoff
+from deadpool.actors.heartbeat import Progress
+from deadpool.actors.membership import ViewChanged
+from deadpool.events.log import EventLog
+from deadpool.protocol import codec
+from deadpool.protocol.messages import Message, RestoreReply, RestoreRequest, SnapshotAck, SnapshotHeader
+from deadpool.protocol.transport import Transport, TransportError
+from deadpool.protocol.view import View
+from deadpool.snapshot import shm
+from deadpool.snapshot.statetree import Manifest, SpecCache, held_nbytes
+from deadpool.snapshot.store import Slot
 
-log = logging.getLogger("deadpool.snapshot_actor")
+log = logging.getLogger("deadpool.actors.snapshot_actor")
 
 CHUNK_BYTES = 16 << 20
 MAX_SNAPSHOT_BYTES = 64 << 30

@@ -39,10 +39,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from deadpool import codec, decisions
 from deadpool.config import Config, raise_priority
-from deadpool.events import EventLog
-from deadpool.messages import (
+from deadpool.coordinator import decisions
+from deadpool.events.log import EventLog
+from deadpool.protocol import codec
+from deadpool.protocol.messages import (
     AgentHello,
     ChaosCommand,
     ChaosInjected,
@@ -69,10 +70,10 @@ from deadpool.messages import (
     ViewReport,
     Welcome,
 )
-from deadpool.transport import CONTROL_LIMITS, Transport, TransportError, new_event_loop, open_transport
-from deadpool.view import View
+from deadpool.protocol.transport import CONTROL_LIMITS, Transport, TransportError, new_event_loop, open_transport
+from deadpool.protocol.view import View
 
-log = logging.getLogger("deadpool.coordinator")
+log = logging.getLogger("deadpool.coordinator.service")
 
 MAX_BLIND_REBUILDS = 3  # rebuilds that fix nothing, in a row, before the job is failed with a reason
 RATE_PER_S = 200.0  # sustained messages per member per second (heartbeats are 4/s)
@@ -85,7 +86,7 @@ RECENT_EVENTS = 20  # events kept for `deadpool status`
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore
 
-    from deadpool.metrics import CoordinatorMetrics
+    from deadpool.coordinator.metrics import CoordinatorMetrics
 
 
 @dataclass
@@ -804,7 +805,7 @@ def _start_metrics(args: argparse.Namespace) -> CoordinatorMetrics | str | None:
     if args.metrics_port < 0:
         return None
     try:
-        from deadpool.metrics import CoordinatorMetrics
+        from deadpool.coordinator.metrics import CoordinatorMetrics
     except ImportError as err:
         return f"--metrics-port needs prometheus-client ({err}); install it: pip install 'deadpool[metrics]'"
     exporter = CoordinatorMetrics()

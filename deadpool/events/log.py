@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("deadpool.events")
+log = logging.getLogger("deadpool.events.log")
 
 
 class EventLog:

@@ -1,7 +1,7 @@
 """Reading an events file back: a summary, a plain-text timeline and a plot.
 
 Every process of a job appends JSON lines to one events file (see
-``deadpool.events``).  This module is what ``deadpool events FILE [--plot
+``deadpool.events.log``).  This module is what ``deadpool events FILE [--plot
 OUT.png]`` runs on that file after (or during) a run: it answers the questions
 a person asks after a failure -- who died, how it was noticed, which spare took
 the seat, how long the job was down, where it resumed, and whether the final
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from deadpool.errors import MisuseError
-from deadpool.events import read_events
+from deadpool.events.log import read_events
 
 Record = dict[str, Any]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from deadpool.view import View
+from deadpool.protocol.view import View
 
 PROTOCOL_VERSION = 2  # 2: Heartbeat carries control_addr; Rejoin added
 

@@ -36,18 +36,15 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import BroadcastOptions
 
 from deadpool import chaos as chaos_mod
-from deadpool import zero as zero_mod
-from deadpool.checkpoint import DiskCheckpointer, complete_steps
-from deadpool.checkpoint import load as checkpoint_load
-from deadpool.collective import CollectiveAborted, Waiter, connect_store, create_group
+from deadpool.actors.handoff import Command, Handoff
+from deadpool.actors.heartbeat import Progress
+from deadpool.actors.runtime_thread import RuntimeThread
+from deadpool.actors.snapshot_actor import Fetch, LocalReady
 from deadpool.config import Config
-from deadpool.ddp import DEFAULT_BUCKET_MB, DataParallel
-from deadpool.decisions import DISK
+from deadpool.coordinator.decisions import DISK
 from deadpool.errors import JobStopped, MisuseError, WaitTimeout
-from deadpool.events import EventLog
-from deadpool.handoff import Command, Handoff
-from deadpool.heartbeat import Progress
-from deadpool.messages import (
+from deadpool.events.log import EventLog
+from deadpool.protocol.messages import (
     ChaosInjected,
     CollectiveFailed,
     CommitView,
@@ -59,11 +56,14 @@ from deadpool.messages import (
     Recovered,
     Stop,
 )
-from deadpool.runtime_thread import RuntimeThread
-from deadpool.snapshot import Slot, SnapshotStore
-from deadpool.snapshot_actor import Fetch, LocalReady
-from deadpool.statetree import Manifest, expand, flatten, materialize, replicated_slice
-from deadpool.view import View
+from deadpool.protocol.view import View
+from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
+from deadpool.snapshot.checkpoint import load as checkpoint_load
+from deadpool.snapshot.statetree import Manifest, expand, flatten, materialize, replicated_slice
+from deadpool.snapshot.store import Slot, SnapshotStore
+from deadpool.worker import zero as zero_mod
+from deadpool.worker.collective import CollectiveAborted, Waiter, connect_store, create_group
+from deadpool.worker.ddp import DEFAULT_BUCKET_MB, DataParallel
 
 log = logging.getLogger("deadpool")
 

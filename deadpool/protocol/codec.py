@@ -22,7 +22,7 @@ from typing import Any, Union
 
 import msgpack
 
-from deadpool.messages import PROTOCOL_VERSION, REGISTRY, TAGS, Message
+from deadpool.protocol.messages import PROTOCOL_VERSION, REGISTRY, TAGS, Message
 
 MAGIC = b"DP"
 FLAG_HMAC = 0x01

@@ -13,11 +13,11 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from deadpool import codec
-from deadpool.messages import Heartbeat
-from deadpool.transport import Transport, TransportError
+from deadpool.protocol import codec
+from deadpool.protocol.messages import Heartbeat
+from deadpool.protocol.transport import Transport, TransportError
 
-log = logging.getLogger("deadpool.heartbeat")
+log = logging.getLogger("deadpool.actors.heartbeat")
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-log = logging.getLogger("deadpool.metrics")
+log = logging.getLogger("deadpool.coordinator.metrics")
 
 # Detection takes milliseconds (an exit, a reset socket) to failure_timeout (a hang); recovery adds
 # a snapshot transfer and a group rebuild.

@@ -15,14 +15,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from deadpool import codec
-from deadpool.events import EventLog
-from deadpool.handoff import Handoff
-from deadpool.messages import CommitView, Fenced, Join, Message, Prepare, Rejoin, Stop, ViewReport, Welcome
-from deadpool.transport import Transport, TransportError
-from deadpool.view import View
+from deadpool.actors.handoff import Handoff
+from deadpool.events.log import EventLog
+from deadpool.protocol import codec
+from deadpool.protocol.messages import CommitView, Fenced, Join, Message, Prepare, Rejoin, Stop, ViewReport, Welcome
+from deadpool.protocol.transport import Transport, TransportError
+from deadpool.protocol.view import View
 
-log = logging.getLogger("deadpool.membership")
+log = logging.getLogger("deadpool.actors.membership")
 
 
 @dataclass(frozen=True, slots=True)

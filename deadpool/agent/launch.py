@@ -28,13 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deadpool import codec, jobfile, progress, shm
+from deadpool.agent import jobfile, progress
 from deadpool.chaos import parse as parse_chaos
 from deadpool.config import Config, raise_priority
 from deadpool.errors import MisuseError
-from deadpool.events import read_events
-from deadpool.messages import AgentHello, FenceKill, ProcessExited, SignalMember, Stop, Welcome
-from deadpool.transport import CONTROL_LIMITS, Transport, TransportError, open_transport
+from deadpool.events.log import read_events
+from deadpool.protocol import codec
+from deadpool.protocol.messages import AgentHello, FenceKill, ProcessExited, SignalMember, Stop, Welcome
+from deadpool.protocol.transport import CONTROL_LIMITS, Transport, TransportError, open_transport
+from deadpool.snapshot import shm
 
 COORDINATOR_START_TIMEOUT = 60.0
 WORKER_EXIT_GRACE = 30.0
@@ -151,7 +153,7 @@ async def _start_coordinator(args: argparse.Namespace, world: int, events: str, 
                              bind: str = "", recover: bool = False) -> tuple[asyncio.subprocess.Process, str, str]:
     """Start the coordinator process and read the addresses it bound from its first line."""
     host = args.master_addr or "127.0.0.1"
-    command = [sys.executable, "-m", "deadpool.coordinator", "--world-size", str(world), "--events", events,
+    command = [sys.executable, "-m", "deadpool.coordinator.service", "--world-size", str(world), "--events", events,
                "--bind", bind or f"tcp://{host}:{args.coordinator_port}",
                "--store-port", "0" if recover else str(args.master_port)]
     if recover:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deadpool.errors import WaitTimeout
-from deadpool.messages import CommitView, Fenced, Prepare, Stop
+from deadpool.protocol.messages import CommitView, Fenced, Prepare, Stop
 
 Command = Prepare | CommitView | Stop | Fenced
 MAX_COMMANDS = 64

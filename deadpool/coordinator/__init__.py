@@ -1,0 +1,1 @@
+"""The membership service: its state machine, records, pure decisions, process entry and metrics."""
