@@ -70,6 +70,7 @@ from typing import Any
 from deadpool.config import Config
 from deadpool.coordinator.service import Coordinator
 from deadpool.errors import MisuseError
+from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.messages import (
@@ -689,7 +690,7 @@ class Simulation:
         for frame in inbound:
             message = codec.decode(frame, None, limit)
             if isinstance(message, codec.DecodeError):
-                self._events.emit("rejected", reason=message.reason, detail=message.detail)
+                self._events.emit(Event.REJECTED, reason=message.reason, detail=message.detail)
                 continue
             fenced = self._fenced_state(message) if coordinator.fenced else None
             await coordinator.handle(message)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from deadpool.actors.handoff import Handoff
+from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.messages import CommitView, Fenced, Join, Message, Prepare, Rejoin, Stop, ViewReport, Welcome
@@ -137,28 +138,28 @@ class MembershipActor:
         if isinstance(message, CommitView):
             view = message.view
             if view.epoch <= epoch:
-                self._events.emit("rejected", reason="stale_view", detail=f"view {view.epoch} <= held {epoch}")
+                self._events.emit(Event.REJECTED, reason="stale_view", detail=f"view {view.epoch} <= held {epoch}")
                 return
             self.view = view
             await self._snapshot_inbox.put(ViewChanged(view))
             self._handoff.deliver(message)
         elif isinstance(message, Prepare):
             if message.epoch <= epoch:
-                self._events.emit("rejected", reason="stale_prepare", detail=f"prepare {message.epoch} <= {epoch}")
+                self._events.emit(Event.REJECTED, reason="stale_prepare", detail=f"prepare {message.epoch} <= {epoch}")
                 return
             self._handoff.deliver(message)
         elif isinstance(message, Fenced):
             if message.member != self._member:
-                self._events.emit("rejected", reason="misaddressed", detail=f"fence for {message.member}")
+                self._events.emit(Event.REJECTED, reason="misaddressed", detail=f"fence for {message.member}")
                 return
             self._fenced = True
-            self._events.emit("fenced", reason=message.reason, fenced_epoch=message.epoch)
+            self._events.emit(Event.FENCED, reason=message.reason, fenced_epoch=message.epoch)
             self._handoff.deliver(message)
         elif isinstance(message, Stop):
             self._handoff.deliver(message)
         elif isinstance(message, Rejoin):
             if message.member != self._member:
-                self._events.emit("rejected", reason="misaddressed", detail=f"rejoin for {message.member}")
+                self._events.emit(Event.REJECTED, reason="misaddressed", detail=f"rejoin for {message.member}")
                 return
             if self._join is not None:
                 log.info("the coordinator (epoch %d) does not know us: joining again", message.epoch)
@@ -172,4 +173,4 @@ class MembershipActor:
                                             self._last_step, self.view))
             log.info("welcomed by the coordinator at epoch %d (world size %d)", message.epoch, message.world_size)
         else:
-            self._events.emit("rejected", reason="unexpected_type", detail=type(message).__name__)
+            self._events.emit(Event.REJECTED, reason="unexpected_type", detail=type(message).__name__)

@@ -28,6 +28,7 @@ from deadpool.actors.snapshot_actor import CHUNK_BYTES, Bulk, Fetch, LocalReady,
 from deadpool.chaos import PartitionedTransport, PartitionSwitch
 from deadpool.config import Config
 from deadpool.errors import MisuseError
+from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.messages import (
@@ -200,7 +201,7 @@ class RuntimeThread:
         self._rejections[reason] += 1
         count = self._rejections[reason]
         if count <= 20 or count % 100 == 0:
-            self._events.emit("rejected", reason=reason, detail=detail, count=count)
+            self._events.emit(Event.REJECTED, reason=reason, detail=detail, count=count)
 
     def _route_from_compute(self, message: Any) -> None:
         assert self._membership is not None and self._snapshots is not None and self._stop_event is not None

@@ -68,6 +68,7 @@ from typing import Any
 from deadpool.actors.handoff import Handoff
 from deadpool.actors.heartbeat import Progress
 from deadpool.actors.membership import ViewChanged
+from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.messages import Message, RestoreReply, RestoreRequest, SnapshotAck, SnapshotHeader
@@ -311,7 +312,7 @@ class SnapshotActor:
         view, flight = self._view, self._inflight
         seat = view.seat_of(self._member) if view else None
         if view is None or seat is None or ack.sender != view.buddy_member(seat):
-            self._events.emit("rejected", reason="ack_from_non_buddy", peer=ack.sender)
+            self._events.emit(Event.REJECTED, reason="ack_from_non_buddy", peer=ack.sender)
             return
         if ack.error:
             self._on_shm_refused(ack, tasks)
@@ -333,7 +334,7 @@ class SnapshotActor:
             self._shm_refused.add(ack.sender)
             log.warning("buddy %s cannot map this member's snapshot slots (%s); sending copies over the wire",
                         ack.sender, ack.error)
-            self._events.emit("snapshot_shm_refused", peer=ack.sender, error=ack.error)
+            self._events.emit(Event.SNAPSHOT_SHM_REFUSED, peer=ack.sender, error=ack.error)
         flight = self._inflight
         if flight is None or ack.step != flight.step:
             return
@@ -392,7 +393,7 @@ class SnapshotActor:
                 copy.frames = payload_chunks(copy.mapping.view[header.shm_offset : header.shm_offset + header.nbytes])
                 continue
             copy.valid, copy.head_frame = False, b""
-            self._events.emit("rejected", reason=problem[0], peer=copy.header.sender, seat=seat, detail=problem[1],
+            self._events.emit(Event.REJECTED, reason=problem[0], peer=copy.header.sender, seat=seat, detail=problem[1],
                               kind="slot_head")
 
     def _update_holdings(self) -> None:
@@ -422,18 +423,19 @@ class SnapshotActor:
         elif isinstance(message, RestoreReply):
             self._on_restore_reply(message, item.frames)
         else:
-            self._events.emit("rejected", reason="unexpected_type", detail=type(message).__name__)
+            self._events.emit(Event.REJECTED, reason="unexpected_type", detail=type(message).__name__)
 
     async def _on_ward_copy(self, header: SnapshotHeader, frames: list[memoryview], view: View) -> None:
         if header.shm_path and frames:
-            self._events.emit("rejected", reason="unexpected_frames", peer=header.sender, kind="shm_snapshot")
+            self._events.emit(Event.REJECTED, reason="unexpected_frames", peer=header.sender, kind="shm_snapshot")
             return
         if not header.shm_path and sum(len(f) for f in frames) != header.nbytes:
-            self._events.emit("rejected", reason="size_mismatch", peer=header.sender)
+            self._events.emit(Event.REJECTED, reason="size_mismatch", peer=header.sender)
             return
         problem = self._check_ward_header(header, view)
         if problem is not None:
-            self._events.emit("rejected", reason=problem[0], peer=header.sender, seat=header.seat, detail=problem[1])
+            self._events.emit(Event.REJECTED, reason=problem[0], peer=header.sender, seat=header.seat,
+                              detail=problem[1])
             return
         mapping = None
         if header.shm_path:
@@ -441,7 +443,7 @@ class SnapshotActor:
                 mapping = shm.map_readonly(header.shm_path, self._shm_dir, header.shm_offset, header.nbytes,
                                            self._mappings.get(header.shm_path))
             except shm.ShmRefused as err:
-                self._events.emit("rejected", reason="bad_shm_path", peer=header.sender, detail=str(err))
+                self._events.emit(Event.REJECTED, reason="bad_shm_path", peer=header.sender, detail=str(err))
                 await self._send_ack(view, header, error=str(err))
                 return
             self._mappings[header.shm_path] = mapping
@@ -507,7 +509,7 @@ class SnapshotActor:
 
     async def _on_restore_request(self, request: RestoreRequest, view: View) -> None:
         if not 0 <= request.seat < view.world_size or view.seats[request.seat] != request.sender:
-            self._events.emit("rejected", reason="not_in_view", peer=request.sender, kind="restore_request")
+            self._events.emit(Event.REJECTED, reason="not_in_view", peer=request.sender, kind="restore_request")
             return
         self._refresh(request.seat, view)
         copy = next((c for c in self._wards.get(request.seat, []) if c.valid and c.header.step == request.step), None)

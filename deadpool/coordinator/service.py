@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from deadpool.config import Config, raise_priority
 from deadpool.coordinator import decisions
+from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.messages import (
@@ -215,9 +216,9 @@ class Coordinator:
     async def _on_frames(self, frames: list[memoryview]) -> None:
         decoded = codec.decode(frames[0], self._secret, CONTROL_LIMITS.max_frame_bytes)
         if isinstance(decoded, codec.DecodeError):
-            self.events.emit("rejected", reason=decoded.reason, detail=decoded.detail)
+            self.events.emit(Event.REJECTED, reason=decoded.reason, detail=decoded.detail)
         elif len(frames) != 1:
-            self.events.emit("rejected", reason="unexpected_frames", detail=type(decoded).__name__)
+            self.events.emit(Event.REJECTED, reason="unexpected_frames", detail=type(decoded).__name__)
         else:
             await self.handle(decoded)
 
@@ -264,7 +265,7 @@ class Coordinator:
             await self._send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status())))
         elif isinstance(message, ProcessExited):
             if message.sender not in self.agents:
-                self.events.emit("rejected", reason="unknown_agent", peer=message.sender)
+                self.events.emit(Event.REJECTED, reason="unknown_agent", peer=message.sender)
                 return
             record = self.members.get(message.member)
             if record is not None:
@@ -283,22 +284,24 @@ class Coordinator:
             # and an agent vouches only for the members it registered in its AgentHello.
             agent = self.agents.get(message.sender)
             if agent is None:
-                self.events.emit("rejected", reason="unknown_agent", peer=message.sender)
+                self.events.emit(Event.REJECTED, reason="unknown_agent", peer=message.sender)
                 return
             for beat in message.beats:
                 if beat.sender in agent.members:
                     await self.handle(beat)
                 else:
-                    self.events.emit("rejected", reason="not_agents_member", peer=message.sender, detail=beat.sender)
+                    self.events.emit(Event.REJECTED, reason="not_agents_member", peer=message.sender,
+                                     detail=beat.sender)
         else:
             sender = getattr(message, "sender", None)
             if not isinstance(sender, str) or sender not in self.members:
-                self.events.emit("rejected", reason="unknown_peer", detail=f"{type(message).__name__} from {sender}")
+                self.events.emit(Event.REJECTED, reason="unknown_peer",
+                                 detail=f"{type(message).__name__} from {sender}")
                 if isinstance(message, Heartbeat):
                     await self._ask_to_rejoin(message, now)
                 return
             if sender in self.fenced:
-                self.events.emit("rejected", reason="fenced_peer", peer=sender, kind=type(message).__name__)
+                self.events.emit(Event.REJECTED, reason="fenced_peer", peer=sender, kind=type(message).__name__)
                 await self._send(self.members[sender].control_addr,
                                  Fenced(sender, self.view.epoch if self.view else 0, self.fenced[sender]))
                 return
@@ -316,7 +319,7 @@ class Coordinator:
             self._rate_limited[sender] = self._rate_limited.get(sender, 0) + 1
             count = self._rate_limited[sender]
             if count <= 5 or count % 1000 == 0:
-                self.events.emit("rejected", reason="rate_limited", peer=sender, count=count,
+                self.events.emit(Event.REJECTED, reason="rate_limited", peer=sender, count=count,
                                  detail=f"more than {RATE_PER_S:.0f} messages/s sustained")
             return False
         self._buckets[sender] = (tokens - 1.0, now)
@@ -334,13 +337,13 @@ class Coordinator:
         elif isinstance(message, PrepareAck):
             rnd = self.round
             if rnd is None or message.epoch != rnd.epoch:
-                self.events.emit("rejected", reason="stale_ack", peer=message.sender, ack_epoch=message.epoch)
+                self.events.emit(Event.REJECTED, reason="stale_ack", peer=message.sender, ack_epoch=message.epoch)
                 return
             rnd.acks[message.sender] = decisions.Snapshots(message.local_steps, message.ward_steps,
                                                            message.disk_steps)
             await self._maybe_commit()
         elif isinstance(message, CollectiveFailed):
-            self.events.emit("collective_error_reported", member=message.sender, step=message.step,
+            self.events.emit(Event.COLLECTIVE_ERROR_REPORTED, member=message.sender, step=message.step,
                              error=message.error[:300])
             if self.round is None and self._suspect_since is None:
                 self._suspect_since = now
@@ -357,7 +360,7 @@ class Coordinator:
             record.step = message.step
             self._adopt_reported_view(message)
         else:
-            self.events.emit("rejected", reason="unexpected_type", detail=type(message).__name__)
+            self.events.emit(Event.REJECTED, reason="unexpected_type", detail=type(message).__name__)
 
     async def _on_join(self, join: Join, now: float) -> None:
         if join.sender in self.fenced:
@@ -365,7 +368,7 @@ class Coordinator:
                                                        self.fenced[join.sender]))
             return
         if join.world_size != self._world_size and not (join.role == "spare" and join.world_size == 0):
-            self.events.emit("rejected", reason="wrong_world_size", peer=join.sender,
+            self.events.emit(Event.REJECTED, reason="wrong_world_size", peer=join.sender,
                              detail=f"member has WORLD_SIZE={join.world_size}, job has {self._world_size}")
             return
         known = join.sender in self.members
@@ -377,7 +380,7 @@ class Coordinator:
                                                     self._world_size))
         if known:
             return
-        self.events.emit("member_joined", member=join.sender, role=join.role, host=join.host, pid=join.pid,
+        self.events.emit(Event.MEMBER_JOINED, member=join.sender, role=join.role, host=join.host, pid=join.pid,
                          seat_hint=join.seat_hint)
         if self.view is None:
             if not self._recovering:
@@ -396,7 +399,7 @@ class Coordinator:
         if len(self._rejoin_asked) >= MAX_REJOIN_ASKS:
             self._rejoin_asked.clear()  # bounded: strangers cannot grow it
         self._rejoin_asked[beat.sender] = now
-        self.events.emit("rejoin_asked", member=beat.sender)
+        self.events.emit(Event.REJOIN_ASKED, member=beat.sender)
         await self._send(beat.control_addr, Rejoin(self.view.epoch if self.view else 0, beat.sender))
 
     def _adopt_reported_view(self, report: ViewReport) -> None:
@@ -414,7 +417,7 @@ class Coordinator:
                 self.members[member] = MemberRecord(
                     member, "active" if seat_hint >= 0 else "spare", reported.hosts.get(member, ""), 0, "",
                     reported.bulk_addrs.get(member, ""), seat_hint, now, now)
-        self.events.emit("view_adopted", epoch=reported.epoch, seats=reported.seats, spares=reported.spares,
+        self.events.emit(Event.VIEW_ADOPTED, epoch=reported.epoch, seats=reported.seats, spares=reported.spares,
                          resume_step=reported.resume_step, reported_by=report.sender)
 
     async def _maybe_first_view(self) -> None:
@@ -474,7 +477,7 @@ class Coordinator:
         seat = self.view.seat_of(target) if self.view else None
         if command.action == "kill":
             self._chaos_ts[target] = self._wall()
-        self.events.emit("chaos_injected", action=command.action, target_member=target,
+        self.events.emit(Event.CHAOS_INJECTED, action=command.action, target_member=target,
                          target_rank=-1 if seat is None else seat, at_step=command.at_step,
                          target_step=self.members[target].step, via="operator")
         for agent in self.agents.values():
@@ -492,7 +495,7 @@ class Coordinator:
         seat = self.view.seat_of(member) if self.view else None
         self._failure_wall[member] = min(self._wall(), self._chaos_ts.get(member, float("inf")))
         injected = self._chaos_ts.get(member)  # detection time is known only for injected failures
-        self.events.emit("member_failed", member=member, failed_member=member, rank=-1 if seat is None else seat,
+        self.events.emit(Event.MEMBER_FAILED, member=member, failed_member=member, rank=-1 if seat is None else seat,
                          detection_s=None if injected is None else round(self._wall() - injected, 4),
                          failed_rank=-1 if seat is None else seat, detected_by=detected_by, reason=detail,
                          epoch=self.view.epoch if self.view else 0)
@@ -508,7 +511,7 @@ class Coordinator:
             return
         if member in self.view.spares:
             spares = [s for s in self.view.spares if s != member]
-            self.events.emit("spare_lost", member=member, lost_member=member, spares_left=len(spares))
+            self.events.emit(Event.SPARE_LOST, member=member, lost_member=member, spares_left=len(spares))
             if self.round is None:
                 view = decisions.next_view(self.view, self.view.epoch + 1, {}, spares, self.view.resume_step,
                                            self._hosts(), self._bulk_addrs(), rebuild=False)
@@ -548,7 +551,7 @@ class Coordinator:
                            f"{reason}; {why}")
         self._suspect_since = None
         survivors = self._survivors()
-        self.events.emit("view_prepared", epoch=epoch, failed_seats=sorted(failed), reason=self.round.reason,
+        self.events.emit(Event.VIEW_PREPARED, epoch=epoch, failed_seats=sorted(failed), reason=self.round.reason,
                          replacements={str(k): v for k, v in replacements.items()})
         await self._broadcast(survivors, Prepare(epoch, sorted(failed), self.round.reason))
         await self._maybe_commit()
@@ -580,7 +583,7 @@ class Coordinator:
                 return
             from_disk = True
             why = f"{why}; every seat rolls back to the disk checkpoint of step {resume}"
-            self.events.emit("disk_fallback", resume_step=resume, reason=why)
+            self.events.emit(Event.DISK_FALLBACK, resume_step=resume, reason=why)
         spares = [s for s in view.spares if s not in rnd.replacements.values() and s not in self.fenced]
         new_view = decisions.next_view(view, rnd.epoch, rnd.replacements, spares, resume, self._hosts(),
                                        self._bulk_addrs(), rebuild=True, from_disk=from_disk, sources=sources)
@@ -593,7 +596,7 @@ class Coordinator:
     async def _commit(self, view: View, reason: str, failed: dict[int, str]) -> None:
         self.view = view
         self.events.epoch = view.epoch
-        self.events.emit("view_committed", epoch=view.epoch, resume_step=view.resume_step, seats=view.seats,
+        self.events.emit(Event.VIEW_COMMITTED, epoch=view.epoch, resume_step=view.resume_step, seats=view.seats,
                          spares=view.spares, store_prefix=view.store_prefix, reason=reason,
                          failed_seats=sorted(failed), buddies=view.buddies)
         await self._broadcast([*view.seats, *view.spares], CommitView(view))
@@ -603,7 +606,7 @@ class Coordinator:
         for swap in [s for s in self._swaps if s.new_member == message.sender and message.epoch >= s.epoch]:
             self._swaps.remove(swap)
             recovery = message.ts - swap.failed_at
-            self.events.emit("swap_completed", rank=swap.seat, old_member=swap.old_member,
+            self.events.emit(Event.SWAP_COMPLETED, rank=swap.seat, old_member=swap.old_member,
                              new_member=swap.new_member, recovery_s=round(recovery, 4), step=message.step,
                              epoch=message.epoch, member=message.sender)
 
@@ -618,14 +621,14 @@ class Coordinator:
             await self._fail_job(f"seats disagree on the final state digest: {sorted(digests)}")
             return
         digest = digests.pop()
-        self.events.emit("training_finished", step=message.step, state_digest=digest, epoch=self.view.epoch)
+        self.events.emit(Event.TRAINING_FINISHED, step=message.step, state_digest=digest, epoch=self.view.epoch)
         await self._end(True, f"training finished at step {message.step}; final state digest {digest}")
 
     def _seat_finished(self, member: str) -> bool:
         return any(f.sender == member for f in self._finished.values())
 
     async def _fail_job(self, reason: str) -> None:
-        self.events.emit("job_failed", reason=reason)
+        self.events.emit(Event.JOB_FAILED, reason=reason)
         log.error("%s", reason)
         await self._end(False, reason)
 
@@ -776,7 +779,7 @@ async def _amain(args: argparse.Namespace) -> int:
     if exporter is not None:
         events.listeners.append(exporter.on_event)
         metrics_url = exporter.url
-    events.emit("coordinator_started", address=address, store=store_addr, pid=os.getpid(),
+    events.emit(Event.COORDINATOR_STARTED, address=address, store=store_addr, pid=os.getpid(),
                 recovering=args.recover,
                 world_size=args.world_size, metrics=metrics_url)
     print(json.dumps({"control": address, "store": store_addr, "metrics": metrics_url}), flush=True)

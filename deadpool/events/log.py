@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from deadpool.events.catalogue import Event
+
 log = logging.getLogger("deadpool.events.log")
 
 
@@ -42,7 +44,7 @@ class EventLog:
         self.rank = -1
         self.step = -1
 
-    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+    def emit(self, event: Event, **fields: Any) -> dict[str, Any]:
         """Write one event line; identity fields given here override the defaults."""
         record: dict[str, Any] = {
             "ts": round(self._clock(), 6),

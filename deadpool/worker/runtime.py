@@ -43,6 +43,7 @@ from deadpool.actors.snapshot_actor import Fetch, LocalReady
 from deadpool.config import Config
 from deadpool.coordinator.decisions import DISK
 from deadpool.errors import JobStopped, MisuseError, WaitTimeout
+from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import (
     ChaosInjected,
@@ -148,7 +149,7 @@ class Runtime:
             self.member, self.role, self.initial_rank, self._env_world_size, os.getpid(), self.host,
             self._thread.control_addr, self._thread.bulk_addr,
         ))
-        self.events.emit("member_joined", role=self.role, pid=os.getpid(), host=self.host,
+        self.events.emit(Event.MEMBER_JOINED, role=self.role, pid=os.getpid(), host=self.host,
                          control_addr=self._thread.control_addr, bulk_addr=self._thread.bulk_addr)
 
     # -- public API ---------------------------------------------------------------------------
@@ -295,7 +296,7 @@ class Runtime:
         fields.update(self._report)
         if "tokens" in self._report and elapsed > 0:
             fields["tokens_per_s"] = round(self._report["tokens"] / elapsed, 1)
-        self.events.emit("step_finished", epoch=self._epoch, rank=self.rank, step=step, **fields)
+        self.events.emit(Event.STEP_FINISHED, epoch=self._epoch, rank=self.rank, step=step, **fields)
         if self._recovering_epoch and self._recovering_epoch <= self._epoch:  # later spare-only views count too
             self._recovering_epoch = 0
             self._handoff.post(Recovered(self.member, self._epoch, step, time.time()))
@@ -477,14 +478,14 @@ class Runtime:
         self._retire_group()
         if isinstance(err, CollectiveAborted) and "interrupted" in err.cause:
             return
-        self.events.emit("collective_failed", epoch=self._epoch, rank=self.rank, step=self._step, error=str(err))
+        self.events.emit(Event.COLLECTIVE_FAILED, epoch=self._epoch, rank=self.rank, step=self._step, error=str(err))
         self._handoff.post(CollectiveFailed(self.member, self._epoch, self._step, str(err)[:500]))
 
     def _chaos_point(self, point: str, step: int | None = None) -> None:
         spec = self._chaos.due(point, self._step if step is None else step)
         if spec is None:
             return
-        self.events.emit("chaos_injected", action=spec.action, at=point, spec=str(spec),
+        self.events.emit(Event.CHAOS_INJECTED, action=spec.action, at=point, spec=str(spec),
                          epoch=self._epoch, rank=self.rank, step=self._step)
         self._handoff.post(ChaosInjected(self.member, spec.action, self.rank, self._step, time.time()))
         time.sleep(0.002)  # let the runtime thread hand the report to ZeroMQ before the signal lands
@@ -504,7 +505,7 @@ class Runtime:
                     wait = max(0.01, min(wait, started + due - time.monotonic()))
                 spec = self._chaos.spare_due(time.monotonic() - started)
                 if spec is not None:
-                    self.events.emit("chaos_injected", action=spec.action, spec=str(spec), rank=-1)
+                    self.events.emit(Event.CHAOS_INJECTED, action=spec.action, spec=str(spec), rank=-1)
                     chaos_mod.inject(spec, self._thread.partition)
             if time.monotonic() - started > bound:
                 raise WaitTimeout(
@@ -518,7 +519,7 @@ class Runtime:
                 continue
             if isinstance(command, Stop):
                 if command.ok and self.is_spare:
-                    self.events.emit("spare_released", reason=command.reason)
+                    self.events.emit(Event.SPARE_RELEASED, reason=command.reason)
                     return None
                 raise JobStopped(command.reason)
             if isinstance(command, Fenced):
@@ -533,7 +534,7 @@ class Runtime:
         try:
             return self._adopt(view)
         except (CollectiveAborted, LookupError, WaitTimeout) as err:
-            self.events.emit("adopt_failed", epoch=view.epoch, error=str(err))
+            self.events.emit(Event.ADOPT_FAILED, epoch=view.epoch, error=str(err))
             self._handoff.post(CollectiveFailed(self.member, view.epoch, view.resume_step, f"adoption failed: {err}"))
             return None
 
@@ -541,7 +542,7 @@ class Runtime:
         """Pause at the boundary, answer Prepares, adopt the committed view; returns the next step."""
         self._snapshots.wait_copy(self.config.copy_timeout)
         if self._poison is not None:
-            self.events.emit("paused", epoch=self._epoch, rank=self.rank, step=self._step, reason=self._poison)
+            self.events.emit(Event.PAUSED, epoch=self._epoch, rank=self.rank, step=self._step, reason=self._poison)
         acked = 0
         while True:
             command = pending if pending is not None else self._handoff.take(
@@ -638,7 +639,7 @@ class Runtime:
         self._progress.step = view.resume_step
         if not first_view:
             self._recovering_epoch = view.epoch
-            self.events.emit("restored", epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
+            self.events.emit(Event.RESTORED, epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
                              bytes=nbytes, s=round(restore_s, 6), fetch_s=round(self._fetch_s, 6),
                              group_s=round(group_s, 6))
         return view.resume_step + 1
@@ -724,10 +725,10 @@ class Runtime:
         self.final_digest = hashlib.sha256(b"".join(bytes(t.tolist()) for t in gathered)).hexdigest()
         self._finished = True
         self._handoff.post(Finished(self.member, self._epoch, self.rank, max_steps - 1, self.final_digest))
-        self.events.emit("seat_finished", epoch=self._epoch, rank=self.rank, step=max_steps - 1,
+        self.events.emit(Event.SEAT_FINISHED, epoch=self._epoch, rank=self.rank, step=max_steps - 1,
                          state_digest=self.final_digest, seat_digest=seat_digest, parts=parts)
         stats = self.stats()
-        self.events.emit("snapshot_memory", rank=self.rank, own_snapshots_bytes=stats["own_snapshots_bytes"],
+        self.events.emit(Event.SNAPSHOT_MEMORY, rank=self.rank, own_snapshots_bytes=stats["own_snapshots_bytes"],
                          buddy_copies_bytes=stats["buddy_copies_bytes"],
                          buddy_copies_shared_bytes=stats["buddy_copies_shared_bytes"],
                          snapshot_bytes=stats["snapshot_bytes"], snapshot_copied_bytes=stats["snapshot_copied_bytes"],
@@ -762,7 +763,7 @@ def _exit_fenced(runtime: Runtime, command: Fenced) -> None:
         "and its seat was given to another member. This process changed nothing after that and exits now; "
         "the job goes on without it."
     )
-    runtime.events.emit("fenced_exit", reason=command.reason)
+    runtime.events.emit(Event.FENCED_EXIT, reason=command.reason)
     print(message, file=sys.stderr, flush=True)
     os._exit(3)
 

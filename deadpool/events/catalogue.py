@@ -1,0 +1,41 @@
+"""The catalogue of events: every name a DeadPool process writes to the events file, one place.
+
+Writers pass an :class:`Event` to ``EventLog.emit``; readers compare a record's ``event`` with
+these members (a ``StrEnum`` equals its string, so a file written by any version reads the same).
+Append new names; never rename one (operators' scripts and plots read them).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Event(enum.StrEnum):
+    """One kind of line in the events file; the comment lists the fields of its own."""
+
+    COORDINATOR_STARTED = "coordinator_started"  # address, store_port
+    MEMBER_JOINED = "member_joined"  # role, host
+    MEMBER_FAILED = "member_failed"  # detected_by (Detector), reason, detection_s
+    SPARE_LOST = "spare_lost"  # a spare died or was fenced before it was seated
+    SPARE_RELEASED = "spare_released"  # a spare told to leave at the end of the job
+    VIEW_PREPARED = "view_prepared"  # reason, trigger, seats being refilled
+    VIEW_COMMITTED = "view_committed"  # resume_step, reason, seats refilled
+    VIEW_ADOPTED = "view_adopted"  # a worker took a committed view
+    PAUSED = "paused"  # a worker stopped at a step boundary for a Prepare
+    RESTORED = "restored"  # source (local | buddy | disk), bytes, s
+    SWAP_COMPLETED = "swap_completed"  # rank, old_member, new_member, recovery_s
+    ADOPT_FAILED = "adopt_failed"  # a spare could not take its seat (why)
+    DISK_FALLBACK = "disk_fallback"  # every seat rolls back to a disk checkpoint
+    COLLECTIVE_FAILED = "collective_failed"  # a worker's collective raised or was interrupted
+    COLLECTIVE_ERROR_REPORTED = "collective_error_reported"  # the coordinator heard of it
+    CHAOS_INJECTED = "chaos_injected"  # action, via, target_member
+    FENCED = "fenced"  # a member declared dead, never readmitted
+    FENCED_EXIT = "fenced_exit"  # a fenced member woke up and exits, touching nothing
+    REJECTED = "rejected"  # reason: a message dropped (bad MAC, stale epoch, rate limit, ...)
+    REJOIN_ASKED = "rejoin_asked"  # a restarted coordinator asks a member to re-join
+    SNAPSHOT_MEMORY = "snapshot_memory"  # bytes of own snapshots and buddy copies
+    SNAPSHOT_SHM_REFUSED = "snapshot_shm_refused"  # the buddy would not map the slot file; TCP instead
+    STEP_FINISHED = "step_finished"  # loss, tokens and the user's rt.report fields
+    SEAT_FINISHED = "seat_finished"  # a seat reached the last step
+    TRAINING_FINISHED = "training_finished"  # step, state_digest
+    JOB_FAILED = "job_failed"  # reason, what to do next
