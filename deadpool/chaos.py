@@ -25,6 +25,7 @@ seat over does not fire it again when it replays the step.
 
 from __future__ import annotations
 
+import enum
 import os
 import signal
 from collections.abc import Sequence
@@ -33,24 +34,46 @@ from dataclasses import dataclass
 from deadpool.errors import MisuseError
 from deadpool.protocol.transport import Frame, Transport
 
-ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "partition": None}
-POINTS = ("boundary", "backward", "allreduce", "broadcast", "recovery")
+
+class ChaosAction(enum.StrEnum):
+    """What a chaos spec or an operator's chaos command does to a member."""
+
+    KILL = "kill"  # SIGKILL: a crash
+    STOP = "stop"  # SIGSTOP: a hang
+    CONT = "cont"  # SIGCONT: undoes a stop (operator only)
+    PARTITION = "partition"  # every DeadPool message dropped both ways (spec only)
+
+
+class ChaosPoint(enum.StrEnum):
+    """Where inside a step a rank's spec fires."""
+
+    BOUNDARY = "boundary"
+    BACKWARD = "backward"
+    ALLREDUCE = "allreduce"
+    BROADCAST = "broadcast"
+    RECOVERY = "recovery"
+
+
+SIGNALS = {ChaosAction.KILL: signal.SIGKILL, ChaosAction.STOP: signal.SIGSTOP, ChaosAction.CONT: signal.SIGCONT}
+SPEC_ACTIONS = (ChaosAction.KILL, ChaosAction.STOP, ChaosAction.PARTITION)  # what a --chaos spec may declare
+OPERATOR_ACTIONS = (ChaosAction.KILL, ChaosAction.STOP, ChaosAction.CONT)  # what `deadpool chaos` may send
+POINTS = tuple(ChaosPoint)
 
 
 @dataclass(frozen=True, slots=True)
 class ChaosSpec:
     """One declared failure."""
 
-    action: str  # kill or stop
+    action: ChaosAction  # kill, stop or partition
     rank: int = -1  # seat of the member at launch, or -1
     spare: int = -1  # index of the spare at launch, or -1
     step: int = -1  # step at which a rank's spec fires
     after: float = -1.0  # seconds after start at which a spare's spec fires
-    at: str = "boundary"  # point inside the step
+    at: ChaosPoint = ChaosPoint.BOUNDARY  # point inside the step
 
     def __str__(self) -> str:
         target = f"rank={self.rank}:step={self.step}" if self.rank >= 0 else f"spare={self.spare}:after={self.after}"
-        suffix = f":at={self.at}" if self.at != "boundary" else ""
+        suffix = f":at={self.at}" if self.at is not ChaosPoint.BOUNDARY else ""
         return f"{self.action}:{target}{suffix}"
 
 
@@ -62,22 +85,25 @@ def parse(spec: str) -> ChaosSpec:
     """
     example = "e.g. kill:rank=2:step=20, stop:rank=1:step=35:at=allreduce, kill:spare=0:after=3"
     action, _, rest = spec.partition(":")
-    if action not in ACTIONS:
-        raise MisuseError(f"chaos spec {spec!r}: action must be one of {', '.join(ACTIONS)} ({example})")
+    if action not in SPEC_ACTIONS:
+        raise MisuseError(f"chaos spec {spec!r}: action must be one of {', '.join(SPEC_ACTIONS)} ({example})")
     fields: dict[str, str] = {}
     for part in rest.split(":") if rest else []:
         key, sep, value = part.partition("=")
         if not sep or key not in ("rank", "spare", "step", "after", "at") or key in fields:
             raise MisuseError(f"chaos spec {spec!r}: bad or repeated field {part!r} ({example})")
         fields[key] = value
+    at = fields.get("at", ChaosPoint.BOUNDARY)
+    if at not in POINTS:
+        raise MisuseError(f"chaos spec {spec!r}: at= must be one of {', '.join(POINTS)}")
     try:
         parsed = ChaosSpec(
-            action=action,
+            action=ChaosAction(action),
             rank=int(fields.get("rank", -1)),
             spare=int(fields.get("spare", -1)),
             step=int(fields.get("step", -1)),
             after=float(fields.get("after", -1.0)),
-            at=fields.get("at", "boundary"),
+            at=ChaosPoint(at),
         )
     except ValueError:
         raise MisuseError(f"chaos spec {spec!r}: rank, spare and step take integers, after takes seconds") from None
@@ -87,8 +113,6 @@ def parse(spec: str) -> ChaosSpec:
         raise MisuseError(f"chaos spec {spec!r}: a rank's failure needs step=N ({example})")
     if parsed.spare >= 0 and parsed.after < 0:
         raise MisuseError(f"chaos spec {spec!r}: a spare's failure needs after=SECONDS ({example})")
-    if parsed.at not in POINTS:
-        raise MisuseError(f"chaos spec {spec!r}: at= must be one of {', '.join(POINTS)}")
     return parsed
 
 
@@ -107,7 +131,7 @@ class ChaosPlan:
         ]
         self._fired: set[ChaosSpec] = set()
 
-    def due(self, point: str, step: int) -> ChaosSpec | None:
+    def due(self, point: ChaosPoint, step: int) -> ChaosSpec | None:
         """The rank spec due at (point, step), if any, marked as fired."""
         for spec in self._specs:
             if spec.rank >= 0 and spec.at == point and spec.step == step and spec not in self._fired:
@@ -130,11 +154,10 @@ class ChaosPlan:
 
 def inject(spec: ChaosSpec, partition: PartitionSwitch) -> None:
     """Deliver the spec's failure to this very process (returns only after a SIGSTOP is continued)."""
-    sig = ACTIONS[spec.action]
-    if sig is None:
+    if spec.action is ChaosAction.PARTITION:
         partition.cut = True
     else:
-        os.kill(os.getpid(), sig)
+        os.kill(os.getpid(), SIGNALS[spec.action])
 
 
 class PartitionSwitch:

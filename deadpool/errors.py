@@ -30,3 +30,25 @@ class FencedError(DeadPoolError):
 
 class JobStopped(DeadPoolError):
     """The coordinator stopped the job (another member's failure could not be recovered)."""
+
+
+class CollectiveAborted(DeadPoolError):
+    """Internal: a collective was abandoned and the step is poisoned.
+
+    ``interrupted`` is True when a newer view asked the member to stop (a Prepare), False when the
+    collective itself failed (a peer died, the group timed out).
+    """
+
+    def __init__(self, what: str, cause: str, interrupted: bool = False) -> None:
+        super().__init__(f"{what}: {cause}")
+        self.what = what
+        self.cause = cause
+        self.interrupted = interrupted
+
+
+class RestoreFailed(PeerFailure):
+    """A seat's snapshot could not be restored from where the view said it is (buddy, disk, local)."""
+
+
+class ActorStopped(DeadPoolError):
+    """The actor that held a pending request stopped (shutdown) before answering it."""

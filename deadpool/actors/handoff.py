@@ -11,17 +11,66 @@ arrives while the compute thread is blocked in an all-reduce wakes it at once.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from deadpool.errors import WaitTimeout
 from deadpool.protocol.messages import CommitView, Fenced, Prepare, Stop
+from deadpool.snapshot.statetree import Manifest
+from deadpool.snapshot.store import Slot
 
 Command = Prepare | CommitView | Stop | Fenced
 MAX_COMMANDS = 64
+
+
+# -- what the compute thread posts for the actors (the handoff's vocabulary) -------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LocalReady:
+    """The compute side finished copying a local snapshot."""
+
+    slot: Slot
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """The compute side asks for (seat, step) from `member` (an adopted spare restoring)."""
+
+    seat: int
+    step: int
+    member: str
+    future: concurrent.futures.Future[tuple[Manifest, list[memoryview]]]
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareReady:
+    """The compute thread stopped for a Prepare: what it holds itself (the snapshot actor adds its ward copies)."""
+
+    epoch: int  # the epoch being acknowledged
+    step: int  # last finished step of the live state
+    local_steps: list[int]  # complete local snapshots held
+    disk_steps: list[int]  # steps with a complete disk checkpoint for every seat
+
+
+@dataclass
+class Progress:
+    """A worker's counters for its heartbeats: GIL-atomic fields, each with exactly one writer.
+
+    The compute thread writes ``epoch``, ``step`` and ``stall_p99_s``; the snapshot actor writes
+    ``snapshot_step`` and ``confirmed_step``; the heartbeat actor only reads.
+    """
+
+    epoch: int = 0
+    step: int = -1
+    snapshot_step: int = -2
+    confirmed_step: int = -2
+    stall_p99_s: float = 0.0
 
 
 class Handoff:

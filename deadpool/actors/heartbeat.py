@@ -11,24 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
+from deadpool.actors.handoff import Progress
 from deadpool.protocol import codec
 from deadpool.protocol.messages import Heartbeat
 from deadpool.protocol.transport import Transport, TransportError
 
 log = logging.getLogger("deadpool.actors.heartbeat")
-
-
-@dataclass
-class Progress:
-    """Written by the compute thread, read by the heartbeat actor (single writer, GIL-atomic fields)."""
-
-    epoch: int = 0
-    step: int = -1
-    snapshot_step: int = -2
-    confirmed_step: int = -2
-    stall_p99_s: float = 0.0
 
 
 class HeartbeatActor:

@@ -21,10 +21,10 @@ import threading
 from collections import Counter
 from typing import Any
 
-from deadpool.actors.handoff import Handoff
-from deadpool.actors.heartbeat import HeartbeatActor, Progress
+from deadpool.actors.handoff import Fetch, Handoff, LocalReady, Progress
+from deadpool.actors.heartbeat import HeartbeatActor
 from deadpool.actors.membership import Drain, Inbound, MembershipActor, Outbound
-from deadpool.actors.snapshot_actor import CHUNK_BYTES, Bulk, Fetch, LocalReady, SnapshotActor
+from deadpool.actors.snapshot_actor import CHUNK_BYTES, Bulk, SnapshotActor
 from deadpool.chaos import PartitionedTransport, PartitionSwitch
 from deadpool.config import Config
 from deadpool.errors import MisuseError

@@ -65,8 +65,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from deadpool.actors.handoff import Handoff
-from deadpool.actors.heartbeat import Progress
+from deadpool.actors.handoff import Fetch, Handoff, LocalReady, Progress
 from deadpool.actors.membership import ViewChanged
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
@@ -85,28 +84,11 @@ MAX_SNAPSHOT_BYTES = 64 << 30
 
 
 @dataclass(frozen=True, slots=True)
-class LocalReady:
-    """The compute side finished copying a local snapshot."""
-
-    slot: Slot
-
-
-@dataclass(frozen=True, slots=True)
 class Bulk:
     """A message from a peer on the bulk channel, with its payload frames."""
 
     message: Message
     frames: list[memoryview]
-
-
-@dataclass(frozen=True, slots=True)
-class Fetch:
-    """The compute side asks for (seat, step) from `member` (an adopted spare restoring)."""
-
-    seat: int
-    step: int
-    member: str
-    future: concurrent.futures.Future[tuple[Manifest, list[memoryview]]]
 
 
 @dataclass(slots=True)

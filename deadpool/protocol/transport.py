@@ -31,6 +31,10 @@ class TransportError(Exception):
     """A send could not be completed (timed out, peer unreachable, transport closed)."""
 
 
+class TransportClosed(TransportError):
+    """The transport was closed (shutting down): nothing more will be sent or received."""
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Bounds every transport enforces."""

@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from deadpool.chaos import ChaosPoint
+
 if TYPE_CHECKING:
     from torch.distributed import Work
 
@@ -131,7 +133,7 @@ class DataParallel(nn.Module):
         return self._buckets
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
-        self._runtime._chaos_point("backward")
+        self._runtime._chaos_point(ChaosPoint.BACKWARD)
         backward = torch._C._current_graph_task_id()
         if backward != self._backward:  # the first gradient of this backward
             self._backward = backward

@@ -36,10 +36,9 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import BroadcastOptions
 
 from deadpool import chaos as chaos_mod
-from deadpool.actors.handoff import Command, Handoff
-from deadpool.actors.heartbeat import Progress
+from deadpool.actors.handoff import Command, Fetch, Handoff, LocalReady, Progress
 from deadpool.actors.runtime_thread import RuntimeThread
-from deadpool.actors.snapshot_actor import Fetch, LocalReady
+from deadpool.chaos import ChaosPoint
 from deadpool.config import Config
 from deadpool.coordinator.decisions import DISK
 from deadpool.errors import JobStopped, MisuseError, WaitTimeout
@@ -284,7 +283,7 @@ class Runtime:
         self._poison = None
         self._report = {}
         self._step_started = time.perf_counter()
-        self._chaos_point("boundary")
+        self._chaos_point(ChaosPoint.BOUNDARY)
 
     def _end_step(self, step: int) -> Command | None:
         """Bookkeeping after a good step; returns a command that needs recovery, if one came."""
@@ -435,7 +434,7 @@ class Runtime:
         operation may still complete later (a SIGSTOPped peer resumes) and write into
         its buffer, so the caller must not reuse those buffers.
         """
-        self._chaos_point("allreduce")
+        self._chaos_point(ChaosPoint.ALLREDUCE)
         try:
             for work in works:
                 self._waiter.wait(work, f"gradient all-reduce of step {self._step}", self.config.pg_timeout)
@@ -463,7 +462,7 @@ class Runtime:
                     received.append((tensor, torch.empty_like(tensor)))
                     tensor = received[-1][1]
                 works.append(self._group.broadcast([tensor], options))
-            self._chaos_point("broadcast")
+            self._chaos_point(ChaosPoint.BROADCAST)
             for work in works:
                 self._waiter.wait(work, f"ZeRO parameter broadcast of step {self._step}", self.config.pg_timeout)
         except (CollectiveAborted, RuntimeError) as err:
@@ -481,7 +480,7 @@ class Runtime:
         self.events.emit(Event.COLLECTIVE_FAILED, epoch=self._epoch, rank=self.rank, step=self._step, error=str(err))
         self._handoff.post(CollectiveFailed(self.member, self._epoch, self._step, str(err)[:500]))
 
-    def _chaos_point(self, point: str, step: int | None = None) -> None:
+    def _chaos_point(self, point: ChaosPoint, step: int | None = None) -> None:
         spec = self._chaos.due(point, self._step if step is None else step)
         if spec is None:
             return
@@ -594,7 +593,7 @@ class Runtime:
             # Keyed on the first step this member has not finished, not on the step in progress: a
             # member may pause at the boundary before that step or inside it, depending on how fast
             # the failure was reported, and the repair is for the same failure either way.
-            self._chaos_point("recovery", self._progress.step + 1)
+            self._chaos_point(ChaosPoint.RECOVERY, self._progress.step + 1)
         for shard in self._zero_shards:  # a spare takes the dead seat's partition before loading its shard
             shard.seat(seat, view.world_size, None)
         restored: tuple[Manifest, torch.Tensor] | None = None

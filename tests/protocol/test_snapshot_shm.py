@@ -24,10 +24,9 @@ import pytest
 import pytest_asyncio
 import torch
 
-from deadpool.actors.handoff import Handoff
-from deadpool.actors.heartbeat import Progress
+from deadpool.actors.handoff import Fetch, Handoff, LocalReady, Progress
 from deadpool.actors.membership import ViewChanged
-from deadpool.actors.snapshot_actor import Bulk, Fetch, LocalReady, SnapshotActor
+from deadpool.actors.snapshot_actor import Bulk, SnapshotActor
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.messages import RestoreReply, RestoreRequest, SnapshotHeader

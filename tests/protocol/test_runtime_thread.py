@@ -13,8 +13,7 @@ import asyncio
 
 import pytest
 
-from deadpool.actors.handoff import Handoff
-from deadpool.actors.heartbeat import Progress
+from deadpool.actors.handoff import Handoff, Progress
 from deadpool.actors.runtime_thread import RuntimeThread
 from deadpool.config import Config
 from deadpool.events.log import EventLog
