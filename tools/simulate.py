@@ -87,6 +87,7 @@ from deadpool.protocol.messages import (
     PrepareAck,
     ProcessExited,
     Recovered,
+    Role,
     Stop,
     Welcome,
 )
@@ -259,7 +260,7 @@ class _Member:
         "view", "welcomed",
     )
 
-    def __init__(self, member: str, host: str, role: str, seat_hint: int, pid: int, bulk_addr: str,
+    def __init__(self, member: str, host: str, role: Role, seat_hint: int, pid: int, bulk_addr: str,
                  agent: _Agent) -> None:
         self.member, self.host, self.role, self.seat_hint, self.pid = member, host, role, seat_hint, pid
         self.control_addr = f"inproc://sim-member/{member}"
@@ -458,7 +459,7 @@ class Simulation:
             agent = self._agents[h]
             seated = index < cfg.seats
             label = f"rank{index}" if seated else f"spare{index - cfg.seats}"
-            member = _Member(f"{host}:{label}:{rng.getrandbits(24):06x}", host, "active" if seated else "spare",
+            member = _Member(f"{host}:{label}:{rng.getrandbits(24):06x}", host, Role.ACTIVE if seated else Role.SPARE,
                              index if seated else -1, 10_000 + index,
                              f"tcp://10.{(h >> 8) & 255}.{h & 255}.1:{29600 + index % cfg.members_per_host}", agent)
             agent.members.append(member)

@@ -19,7 +19,18 @@ from deadpool.actors.handoff import Handoff
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
-from deadpool.protocol.messages import CommitView, Fenced, Join, Message, Prepare, Rejoin, Stop, ViewReport, Welcome
+from deadpool.protocol.messages import (
+    CommitView,
+    Fenced,
+    Join,
+    Message,
+    Prepare,
+    Rejoin,
+    Role,
+    Stop,
+    ViewReport,
+    Welcome,
+)
 from deadpool.protocol.transport import Transport, TransportError
 from deadpool.protocol.view import View
 
@@ -73,7 +84,7 @@ class MembershipActor:
         send_timeout: float,
         joined: asyncio.Event,
         reconnected: asyncio.Event,
-        identity: tuple[str, str, int, str, str],
+        identity: tuple[Role, str, int, str, str],
     ) -> None:
         self.inbox: asyncio.Queue[Inbound | Outbound | Drain] = asyncio.Queue(maxsize=256)
         self._member = member

@@ -36,6 +36,7 @@ from deadpool.protocol.messages import (
     PrepareAck,
     RestoreReply,
     RestoreRequest,
+    Role,
     SnapshotAck,
     SnapshotHeader,
     Stop,
@@ -86,7 +87,7 @@ class RuntimeThread:
         self._snapshots: SnapshotActor | None = None
         self._rejections: Counter[str] = Counter()
         self.partition = PartitionSwitch()  # cut by a `partition:` chaos spec
-        self.role_and_host = ("active", "")  # set by the runtime before start, for ViewReports
+        self.role_and_host: tuple[Role, str] = (Role.ACTIVE, "")  # set by the runtime before start, for ViewReports
         self._thread = threading.Thread(target=self._main, name="deadpool-runtime", daemon=True)
 
     def start(self, timeout: float = 30.0) -> None:

@@ -63,6 +63,7 @@ from deadpool.protocol.messages import (
     ProcessExited,
     Recovered,
     Rejoin,
+    Role,
     SignalMember,
     StatusReply,
     StatusRequest,
@@ -95,7 +96,7 @@ class MemberRecord:
     """What the coordinator knows of one member."""
 
     member: str
-    role: str
+    role: Role
     host: str
     pid: int
     control_addr: str
@@ -367,7 +368,7 @@ class Coordinator:
             await self._send(join.control_addr, Fenced(join.sender, self.view.epoch if self.view else 0,
                                                        self.fenced[join.sender]))
             return
-        if join.world_size != self._world_size and not (join.role == "spare" and join.world_size == 0):
+        if join.world_size != self._world_size and not (join.role == Role.SPARE and join.world_size == 0):
             self.events.emit(Event.REJECTED, reason="wrong_world_size", peer=join.sender,
                              detail=f"member has WORLD_SIZE={join.world_size}, job has {self._world_size}")
             return
@@ -415,7 +416,7 @@ class Coordinator:
             if member not in self.members:
                 # Placeholder until the member re-joins; one that never does is found silent and swapped.
                 self.members[member] = MemberRecord(
-                    member, "active" if seat_hint >= 0 else "spare", reported.hosts.get(member, ""), 0, "",
+                    member, Role.ACTIVE if seat_hint >= 0 else Role.SPARE, reported.hosts.get(member, ""), 0, "",
                     reported.bulk_addrs.get(member, ""), seat_hint, now, now)
         self.events.emit(Event.VIEW_ADOPTED, epoch=reported.epoch, seats=reported.seats, spares=reported.spares,
                          resume_step=reported.resume_step, reported_by=report.sender)
@@ -424,8 +425,8 @@ class Coordinator:
         if len(self.members) < self._world_size:
             return  # seats cannot all be filled yet (building the view on every Join made startup O(members^2))
         seat_members = {r.seat_hint: r.member for r in self.members.values()
-                        if r.role == "active" and r.member not in self.fenced}
-        spares = [r.member for r in self.members.values() if r.role == "spare" and r.member not in self.fenced]
+                        if r.role == Role.ACTIVE and r.member not in self.fenced}
+        spares = [r.member for r in self.members.values() if r.role == Role.SPARE and r.member not in self.fenced]
         view, reason = decisions.first_view(seat_members, self._world_size, spares, self._store_addr,
                                             self._hosts(), self._bulk_addrs())
         if view is not None:
@@ -502,7 +503,7 @@ class Coordinator:
         if record is not None:
             await self._fence(record, detected_by)
         if self.view is None:
-            if record is not None and record.role == "active":
+            if record is not None and record.role == Role.ACTIVE:
                 await self._fail_job(f"member {member} (rank {record.seat_hint}) failed before training started "
                                      f"({detail}); relaunch the job")
             return

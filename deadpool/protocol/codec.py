@@ -13,6 +13,7 @@ before msgpack sees the bytes, and no pickle is ever involved.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hmac
 import types
 import typing
@@ -70,6 +71,14 @@ def _checker_for(annotation: Any) -> Checker:
                 raise _FieldError(f"expected {annotation.__name__}, got {type(value).__name__}")
             return value
         return check_exact
+    if isinstance(annotation, type) and issubclass(annotation, enum.StrEnum):
+        members = {member.value: member for member in annotation}
+
+        def check_enum(value: Any) -> Any:
+            if type(value) is not str or value not in members:
+                raise _FieldError(f"expected one of {', '.join(members)}, got {value!r}")
+            return members[value]
+        return check_enum
     if annotation is type(None):
         def check_none(value: Any) -> None:
             if value is not None:

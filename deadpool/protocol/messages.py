@@ -13,6 +13,7 @@ members) and from superseded views.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from deadpool.protocol.view import View
@@ -20,12 +21,19 @@ from deadpool.protocol.view import View
 PROTOCOL_VERSION = 2  # 2: Heartbeat carries control_addr; Rejoin added
 
 
+class Role(enum.StrEnum):
+    """What a worker was started as (on the wire as its value)."""
+
+    ACTIVE = "active"  # holds a seat from the start
+    SPARE = "spare"  # waits to be adopted into a dead seat
+
+
 @dataclass(frozen=True, slots=True)
 class Join:
     """A worker (active or spare) announces itself to the coordinator."""
 
     sender: str  # member id, never reused
-    role: str  # "active" or "spare"
+    role: Role  # active or spare
     seat_hint: int  # RANK from the environment for actives, -1 for spares
     world_size: int  # WORLD_SIZE the worker was started with
     pid: int  # process id on its host, for fence-by-kill and status
@@ -297,7 +305,7 @@ class ViewReport:
     """A member tells a restarted coordinator the view it holds (the highest epoch wins)."""
 
     sender: str  # member id
-    role: str  # "active" or "spare" at launch
+    role: Role  # active or spare at launch
     host: str  # host name
     pid: int  # process id
     control_addr: str  # control address

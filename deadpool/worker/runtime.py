@@ -54,6 +54,7 @@ from deadpool.protocol.messages import (
     Prepare,
     PrepareAck,
     Recovered,
+    Role,
     Stop,
 )
 from deadpool.protocol.view import View
@@ -97,11 +98,12 @@ class Runtime:
             )
         self.config = Config.from_env(dict(environ))
         self.member = environ.get("DEADPOOL_MEMBER_ID") or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
-        self.role = environ.get("DEADPOOL_ROLE", "active")
-        if self.role not in ("active", "spare"):
-            raise MisuseError(f"DEADPOOL_ROLE must be 'active' or 'spare', got {self.role!r}")
+        role = environ.get("DEADPOOL_ROLE", Role.ACTIVE)
+        if role not in tuple(Role):
+            raise MisuseError(f"DEADPOOL_ROLE must be 'active' or 'spare', got {role!r}")
+        self.role = Role(role)
         self._env_world_size = int(environ.get("WORLD_SIZE", "1"))  # 0 for spares added to a running job
-        self.initial_rank = int(environ.get("RANK", "-1")) if self.role == "active" else -1
+        self.initial_rank = int(environ.get("RANK", "-1")) if self.role == Role.ACTIVE else -1
         self.host = environ.get("DEADPOOL_HOST") or socket.gethostname()
         self.rank = -1
         self.events = EventLog(environ.get("DEADPOOL_EVENTS") or None, member=self.member, source="worker")
@@ -495,10 +497,10 @@ class Runtime:
     def _wait_for_seat(self) -> int | None:
         """Block until this member has a seat (first view, or adoption); returns the first step."""
         started = time.monotonic()
-        bound = self.config.startup_timeout if self.role == "active" else 7 * 24 * 3600.0
+        bound = self.config.startup_timeout if self.role == Role.ACTIVE else 7 * 24 * 3600.0
         while True:
             wait = 1.0
-            if self.role == "spare":
+            if self.role == Role.SPARE:
                 due = self._chaos.next_spare_deadline()
                 if due is not None:
                     wait = max(0.01, min(wait, started + due - time.monotonic()))

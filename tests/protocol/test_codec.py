@@ -16,6 +16,7 @@ the properties here are of two kinds:
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import types
 import typing
@@ -85,6 +86,8 @@ def strategy_for(annotation: Any) -> st.SearchStrategy[Any]:
         return st.binary(max_size=40)
     if annotation is type(None):
         return st.none()
+    if isinstance(annotation, type) and issubclass(annotation, enum.StrEnum):
+        return st.sampled_from(list(annotation))
     if origin in (Union, types.UnionType):
         return st.one_of([strategy_for(arg) for arg in typing.get_args(annotation)])
     if origin is list:
@@ -439,3 +442,14 @@ def test_a_mac_over_a_different_message_is_refused() -> None:
 def test_decode_error_str_names_reason_and_detail() -> None:
     error = refused(decode(b"nope!"))
     assert str(error) == f"{error.reason}: {error.detail}"
+
+
+def test_an_enum_field_takes_only_its_members() -> None:
+    from deadpool.protocol.messages import Join, Role
+
+    join = Join("m", Role.SPARE, -1, 4, 1, "h", "tcp://127.0.0.1:1", "tcp://127.0.0.1:2")
+    decoded = decode(encode(join, SECRET), SECRET)
+    assert isinstance(decoded, Join) and decoded.role is Role.SPARE
+    forged = msgpack.packb([TAGS[Join], ["m", "leader", -1, 4, 1, "h", "a", "b"]], use_bin_type=True)
+    result = decode(b"DP" + bytes((PROTOCOL_VERSION, 0)) + forged)
+    assert isinstance(result, DecodeError) and result.reason == "bad_field" and "leader" in result.detail
