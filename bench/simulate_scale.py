@@ -7,10 +7,11 @@ a crash, a zombie; one during a view change).  Reported per row:
 - ``msgs/s``: messages the coordinator handles per virtual second in steady
   state (deterministic);
 - ``handle s/s``: real CPU seconds the coordinator spends per virtual second
-  in steady state on decode + ``handle()`` (the transport's own per-message
-  cost is not included: see ``bench/transport.py``);
-- ``tick ms``: real CPU of one ``Coordinator.tick()`` (``serve()`` runs it at
-  least every 50 ms, and after every inbox drain under load);
+  in steady state on decode + ``handle()`` + encoding its sends (the transport's
+  own per-message cost is not included: see ``bench/transport.py``);
+- ``tick ms``: real CPU of one ``Coordinator.tick()`` (the serve loop of
+  ``deadpool/coordinator/main.py`` runs it at least every 50 ms, and after every
+  inbox drain under load);
 - ``change s``: the most coordinator CPU spent in one 10 ms tick that prepared
   or committed a view (Prepare broadcast, every ack, the commit broadcast):
   the real coordinator reads no heartbeat for that long;

@@ -28,11 +28,10 @@ from __future__ import annotations
 import enum
 import os
 import signal
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from deadpool.errors import MisuseError
-from deadpool.protocol.transport import Frame, Transport
 
 
 class ChaosAction(enum.StrEnum):
@@ -147,61 +146,24 @@ class ChaosPlan:
                 return spec
         return None
 
+    def declares(self, action: ChaosAction) -> bool:
+        """Whether a spec for this process does `action` (a ``partition:`` one needs wrapped transports)."""
+        return any(spec.action is action for spec in self._specs)
+
     def next_spare_deadline(self) -> float | None:
         pending = [s.after for s in self._specs if s.spare >= 0 and s not in self._fired]
         return min(pending) if pending else None
 
 
-def inject(spec: ChaosSpec, partition: PartitionSwitch) -> None:
+class Switch(Protocol):
+    """What a partition spec cuts (``deadpool.transports.partitioned.PartitionSwitch``)."""
+
+    cut: bool
+
+
+def inject(spec: ChaosSpec, partition: Switch) -> None:
     """Deliver the spec's failure to this very process (returns only after a SIGSTOP is continued)."""
     if spec.action is ChaosAction.PARTITION:
         partition.cut = True
     else:
         os.kill(os.getpid(), SIGNALS[spec.action])
-
-
-class PartitionSwitch:
-    """Set once by the compute thread, read by the runtime thread's transports (a GIL-atomic bool)."""
-
-    cut = False
-
-
-class PartitionedTransport:
-    """Wraps a transport; once the switch is cut, drops everything both ways, silently, as a cut link.
-
-    This is the fault injector behind ``partition:`` chaos specs, kept outside the
-    transports so that every transport can be partitioned the same way.
-    """
-
-    def __init__(self, inner: Transport, switch: PartitionSwitch) -> None:
-        self._inner = inner
-        self._switch = switch
-
-    @property
-    def address(self) -> str:
-        return self._inner.address
-
-    async def run(self) -> None:
-        await self._inner.run()
-
-    async def recv(self) -> list[memoryview]:
-        while True:
-            frames = await self._inner.recv()
-            if not self._switch.cut:
-                return frames
-
-    def pending(self) -> int:
-        return self._inner.pending()
-
-    async def send(self, address: str, frames: Sequence[Frame], timeout: float) -> None:
-        if not self._switch.cut:
-            await self._inner.send(address, frames, timeout)
-
-    def forget(self, address: str) -> None:
-        self._inner.forget(address)
-
-    def dropped(self) -> int:
-        return self._inner.dropped()
-
-    async def close(self, linger: float = 0.0) -> None:
-        await self._inner.close(linger)

@@ -1,17 +1,23 @@
-"""Job configuration: every bound and interval, in one frozen object.
+"""Job configuration: every bound and interval, and the environment contract of a worker.
 
 Values come from the environment that ``deadpool launch`` sets (``DEADPOOL_*``)
-so that workers, the coordinator and the launcher agree.  Derived bounds (the
-process-group timeout) are computed here, once.
+so that workers, the coordinator and the launcher agree; this module is the one
+place that parses it (``Config`` for the bounds, ``WorkerEnv`` for what a
+worker is told about itself).  Derived bounds (the process-group timeout) are
+computed here, once.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from deadpool.chaos import ChaosSpec, parse_all
 from deadpool.errors import MisuseError
+from deadpool.protocol.messages import Role
 
 
 def default_shm_dir() -> str:
@@ -103,6 +109,64 @@ class Config:
                 raise MisuseError(f"DEADPOOL_{f.name.upper()}={raw!r} is not a valid {kind.__name__}") from None
         values.update(overrides)
         return replace(defaults, **values).validate()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerEnv:
+    """What ``deadpool launch`` tells a worker process through its environment."""
+
+    coordinator: str  # DEADPOOL_COORDINATOR: the coordinator's control address (required)
+    member: str  # DEADPOOL_MEMBER_ID, or a fresh host:pid:random id
+    role: Role  # DEADPOOL_ROLE: active (seated from the start) or spare
+    world_size: int  # WORLD_SIZE at launch (0 for spares added to a running job)
+    initial_rank: int  # RANK at launch for an active member, -1 for a spare
+    spare_index: int  # DEADPOOL_SPARE_INDEX: the spare's index at launch, -1 for an active member
+    host: str  # DEADPOOL_HOST: the failure domain (default: this host's name)
+    bind_host: str  # DEADPOOL_BIND_HOST: the address this worker listens on, gloo included
+    events_path: str | None  # DEADPOOL_EVENTS: the event log file (None: no log)
+    chaos: tuple[ChaosSpec, ...]  # DEADPOOL_CHAOS: the declared failures of the whole job
+    config: Config  # the job's bounds and intervals (the other DEADPOOL_* variables)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> WorkerEnv:
+        """Read a worker's environment.
+
+        Raises:
+            MisuseError: DEADPOOL_COORDINATOR is unset (the process was not started by ``deadpool launch``),
+                or a variable does not parse.
+        """
+        coordinator = environ.get("DEADPOOL_COORDINATOR")
+        if not coordinator:
+            raise MisuseError(
+                "deadpool.init(): DEADPOOL_COORDINATOR is not set. Start the script with "
+                "`deadpool launch --nproc N --spares S SCRIPT`, which starts the coordinator and the workers."
+            )
+        role = environ.get("DEADPOOL_ROLE", Role.ACTIVE)
+        if role not in tuple(Role):
+            raise MisuseError(f"DEADPOOL_ROLE must be 'active' or 'spare', got {role!r}")
+        return cls(
+            coordinator=coordinator,
+            member=environ.get("DEADPOOL_MEMBER_ID") or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}",
+            role=Role(role),
+            world_size=_int(environ, "WORLD_SIZE", 1),
+            initial_rank=_int(environ, "RANK", -1) if role == Role.ACTIVE else -1,
+            spare_index=_int(environ, "DEADPOOL_SPARE_INDEX", -1),
+            host=environ.get("DEADPOOL_HOST") or socket.gethostname(),
+            bind_host=environ.get("DEADPOOL_BIND_HOST") or "127.0.0.1",
+            events_path=environ.get("DEADPOOL_EVENTS") or None,
+            chaos=tuple(parse_all(environ.get("DEADPOOL_CHAOS", ""))),
+            config=Config.from_env(dict(environ)),
+        )
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise MisuseError(f"{name}={raw!r} is not a valid int") from None
 
 
 def raise_priority(niceness: int = -10) -> bool:

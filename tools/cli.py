@@ -20,12 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     coordinator_parser = commands.add_parser("coordinator", help="run the membership service on its own")
     coordinator_parser.add_argument("rest", nargs=argparse.REMAINDER)
 
-    from . import operator
+    from . import chaos, status
 
     status_parser = commands.add_parser("status", help="the live view: seats, members, steps, snapshots, spares")
-    operator.add_status_arguments(status_parser)
+    status.add_status_arguments(status_parser)
     chaos_parser = commands.add_parser("chaos", help="kill, stop or continue a member of a live job")
-    operator.add_chaos_arguments(chaos_parser)
+    chaos.add_chaos_arguments(chaos_parser)
 
     events_parser = commands.add_parser("events", help="timeline of failures, swaps and loss")
     events_parser.add_argument("file")
@@ -49,13 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "launch":
             return launch.run(args)
         if args.command == "coordinator":
-            from deadpool.coordinator import service as coordinator
+            from deadpool.coordinator import main as coordinator
 
             return coordinator.main(args.rest)
         if args.command == "status":
-            return operator.run_status(args)
+            return status.run_status(args)
         if args.command == "chaos":
-            return operator.run_chaos(args)
+            return chaos.run_chaos(args)
         if args.command == "simulate":
             import dataclasses
             import json
@@ -72,12 +72,16 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result) if args.json else simulate.format_table(result))
             return 1 if result["invariant_violations"] else 0
         if args.command == "events":
-            from . import timeline
+            from deadpool.events.summary import load
 
-            events = timeline.load(args.file)
-            print(timeline.format_timeline(events))
+            from .events import text
+
+            events = load(args.file)
+            print(text.format_timeline(events))
             if args.plot:
-                timeline.plot(events, args.plot)
+                from .events import plot
+
+                plot.plot(events, args.plot)
                 print(f"plot written to {args.plot}")
             return 0
     except MisuseError as err:

@@ -14,7 +14,7 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 
-from deadpool.protocol.transport import Frame, Limits, TransportError
+from deadpool.protocol.transport import Frame, Limits, TransportClosed, TransportError
 
 _ENDPOINTS: dict[str, InProcTransport] = {}
 _BLOCKED: set[str] = set()
@@ -59,7 +59,7 @@ class InProcTransport:
 
     async def send(self, address: str, frames: Sequence[Frame], timeout: float) -> None:
         if self._closed.is_set():
-            raise TransportError("transport is closed")
+            raise TransportClosed("transport is closed")
         if address in _BLOCKED or self._address in _BLOCKED:
             return  # a cut link loses messages without telling anyone
         target = _ENDPOINTS.get(address)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import zmq
 import zmq.asyncio
 
-from deadpool.protocol.transport import Frame, Limits, TransportError
+from deadpool.protocol.transport import Frame, Limits, TransportClosed, TransportError
 
 _CONTEXT: zmq.asyncio.Context | None = None
 _CONTEXT_PID = 0
@@ -204,7 +204,7 @@ class ZmqTransport:
 
     async def send(self, address: str, frames: Sequence[Frame], timeout: float) -> None:
         if self._closed:
-            raise TransportError("transport is closed")
+            raise TransportClosed("transport is closed")
         try:
             sock = self._push_for(address)
         except zmq.ZMQError as err:
@@ -223,9 +223,13 @@ class ZmqTransport:
         except asyncio.CancelledError:
             # close() or forget() closed the socket, and pyzmq cancelled our pending send.
             if sock.closed and not _task_cancelled():
+                if self._closed:  # close(), not forget(): nothing more will be sent
+                    raise TransportClosed(f"send to {address} abandoned: the transport was closed") from None
                 raise TransportError(f"send to {address} abandoned: the socket was closed") from None
             raise
         except zmq.ZMQError as err:
+            if self._closed:
+                raise TransportClosed(f"send to {address} abandoned: the transport was closed") from err
             raise TransportError(f"send to {address} failed: {err}") from err
 
     def forget(self, address: str) -> None:

@@ -19,10 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from deadpool.actors.inbox import Drain
 from deadpool.errors import WaitTimeout
 from deadpool.protocol.messages import CommitView, Fenced, Prepare, Stop
+from deadpool.snapshot.arena import Slot
 from deadpool.snapshot.statetree import Manifest
-from deadpool.snapshot.store import Slot
 
 Command = Prepare | CommitView | Stop | Fenced
 MAX_COMMANDS = 64
@@ -60,10 +61,11 @@ class PrepareReady:
 
 @dataclass
 class Progress:
-    """A worker's counters for its heartbeats: GIL-atomic fields, each with exactly one writer.
+    """A worker's counters, for its heartbeats and its memory report: GIL-atomic fields, each with exactly
+    one writer.
 
     The compute thread writes ``epoch``, ``step`` and ``stall_p99_s``; the snapshot actor writes
-    ``snapshot_step`` and ``confirmed_step``; the heartbeat actor only reads.
+    ``snapshot_step``, ``confirmed_step`` and the byte counts; the others only read.
     """
 
     epoch: int = 0
@@ -71,6 +73,9 @@ class Progress:
     snapshot_step: int = -2
     confirmed_step: int = -2
     stall_p99_s: float = 0.0
+    bytes_sent: int = 0  # snapshot bytes streamed to the buddy so far
+    bytes_held_for_wards: int = 0  # wards' copies held in memory of our own
+    bytes_shared_for_wards: int = 0  # wards' copies held as mappings of their slot files (no memory of ours)
 
 
 class Handoff:
@@ -87,8 +92,9 @@ class Handoff:
 
     # -- runtime side -------------------------------------------------------------------------
 
-    def bind(self, post: Callable[[Any], None]) -> None:
-        """Install the runtime's thread-safe entry point (``loop.call_soon_threadsafe`` wrapper)."""
+    def bind(self, post: Callable[[Any], None] | None) -> None:
+        """Install the runtime's thread-safe entry point (``loop.call_soon_threadsafe`` wrapper); None once the
+        runtime thread has ended, so that later posts fail at once instead of waiting for nobody."""
         self._post = post
 
     def deliver(self, command: Command) -> None:
@@ -119,10 +125,29 @@ class Handoff:
     # -- compute side -------------------------------------------------------------------------
 
     def post(self, message: Any) -> None:
-        """Hand a message to the runtime thread (never blocks the compute thread)."""
+        """Hand a message to the runtime thread (never blocks the compute thread).
+
+        Raises:
+            RuntimeError: the runtime thread is not running.
+        """
         if self._post is None:
             raise RuntimeError("runtime thread is not running")
         self._post(message)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every message posted before this call was handed to the transport.
+
+        A marker goes the same way as the posts before it and is ordered after them (a PrepareReady's
+        PrepareAck included); True once the runtime thread's membership actor reached it, False if that
+        took longer than `timeout`.  For the compute thread only: on the runtime thread it would wait for
+        itself.
+
+        Raises:
+            RuntimeError: the runtime thread is not running.
+        """
+        handed = threading.Event()
+        self.post(Drain(handed.set))
+        return handed.wait(timeout)
 
     def interrupted(self, epoch: int) -> bool:
         """True when the compute thread must stop its step: a newer view is being prepared, or the end."""

@@ -15,7 +15,7 @@ import logging
 from deadpool.actors.handoff import Progress
 from deadpool.protocol import codec
 from deadpool.protocol.messages import Heartbeat
-from deadpool.protocol.transport import Transport, TransportError
+from deadpool.protocol.transport import Transport, TransportClosed, TransportError
 
 log = logging.getLogger("deadpool.actors.heartbeat")
 
@@ -45,7 +45,20 @@ class HeartbeatActor:
         self.reconnected = asyncio.Event()  # set after an outage: the coordinator may have restarted
 
     async def run(self) -> None:
+        """Wait for the Welcome, then beat until the transport closes or the owner cancels."""
+        await self._setup()
+        try:
+            await self._beat()
+        finally:
+            self._teardown()
+
+    async def _setup(self) -> None:
         await self.joined.wait()
+
+    def _teardown(self) -> None:
+        log.debug("heartbeats stopped after %d sent", self.sent)
+
+    async def _beat(self) -> None:
         outage = False
         last: tuple[tuple[int, int, int, int, float], bytes] | None = None
         while True:
@@ -60,9 +73,9 @@ class HeartbeatActor:
                     log.info("coordinator reachable again")
                     self.reconnected.set()
                 outage = False
+            except TransportClosed:
+                return  # shutting down
             except TransportError as err:
-                if "closed" in str(err):
-                    return  # shutting down
                 if not outage:
                     log.warning("heartbeat not sent (%s); training goes on, retrying every beat", err)
                 outage = True

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from deadpool.actors.handoff import Handoff
+from deadpool.actors.inbox import Drain, Inbound, Mailbox, Outbound, ViewChanged
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
@@ -31,42 +31,10 @@ from deadpool.protocol.messages import (
     ViewReport,
     Welcome,
 )
-from deadpool.protocol.transport import Transport, TransportError
+from deadpool.protocol.transport import Transport, TransportClosed, TransportError
 from deadpool.protocol.view import View
 
 log = logging.getLogger("deadpool.actors.membership")
-
-
-@dataclass(frozen=True, slots=True)
-class Outbound:
-    """A message the compute thread asks to send to the coordinator."""
-
-    message: Message
-
-
-@dataclass(frozen=True, slots=True)
-class Inbound:
-    """A decoded message that arrived from the coordinator."""
-
-    message: Message
-
-
-@dataclass(frozen=True, slots=True)
-class Drain:
-    """Queued behind the compute thread's messages: `done` runs once each of them was handed to the transport.
-
-    Shutdown waits for it, so a seat's last report (``Finished``, posted just before
-    ``rt.finish()``) is sent before the transport closes instead of racing the close.
-    """
-
-    done: Callable[[], None]
-
-
-@dataclass(frozen=True, slots=True)
-class ViewChanged:
-    """Sent to the SnapshotActor when a newer view is adopted."""
-
-    view: View
 
 
 class MembershipActor:
@@ -79,20 +47,21 @@ class MembershipActor:
         transport: Transport,
         handoff: Handoff,
         events: EventLog,
-        snapshot_inbox: asyncio.Queue[object],
+        to_snapshots: Callable[[ViewChanged], None],
         secret: bytes | None,
         send_timeout: float,
         joined: asyncio.Event,
         reconnected: asyncio.Event,
         identity: tuple[Role, str, int, str, str],
     ) -> None:
-        self.inbox: asyncio.Queue[Inbound | Outbound | Drain] = asyncio.Queue(maxsize=256)
+        # Local lane: the compute thread's messages and drain markers (through the SnapshotActor), in order.
+        self.inbox: Mailbox[Outbound | Drain, Inbound] = Mailbox("membership actor", peer_size=256)
         self._member = member
         self._coordinator = coordinator
         self._transport = transport
         self._handoff = handoff
         self._events = events
-        self._snapshot_inbox = snapshot_inbox
+        self._to_snapshots = to_snapshots
         self._secret = secret
         self._send_timeout = send_timeout
         self.view: View | None = None
@@ -104,22 +73,40 @@ class MembershipActor:
         self._last_step = -1
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(self._rejoin_until_welcomed())
-            tasks.create_task(self._rejoin_after_outages())
-            while True:
-                item = await self.inbox.get()
-                if isinstance(item, Outbound):
-                    if isinstance(item.message, Join):
-                        self._join = item.message
-                    step = getattr(item.message, "step", None)
-                    if isinstance(step, int):
-                        self._last_step = max(self._last_step, step)
-                    await self._send(item.message)
-                elif isinstance(item, Drain):
-                    item.done()
-                else:
-                    await self._on_message(item.message)
+        """Set up (the rejoin tasks), serve the inbox until cancelled by the owner, tear down."""
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                self._setup(tasks)
+                while True:
+                    await self._handle(await self.inbox.get())
+        finally:
+            self._teardown()
+
+    def _setup(self, tasks: asyncio.TaskGroup) -> None:
+        tasks.create_task(self._rejoin_until_welcomed())
+        tasks.create_task(self._rejoin_after_outages())
+
+    def _teardown(self) -> None:
+        """Nobody waits on this actor; what was still queued for the coordinator is only counted."""
+        unsent = [item for item in self.inbox.take_local() if isinstance(item, Outbound)]
+        if unsent:
+            log.info("stopped with %d message(s) for the coordinator unsent: %s", len(unsent),
+                     ", ".join(type(item.message).__name__ for item in unsent))
+
+    async def _handle(self, item: Outbound | Drain | Inbound) -> None:
+        if isinstance(item, Outbound):
+            if isinstance(item.message, Join):
+                self._join = item.message
+            step = getattr(item.message, "step", None)
+            if isinstance(step, int):
+                self._last_step = max(self._last_step, step)
+            await self._send(item.message)
+        elif isinstance(item, Drain):
+            item.done()  # every message queued before it was handed to the transport
+        elif isinstance(item, Inbound):
+            await self._on_message(item.message)
+        else:
+            log.error("membership actor: unexpected %s in its inbox, dropped", type(item).__name__)
 
     async def _rejoin_until_welcomed(self) -> None:
         """The coordinator may start after us or drop a Join: repeat it until Welcome arrives."""
@@ -133,6 +120,8 @@ class MembershipActor:
             return  # a fenced member changes nothing
         try:
             await self._transport.send(self._coordinator, [codec.encode(message, self._secret)], self._send_timeout)
+        except TransportClosed:
+            log.info("%s not sent to the coordinator: shutting down", type(message).__name__)
         except TransportError as err:
             log.warning("could not send %s to the coordinator: %s", type(message).__name__, err)
 
@@ -152,7 +141,7 @@ class MembershipActor:
                 self._events.emit(Event.REJECTED, reason="stale_view", detail=f"view {view.epoch} <= held {epoch}")
                 return
             self.view = view
-            await self._snapshot_inbox.put(ViewChanged(view))
+            self._to_snapshots(ViewChanged(view))  # before the compute thread can act on it (and snapshot in it)
             self._handoff.deliver(message)
         elif isinstance(message, Prepare):
             if message.epoch <= epoch:

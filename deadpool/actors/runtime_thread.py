@@ -4,28 +4,31 @@ It owns two transports (control: coordinator traffic; bulk: snapshot traffic,
 kept apart so liveness never queues behind a 100 MB transfer), one reader
 task per transport that decodes and routes frames, and three actors:
 ``HeartbeatActor``, ``MembershipActor`` and ``SnapshotActor``.  Every task
-belongs to one ``asyncio.TaskGroup``; ``stop()`` closes the transports first
-(so nothing stays blocked on I/O) and then cancels and awaits the group.
+belongs to one ``asyncio.TaskGroup``; ``stop()`` is a message ordered after
+what the compute thread posted before it, then closes the transports first
+(so nothing stays blocked on I/O) and cancels and awaits the group.
 
 The compute thread reaches it only through ``Handoff.post``, which lands in
-``_route_from_compute`` on this loop.
+``_route_from_compute`` on this loop: the router only routes, into the
+actors' local inbox lanes, which peer traffic can never fill.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import importlib
 import logging
 import os
 import threading
 from collections import Counter
-from typing import Any
+from collections.abc import Awaitable, Callable
 
-from deadpool.actors.handoff import Fetch, Handoff, LocalReady, Progress
+from deadpool.actors.handoff import Fetch, Handoff, LocalReady, PrepareReady, Progress
 from deadpool.actors.heartbeat import HeartbeatActor
-from deadpool.actors.membership import Drain, Inbound, MembershipActor, Outbound
-from deadpool.actors.snapshot_actor import CHUNK_BYTES, Bulk, SnapshotActor
-from deadpool.chaos import PartitionedTransport, PartitionSwitch
+from deadpool.actors.inbox import Bulk, Drain, Inbound, Outbound, Shutdown
+from deadpool.actors.membership import MembershipActor
+from deadpool.actors.snapshot_actor import CHUNK_BYTES, SnapshotActor
+from deadpool.chaos import Switch
 from deadpool.config import Config
 from deadpool.errors import MisuseError
 from deadpool.events.catalogue import Event
@@ -33,7 +36,6 @@ from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.messages import (
     Message,
-    PrepareAck,
     RestoreReply,
     RestoreRequest,
     Role,
@@ -47,10 +49,9 @@ log = logging.getLogger("deadpool.worker.runtime")
 
 _BULK_TYPES = (SnapshotHeader, SnapshotAck, RestoreRequest, RestoreReply)
 BULK_LIMITS = Limits(max_frame_bytes=CHUNK_BYTES + (1 << 20), max_frames=4097, inbox_size=8, send_hwm=8)
-
-
-class Shutdown:
-    """Posted by the compute thread to end the runtime thread."""
+# The fault injector, an implementation beside the others (loaded by name like them: it is packaged as
+# deadpool.transports from the top-level transports/ folder).
+_PARTITIONED = "deadpool.transports.partitioned"
 
 
 class RuntimeThread:
@@ -66,6 +67,7 @@ class RuntimeThread:
         progress: Progress,
         events: EventLog,
         transport_scheme: str = "tcp",
+        partitionable: bool = False,
     ) -> None:
         self.member = member
         self._coordinator = coordinator
@@ -86,7 +88,8 @@ class RuntimeThread:
         self._membership: MembershipActor | None = None
         self._snapshots: SnapshotActor | None = None
         self._rejections: Counter[str] = Counter()
-        self.partition = PartitionSwitch()  # cut by a `partition:` chaos spec
+        self.partition: Switch = importlib.import_module(_PARTITIONED).PartitionSwitch()  # cut by ``chaos.inject``
+        self._partitionable = partitionable  # such a spec names this process: wrap the transports in the switch
         self.role_and_host: tuple[Role, str] = (Role.ACTIVE, "")  # set by the runtime before start, for ViewReports
         self._thread = threading.Thread(target=self._main, name="deadpool-runtime", daemon=True)
 
@@ -119,6 +122,7 @@ class RuntimeThread:
                 self._handoff.deliver(Stop(False, f"this member's runtime thread failed ({err!r}); "
                                               "see the traceback above. The member exits and is replaced."))
         finally:
+            self._handoff.bind(None)  # later posts fail at once instead of waiting for a loop that is gone
             loop.close()
             self._stopped.set()
 
@@ -128,27 +132,28 @@ class RuntimeThread:
             raise MisuseError(f"refusing to listen on {host} (not loopback) without a shared secret: "
                               "set DEADPOOL_SECRET to the same value on every host")
         control_url = f"{self._scheme}://{host}:0" if self._scheme == "tcp" else f"{self._scheme}://"
-        control = PartitionedTransport(open_transport(control_url, CONTROL_LIMITS), self.partition)
-        bulk = PartitionedTransport(open_transport(control_url, BULK_LIMITS), self.partition)
+        control = self._open(control_url, CONTROL_LIMITS)
+        bulk = self._open(control_url, BULK_LIMITS)
         self.control_addr, self.bulk_addr = control.address, bulk.address
         self._stop_event = asyncio.Event()
         config = self._config
         snapshots = SnapshotActor(
             self.member, bulk, self._handoff, self._progress, self._events, self._secret,
-            send_timeout=max(30.0, config.send_timeout), shm_dir=config.shm_dir,
+            send_timeout=max(30.0, config.send_timeout), shm_dir=config.shm_dir, to_membership=self._to_membership,
         )
         heartbeat = HeartbeatActor(
             self.member, self._coordinator, control, self._progress, config.heartbeat_interval, self._secret,
             control.address,
         )
         membership = MembershipActor(
-            self.member, self._coordinator, control, self._handoff, self._events, snapshots.inbox,
+            self.member, self._coordinator, control, self._handoff, self._events, snapshots.inbox.post,
             self._secret, config.send_timeout, heartbeat.joined, heartbeat.reconnected,
             (*self.role_and_host, os.getpid(), control.address, bulk.address),
         )
         self._membership, self._snapshots = membership, snapshots
         loop = asyncio.get_running_loop()
-        def post(message: Any) -> None:
+
+        def post(message: object) -> None:
             loop.call_soon_threadsafe(self._route_from_compute, message)
 
         self._handoff.bind(post)
@@ -170,9 +175,17 @@ class RuntimeThread:
         except* _Stopping:
             pass
 
+    def _open(self, url: str, limits: Limits) -> Transport:
+        """A bound transport, behind the partition switch only when a spec may cut it (no hops otherwise)."""
+        transport = open_transport(url, limits)
+        if not self._partitionable:
+            return transport
+        wrapped: Transport = importlib.import_module(_PARTITIONED).PartitionedTransport(transport, self.partition)
+        return wrapped
+
     # -- routing ------------------------------------------------------------------------------
 
-    async def _read(self, transport: Transport, handle: Any) -> None:
+    async def _read(self, transport: Transport, handle: Callable[[Message, list[memoryview]], Awaitable[None]]) -> None:
         """One reader per transport: decode the first frame, route the message."""
         limit = CONTROL_LIMITS.max_frame_bytes
         while True:
@@ -204,33 +217,34 @@ class RuntimeThread:
         if count <= 20 or count % 100 == 0:
             self._events.emit(Event.REJECTED, reason=reason, detail=detail, count=count)
 
-    def _route_from_compute(self, message: Any) -> None:
+    def _route_from_compute(self, message: object) -> None:
+        """Route what the compute thread posted to the actor that takes it (never refused, never blocks).
+
+        Drain markers, and stopping (one more), pass the SnapshotActor on their way to the MembershipActor,
+        so they follow the PrepareAcks that the SnapshotActor completes for PrepareReady posted before them.
+        """
         assert self._membership is not None and self._snapshots is not None and self._stop_event is not None
-        try:
-            if isinstance(message, Shutdown):
-                # Stopping is ordered after the messages posted before it: the membership actor sends them first.
-                try:
-                    self._membership.inbox.put_nowait(Drain(self._stop_event.set))
-                except asyncio.QueueFull:
-                    self._stop_event.set()
-            elif isinstance(message, (LocalReady, Fetch)):
-                self._snapshots.inbox.put_nowait(message)
-            elif isinstance(message, PrepareAck):
-                # Which ward copies this member holds, as of now: a same-host ward confirms its snapshots
-                # in place, so only the heads of its mapped slots say which steps they hold.
-                ward_steps = self._snapshots.ward_steps()
-                self._membership.inbox.put_nowait(Outbound(dataclasses.replace(message, ward_steps=ward_steps)))
-            else:
-                self._membership.inbox.put_nowait(Outbound(message))
-        except asyncio.QueueFull:
-            log.error("runtime inbox full; dropped %s from the compute thread", type(message).__name__)
+        if isinstance(message, Shutdown):
+            self._snapshots.inbox.post(Drain(self._stop_event.set))
+        elif isinstance(message, (LocalReady, Fetch, PrepareReady, Drain)):
+            self._snapshots.inbox.post(message)
+        elif isinstance(message, Message):
+            self._membership.inbox.post(Outbound(message))
+        else:
+            log.error("the compute thread posted a %s, which no actor takes; dropped", type(message).__name__)
+
+    def _to_membership(self, item: Outbound | Drain) -> None:
+        """The SnapshotActor's way to the MembershipActor (its PrepareAcks, the drain markers it passes on)."""
+        assert self._membership is not None
+        self._membership.inbox.post(item)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def snapshot_stats(self) -> tuple[int, int, int]:
-        """(bytes streamed to the buddy, bytes held for wards, bytes of ward slots mapped), for the memory report."""
-        s = self._snapshots
-        return (s.bytes_sent, s.bytes_held_for_wards, s.bytes_shared_for_wards) if s else (0, 0, 0)
+        """(bytes streamed to the buddy, bytes held for wards, bytes of ward slots mapped), for the memory report:
+        what the SnapshotActor published in ``Progress``."""
+        p = self._progress
+        return p.bytes_sent, p.bytes_held_for_wards, p.bytes_shared_for_wards
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the loop (idempotent), waiting at most `timeout` seconds."""

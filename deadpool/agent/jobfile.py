@@ -3,9 +3,10 @@
 ``deadpool launch`` on the coordinator's host writes the coordinator address,
 the shared secret and the events file to ``~/.deadpool/jobs/<id>.json`` (mode
 0600) and points ``~/.deadpool/jobs/current.json`` at it, so ``deadpool
-status`` and ``deadpool chaos`` work with no arguments on that host.  Other
-hosts pass ``--coordinator ADDR`` and take the secret from ``DEADPOOL_SECRET``
-or ``--secret-file``.
+status`` and ``deadpool chaos`` work with no arguments on that host, and with
+``--coordinator ADDR`` alone for any job of this host (the secret is looked up
+by address).  Other hosts take the secret from ``DEADPOOL_SECRET`` or
+``--secret-file``.
 """
 
 from __future__ import annotations
@@ -58,8 +59,63 @@ def remove(path: Path) -> None:
         path.unlink()
 
 
+def find(coordinator: str) -> JobInfo | None:
+    """The job file of this host whose coordinator is at `coordinator`, or None.
+
+    When several files name that address (a job that ended without removing its
+    file, then a new one bound the same port), the one whose launcher is alive wins.
+    """
+    wanted = _address_key(coordinator)
+    found: list[JobInfo] = []
+    try:
+        paths = sorted(jobs_dir().glob("*.json"))
+    except OSError:
+        return None
+    for path in paths:
+        info = _read(path)
+        if info is not None and _address_key(info.coordinator) == wanted and info not in found:
+            found.append(info)
+    alive = [info for info in found if _alive(info.launcher_pid)]
+    if alive:
+        return alive[0]
+    return found[0] if found else None
+
+
+def _read(path: Path) -> JobInfo | None:
+    try:
+        data = json.loads(path.read_text())
+        return JobInfo(**data) if isinstance(data, dict) else None
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _address_key(address: str) -> str:
+    """An address for comparison: the scheme dropped, lower case, ``localhost`` as ``127.0.0.1``."""
+    rest = address.strip().lower().split("://", 1)[-1]
+    host, sep, port = rest.rpartition(":")
+    if host == "localhost":
+        host = "127.0.0.1"
+    return f"{host}{sep}{port}"
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def resolve(coordinator: str = "", secret_file: str = "") -> JobInfo:
-    """The job to talk to: explicit arguments first, then the current job file.
+    """The job to talk to: explicit arguments first, then the job files of this host.
+
+    Given a coordinator but no secret (neither ``DEADPOOL_SECRET`` nor
+    `secret_file`), the secret comes from this host's job file for that address,
+    if there is one.
 
     Raises:
         MisuseError: no coordinator given and no running job found on this host.
@@ -71,6 +127,9 @@ def resolve(coordinator: str = "", secret_file: str = "") -> JobInfo:
         except OSError as err:
             raise MisuseError(f"cannot read --secret-file {secret_file}: {err}") from None
     if coordinator:
+        known = None if secret else find(coordinator)
+        if known is not None:
+            return JobInfo(coordinator, known.secret, known.events, known.launcher_pid)
         return JobInfo(coordinator, secret, "", 0)
     current = jobs_dir() / "current.json"
     try:

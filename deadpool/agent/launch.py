@@ -17,6 +17,8 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
+import math
 import os
 import secrets
 import signal
@@ -24,21 +26,27 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deadpool.agent import jobfile, progress
+from deadpool.chaos import SIGNALS, ChaosAction
 from deadpool.chaos import parse as parse_chaos
 from deadpool.config import Config, raise_priority
 from deadpool.errors import MisuseError
+from deadpool.events import summary
 from deadpool.events.log import read_events
 from deadpool.protocol import codec
 from deadpool.protocol.messages import AgentHello, FenceKill, ProcessExited, SignalMember, Stop, Welcome
 from deadpool.protocol.transport import CONTROL_LIMITS, Transport, TransportError, open_transport
 from deadpool.snapshot import shm
 
+log = logging.getLogger("deadpool.agent.launch")
+
 COORDINATOR_START_TIMEOUT = 60.0
+DROP_LOG_INTERVAL = 10.0  # seconds between two lines about dropped frames (each line counts the drops it covers)
 WORKER_EXIT_GRACE = 30.0
 MAX_COORDINATOR_RESTARTS = 5
 
@@ -153,7 +161,7 @@ async def _start_coordinator(args: argparse.Namespace, world: int, events: str, 
                              bind: str = "", recover: bool = False) -> tuple[asyncio.subprocess.Process, str, str]:
     """Start the coordinator process and read the addresses it bound from its first line."""
     host = args.master_addr or "127.0.0.1"
-    command = [sys.executable, "-m", "deadpool.coordinator.service", "--world-size", str(world), "--events", events,
+    command = [sys.executable, "-m", "deadpool.coordinator.main", "--world-size", str(world), "--events", events,
                "--bind", bind or f"tcp://{host}:{args.coordinator_port}",
                "--store-port", "0" if recover else str(args.master_port)]
     if recover:
@@ -188,6 +196,34 @@ async def _forward(worker: Worker) -> None:
         sys.stdout.flush()
 
 
+class DropLog:
+    """Logs every frame the agent drops, and why: the first at once, then at most one line per `interval`.
+
+    A flood (a peer with the wrong secret retrying every 100 ms) becomes one line
+    per interval that counts what it stands for, instead of a line per frame.
+    """
+
+    def __init__(self, interval: float = DROP_LOG_INTERVAL, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval = interval
+        self._clock = clock
+        self._next = -math.inf  # when the next line may be written
+        self._held = 0  # drops since the last line
+        self.dropped = 0  # drops in all
+
+    def note(self, why: str) -> bool:
+        """Count one dropped frame; returns whether a line was written for it."""
+        self.dropped += 1
+        self._held += 1
+        now = self._clock()
+        if now < self._next:
+            return False
+        more = f" (and {self._held - 1} more dropped frames since the last report)" if self._held > 1 else ""
+        log.warning("dropped a frame from the control socket: %s%s", why, more)
+        self._held = 0
+        self._next = now + self._interval
+        return True
+
+
 class Launcher:
     """One host's agent: owns the worker processes it starts."""
 
@@ -210,6 +246,7 @@ class Launcher:
         self.coordinator_proc: asyncio.subprocess.Process | None = None  # the local coordinator, if this agent runs it
         self.terminated = False  # SIGTERM arrived
         self.last_contact = time.monotonic()  # last answer from the coordinator (it answers every hello)
+        self._drops = DropLog()  # frames the inbox could not use
 
     def _config_env(self) -> dict[str, str]:
         overrides: dict[str, Any] = {}
@@ -391,7 +428,9 @@ class Launcher:
         while True:
             frames = await self.transport.recv()
             message = codec.decode(frames[0], self.secret)
-            if isinstance(message, Welcome):
+            if isinstance(message, codec.DecodeError):
+                self._drops.note(f"{message.reason} ({message.detail})")
+            elif isinstance(message, Welcome):
                 self.welcomed = True
                 self.last_contact = time.monotonic()
             elif isinstance(message, FenceKill):
@@ -403,14 +442,20 @@ class Launcher:
                 self.stop_event.set()
                 if not message.ok:
                     print(f"deadpool: job stopped: {message.reason}", file=sys.stderr, flush=True)
+            else:
+                self._drops.note(f"unexpected {type(message).__name__}")
 
     def _signal(self, member: str, action: str) -> None:
         """Operator chaos: a real signal to one of this host's workers."""
-        signals = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
+        try:
+            signum = SIGNALS[ChaosAction(action)]
+        except (ValueError, KeyError):
+            log.warning("dropped a chaos signal for %s: %r is not one of %s", member, action, ", ".join(SIGNALS))
+            return
         for worker in self.workers:
-            if worker.member == member and worker.returncode is None and action in signals:
+            if worker.member == member and worker.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker.proc.pid, signals[action])
+                    os.kill(worker.proc.pid, signum)
 
     def _fence_kill(self, member: str) -> None:
         for worker in self.workers:
@@ -458,28 +503,30 @@ class Launcher:
 
 
 def summarize(events_path: str) -> list[str]:
-    """The closing lines: failures, swaps with their recovery time, and the final digest."""
+    """The closing lines: failures, refilled seats, buddy restores, swaps with their recovery time, the digest."""
     lines: list[str] = []
-    records = list(read_events(events_path)) if Path(events_path).exists() else []
+    digest: str | None = None
+    records = read_events(events_path) if Path(events_path).exists() else iter(())
     for record in records:
-        kind = record.get("event")
-        if kind == "member_failed":
-            lines.append(f"  failure: rank {record.get('failed_rank')} ({record.get('failed_member')}) "
-                         f"detected by {record.get('detected_by')}: {record.get('reason')}")
-        elif kind == "view_committed" and record.get("failed_seats"):
-            lines.append(f"  view {record.get('epoch')}: seats {record.get('failed_seats')} refilled, "
-                         f"resume after step {record.get('resume_step')}")
-        elif kind == "restored" and record.get("source") == "buddy":
-            lines.append(f"  restored rank {record.get('rank')} from its buddy: {record.get('bytes', 0) / 1e6:.1f} MB "
-                         f"in {record.get('s', 0):.3f} s")
-        elif kind == "swap_completed":
-            lines.append(f"  swap: rank {record.get('rank')} back in {record.get('recovery_s')} s "
-                         f"(failure to first finished step; {record.get('old_member')} -> {record.get('new_member')})")
-        elif kind == "job_failed":
-            lines.append(f"  job failed: {record.get('reason')}")
-    finished = [r for r in records if r.get("event") == "training_finished"]
-    if finished:
-        lines.append(f"final state digest: {finished[-1].get('state_digest')}")
+        match summary.parse(record):
+            case summary.Failure() as f:
+                lines.append(f"  failure: rank {-1 if f.rank is None else f.rank} ({f.member}) "
+                             f"detected by {f.detected_by}: {f.reason}")
+            case summary.ViewCommit(refilled=refilled) as view if refilled:
+                lines.append(f"  view {view.epoch}: seats {list(refilled)} refilled, "
+                             f"resume after step {view.resume_step}")
+            case summary.Restore(source="buddy") as restore:
+                lines.append(f"  restored rank {restore.rank} from its buddy: {(restore.bytes or 0) / 1e6:.1f} MB "
+                             f"in {restore.s or 0:.3f} s")
+            case summary.Swap() as swap:
+                lines.append(f"  swap: rank {swap.rank} back in {swap.recovery_s} s "
+                             f"(failure to first finished step; {swap.old_member} -> {swap.new_member})")
+            case summary.JobFailed() as failed:
+                lines.append(f"  job failed: {failed.reason}")
+            case summary.JobFinished() as finished:
+                digest = finished.digest
+    if digest is not None:
+        lines.append(f"final state digest: {digest}")
     return lines
 
 

@@ -1,21 +1,10 @@
 """The progress line of ``deadpool launch``: startup, steps done, tokens/s, spares left, swaps.
 
-The launcher already has the best source of truth for a person watching a
-job: the events file that every process on this host appends to.  This module
-follows that file (it never talks to the coordinator, so it cannot slow the
-control plane down), folds the records into a small ``JobProgress`` and shows
-it:
-
-- on a terminal, as a ``rich`` live display pinned below the workers' output
-  (``rich`` redirects ``sys.stdout`` while it runs, so the forwarded worker
-  lines scroll above it untouched), with a bar while the workers start;
-- otherwise (a log file, CI), as one plain line every ``interval`` seconds,
-  and only when something changed, so a log stays readable and every line
-  of worker output stays whole (lines are written by the launcher's own
-  event loop, between forwarded lines).
-
-Progress is decoration: any error here is logged and ends the display, never
-the job.
+It follows this host's events file (never the coordinator, so it cannot slow the control
+plane down), folds the records, read as ``deadpool.events.summary`` facts, into a small
+``JobProgress``, and shows it as a ``rich`` live display on a terminal or as a plain line
+every ``interval`` seconds otherwise.  Progress is decoration: any error here is logged
+and ends the display, never the job.
 """
 
 from __future__ import annotations
@@ -26,9 +15,10 @@ import logging
 import os
 import sys
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+from deadpool.events import summary
 
 log = logging.getLogger("deadpool.agent.progress")
 
@@ -56,12 +46,30 @@ class JobProgress:
 
     def feed(self, record: dict[str, Any]) -> None:
         """Fold one event in; unknown events and odd fields are ignored (records are untrusted)."""
-        handler = _HANDLERS.get(str(record.get("event")))
-        if handler is not None:
-            try:
-                handler(self, record)
-            except (TypeError, ValueError):
-                pass
+        match summary.parse(record):
+            case summary.MemberJoined(process="worker") as joined:
+                if joined.spare:
+                    self.spares_joined += 1
+                else:
+                    self.ranks_joined += 1
+            case summary.ViewCommit() as view:
+                self.epoch = max(self.epoch, view.epoch or 0)
+                if view.spares is not None:
+                    self.spares_left = len(view.spares)
+            case summary.StepDone(step=int() as step) as done:
+                self.step = step
+                if done.tokens is not None and done.ts is not None:
+                    self._tokens.append((done.ts, done.tokens))
+            case summary.Failure(rank=int() as rank) if rank >= 0:
+                self.failures += 1
+            case summary.Swap() as swap:
+                self.swaps += 1
+                if swap.recovery_s is not None:
+                    self.last_recovery_s = swap.recovery_s
+            case summary.JobFinished() as finished:
+                self.outcome = f"finished at step {finished.step}"
+            case summary.JobFailed():
+                self.outcome = "FAILED"
 
     @property
     def started(self) -> bool:
@@ -103,61 +111,6 @@ class JobProgress:
         if self.failures > self.swaps and not self.outcome:
             parts.append("recovering")
         return " | ".join(parts)
-
-
-def _on_joined(p: JobProgress, r: dict[str, Any]) -> None:
-    if r.get("source_process") != "worker":
-        return
-    if r.get("role") == "spare":
-        p.spares_joined += 1
-    else:
-        p.ranks_joined += 1
-
-
-def _on_view(p: JobProgress, r: dict[str, Any]) -> None:
-    p.epoch = max(p.epoch, int(r.get("epoch", 0)))
-    spares = r.get("spares")
-    if isinstance(spares, list):
-        p.spares_left = len(spares)
-
-
-def _on_step(p: JobProgress, r: dict[str, Any]) -> None:
-    p.step = int(r.get("step", -1))
-    tokens = r.get("tokens")
-    ts = r.get("ts")
-    if isinstance(tokens, (int, float)) and isinstance(ts, (int, float)):
-        p._tokens.append((float(ts), float(tokens)))
-
-
-def _on_failed(p: JobProgress, r: dict[str, Any]) -> None:
-    if int(r.get("failed_rank", r.get("rank", -1))) >= 0:
-        p.failures += 1
-
-
-def _on_swap(p: JobProgress, r: dict[str, Any]) -> None:
-    p.swaps += 1
-    recovery = r.get("recovery_s")
-    if isinstance(recovery, (int, float)):
-        p.last_recovery_s = float(recovery)
-
-
-def _on_finished(p: JobProgress, r: dict[str, Any]) -> None:
-    p.outcome = f"finished at step {r.get('step')}"
-
-
-def _on_job_failed(p: JobProgress, r: dict[str, Any]) -> None:
-    p.outcome = "FAILED"
-
-
-_HANDLERS: dict[str, Callable[[JobProgress, dict[str, Any]], None]] = {
-    "member_joined": _on_joined,
-    "view_committed": _on_view,
-    "step_finished": _on_step,
-    "member_failed": _on_failed,
-    "swap_completed": _on_swap,
-    "training_finished": _on_finished,
-    "job_failed": _on_job_failed,
-}
 
 
 class EventTail:

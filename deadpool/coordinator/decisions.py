@@ -1,18 +1,49 @@
 """The coordinator's decisions, as pure functions of (now, state, config).
 
 Each returns its decision and a human-readable reason, so the event log says
-*why*, and each is tested without sockets or clocks (``tests/test_decisions.py``)
+*why*; each is tested without sockets or clocks (``tests/unit/test_decisions.py``)
 and reused unchanged by the simulator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import enum
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
+from deadpool.protocol.view import DISK_SOURCE as DISK  # restore_from value: read the seat's state from disk
 from deadpool.protocol.view import View, place_buddies
 
-DISK = "@disk"  # restore_from value: read the seat's state from the disk checkpoint
+MAX_BLIND_REBUILDS = 3  # rebuilds that fix nothing, in a row, before the job is failed with a reason
+
+
+class Trigger(enum.StrEnum):
+    """What started a view change: the ``trigger`` field of view_prepared and view_committed.
+
+    Beside the human-readable ``reason``, so that readers count by value, never by prose.
+    """
+
+    FIRST_VIEW = "first_view"  # every seat joined
+    SEAT_LOST = "seat_lost"  # a seated member was declared dead
+    BLIND_REBUILD = "blind_rebuild"  # a collective failed but nobody was found dead: the group is rebuilt
+    SPARE_FAILED = "spare_failed"  # the spare chosen for a swap failed: choosing again
+    SPARE_JOINED = "spare_joined"  # a spare joined the pool (or the seat that waited for one)
+    SPARE_LOST = "spare_lost"  # a spare in the pool was declared dead
+
+
+class Suspicion(enum.StrEnum):
+    """What to do about a collective failure that names nobody dead (`unexplained_failure`)."""
+
+    WAIT = "wait"  # within the grace: a member may yet be found dead
+    REBUILD = "rebuild"  # rebuild the group with the same members
+    FAIL = "fail"  # rebuilds keep fixing nothing: fail the job with the likely cause
+
+
+class NoSpare(enum.StrEnum):
+    """What to do when a lost seat finds no spare (`no_spare`)."""
+
+    WAIT = "wait"  # no_spare_policy "wait": a spare may still join (``deadpool launch --nproc 0 --spares 1``)
+    STOP = "stop"  # fail the job
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +62,18 @@ def silent_members(now: float, last_seen: Mapping[str, float], failure_timeout: 
         for member, seen in sorted(last_seen.items())
         if now - seen > failure_timeout
     ]
+
+
+def order_spares(
+    spares: Sequence[str], last_seen: Mapping[str, float], fenced: Container[str]
+) -> tuple[list[str], str]:
+    """The pool `pick_spares` chooses from: fenced spares left out, the freshest heartbeat first.
+
+    A spare that died silently (not yet detected) is then the last one chosen;
+    equals keep their order (join order).  Spares never heard from come last.
+    """
+    pool = sorted((s for s in spares if s not in fenced), key=lambda s: -last_seen.get(s, 0.0))
+    return pool, f"{len(pool)} spare(s) in the pool, freshest heartbeat first"
 
 
 def pick_spares(
@@ -102,12 +145,60 @@ def plan_restore(
     return best, sources, f"step {best} is the newest held by every seat"
 
 
-def resume_step(
-    view: View, failed_seats: Sequence[int], reports: Mapping[str, Snapshots]
-) -> tuple[int | None, str]:
-    """The newest step every seat can restore (see `plan_restore`), with the reason."""
-    step, _, reason = plan_restore(view, failed_seats, reports)
-    return step, reason
+def unanswered_prepare(
+    now: float, deadline: float, survivors: Sequence[str], acked: Container[str], epoch: int,
+    prepare_timeout: float,
+) -> list[tuple[str, str]]:
+    """Survivors that have not answered Prepare(`epoch`) by its deadline, with the reason."""
+    if now <= deadline:
+        return []
+    why = f"no answer to Prepare({epoch}) within {prepare_timeout}s"
+    return [(member, why) for member in survivors if member not in acked]
+
+
+def unexplained_failure(
+    now: float, suspect_since: float, failure_timeout: float, rebuilds_in_a_row: int
+) -> tuple[Suspicion, str]:
+    """A collective failed and nobody is dead yet: wait a short grace, then rebuild, or give up.
+
+    The grace (half the failure timeout, at most a second) lets a death that
+    caused the failure be detected first.  A rebuild that no finished step
+    follows counts as one in a row; after `MAX_BLIND_REBUILDS` of them the ranks
+    evidently cannot reach each other, and the job fails naming the likely cause.
+    """
+    if now - suspect_since <= min(1.0, failure_timeout / 2):
+        return Suspicion.WAIT, "within the grace for a member to be found dead"
+    rebuilds = rebuilds_in_a_row + 1
+    if rebuilds > MAX_BLIND_REBUILDS:
+        return Suspicion.FAIL, (
+            f"collectives failed {rebuilds} times in a row with every member alive and no step "
+            "finished in between: the ranks cannot reach each other over the process group's transport "
+            "(check --bind-host / the addresses gloo uses, firewalls and the ports between hosts)")
+    return Suspicion.REBUILD, "a collective failed but no member was found dead: rebuilding the group"
+
+
+def no_spare(
+    policy: str, now: float, waiting_since: float, spare_wait_timeout: float, lost: str, why: str, world_size: int
+) -> tuple[NoSpare, str]:
+    """A lost seat has no spare: wait for one to join (policy "wait", within its timeout), or stop.
+
+    `lost` names the seats ("rank 3 (member)"), `why` is `pick_spares`' refusal,
+    and `waiting_since` is when the wait began (`now` on the first refusal).
+    """
+    if policy == "wait" and now - waiting_since <= spare_wait_timeout:
+        return NoSpare.WAIT, (
+            f"{lost} failed and no spare is left to take the seat ({why}): waiting up to "
+            f"{spare_wait_timeout:g}s for a spare to join (no_spare_policy=wait; add one with "
+            "`deadpool launch --nproc 0 --spares 1 --coordinator ADDRESS`)")
+    if policy == "wait":
+        return NoSpare.STOP, (
+            f"{lost} failed and no spare joined within {spare_wait_timeout:g}s to take the seat "
+            f"(no_spare_policy=wait; {why}). The other ranks' state is intact in memory but the job cannot "
+            f"continue at world size {world_size}. Relaunch with more --spares (or from a disk checkpoint).")
+    return NoSpare.STOP, (
+        f"{lost} failed and no spare is left to take the seat ({why}). "
+        f"The other ranks' state is intact in memory but the job cannot continue at world size "
+        f"{world_size}. Relaunch with more --spares (or from a disk checkpoint).")
 
 
 def disk_resume_step(reports: Mapping[str, Snapshots]) -> int | None:

@@ -1,19 +1,9 @@
 """Prometheus metrics of a job, served by the coordinator (``--metrics-port``).
 
-The coordinator already says everything worth measuring, in two forms: the
-events it emits (failures, view commits, swaps) and its live status document
-(seats, spares, steps, heartbeat ages, snapshot stalls).  This module turns
-both into one ``prometheus_client`` registry, so a fleet's dashboards and
-alerts need nothing DeadPool-specific:
-
-- events feed counters and histograms as they happen, through
-  ``EventLog.listeners`` (so no event is missed between scrapes);
-- gauges are refreshed from ``Coordinator.status()`` on the coordinator's own
-  event loop every second, never from the HTTP thread, which would read the
-  coordinator's state while the loop changes it.
-
-The HTTP server binds 127.0.0.1 unless told otherwise: metrics name hosts,
-pids and member ids, which a network should not get by default.
+Counters and histograms follow the coordinator's events as they are emitted (an
+``EventLog`` listener reading them as ``deadpool.events.summary`` facts, so no event is
+missed between scrapes); gauges are refreshed from its status document on its own event
+loop every second.  The HTTP server binds 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
@@ -25,11 +15,18 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from deadpool.events import summary
+
 log = logging.getLogger("deadpool.coordinator.metrics")
 
 # Detection takes milliseconds (an exit, a reset socket) to failure_timeout (a hang); recovery adds
 # a snapshot transfer and a group rebuild.
 TIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+def _label(name: str) -> str:
+    """A label value from a fact's name field; ``unknown`` where the record did not give one."""
+    return name if name and name != summary.UNKNOWN else "unknown"
 
 
 class CoordinatorMetrics:
@@ -68,13 +65,6 @@ class CoordinatorMetrics:
         self.recovery = Histogram("deadpool_recovery_seconds",
                                   "Failure to the new member's first finished step in the seat",
                                   buckets=TIME_BUCKETS, registry=r)
-        self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
-            "member_failed": self._on_failed,
-            "swap_completed": self._on_swap,
-            "view_committed": self._on_view,
-            "chaos_injected": self._on_chaos,
-            "rejected": self._on_rejected,
-        }
         self._server: Any = None
         self.url = ""  # where /metrics is served, once started
         self._ranks: set[str] = set()
@@ -83,38 +73,24 @@ class CoordinatorMetrics:
 
     def on_event(self, record: dict[str, Any]) -> None:
         """Count one event; never raises, since it runs inside the coordinator's ``emit``."""
-        handler = self._handlers.get(str(record.get("event")))
-        if handler is None:
-            return
-        try:
-            handler(record)
-        except (TypeError, ValueError) as err:
-            log.warning("metrics: could not count %s: %s", record.get("event"), err)
-
-    def _on_failed(self, record: dict[str, Any]) -> None:
-        self.failures.labels(str(record.get("detected_by", "unknown"))).inc()
-        detection = record.get("detection_s")
-        if isinstance(detection, (int, float)) and detection >= 0:
-            self.detection.observe(float(detection))
-
-    def _on_swap(self, record: dict[str, Any]) -> None:
-        self.swaps.inc()
-        recovery = record.get("recovery_s")
-        if isinstance(recovery, (int, float)) and recovery >= 0:
-            self.recovery.observe(float(recovery))
-
-    def _on_view(self, record: dict[str, Any]) -> None:
-        self.views.inc()
-        self.epoch.set(float(record.get("epoch", 0)))
-        spares = record.get("spares")
-        if isinstance(spares, list):
-            self.spares.set(len(spares))
-
-    def _on_chaos(self, record: dict[str, Any]) -> None:
-        self.chaos.labels(str(record.get("action", "unknown"))).inc()
-
-    def _on_rejected(self, record: dict[str, Any]) -> None:
-        self.rejected.labels(str(record.get("reason", "unknown"))).inc()
+        match summary.parse(record):
+            case summary.Failure() as failure:
+                self.failures.labels(_label(failure.detected_by)).inc()
+                if failure.detection_s is not None and failure.detection_s >= 0:
+                    self.detection.observe(failure.detection_s)
+            case summary.Swap() as swap:
+                self.swaps.inc()
+                if swap.recovery_s is not None and swap.recovery_s >= 0:
+                    self.recovery.observe(swap.recovery_s)
+            case summary.ViewCommit() as view:
+                self.views.inc()
+                self.epoch.set(float(view.epoch or 0))
+                if view.spares is not None:
+                    self.spares.set(len(view.spares))
+            case summary.ChaosInjection() as chaos:
+                self.chaos.labels(_label(chaos.action)).inc()
+            case summary.Rejection() as rejection:
+                self.rejected.labels(_label(rejection.reason)).inc()
 
     # -- status ---------------------------------------------------------------------------------
 

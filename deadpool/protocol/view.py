@@ -11,6 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+# A `restore_from` value that names no member: the seat reads its state from the disk checkpoint of
+# `resume_step` (the fallback when a seat and the buddy holding its copy are lost together).
+DISK_SOURCE = "@disk"
+
 
 @dataclass(frozen=True, slots=True)
 class View:
@@ -25,7 +29,7 @@ class View:
     bulk_addrs: dict[str, str]  # member id -> address for snapshot traffic
     hosts: dict[str, str]  # member id -> host (failure domain)
     buddies: list[int]  # seat -> the seat whose member keeps a copy of its snapshots
-    restore_from: dict[int, str]  # seat -> member id serving its snapshot (seats that changed)
+    restore_from: dict[int, str]  # seat -> member id serving its snapshot (seats that changed), or DISK_SOURCE
 
     @property
     def world_size(self) -> int:
@@ -37,6 +41,10 @@ class View:
             return self.seats.index(member)
         except ValueError:
             return None
+
+    def restores_from_disk(self, seat: int) -> bool:
+        """The seat's state comes from the disk checkpoint of `resume_step`, not from a member."""
+        return self.restore_from.get(seat) == DISK_SOURCE
 
     def contains(self, member: str) -> bool:
         return member in self.seats or member in self.spares
@@ -55,8 +63,9 @@ def place_buddies(seats: Sequence[str], hosts: Mapping[str, str]) -> tuple[list[
 
     A uniform ring offset keeps the load even (every seat holds exactly one
     ward).  The smallest offset that puts every copy on another host wins, so a
-    whole-host loss never takes a seat and its copy together; on a single host
-    the offset is 1.  Returns the placement and the reason for it.
+    whole-host loss never takes a seat and its copy together.  Where no offset
+    crosses hosts (one host, or hosts too uneven for any ring offset) the
+    offset is 1.  Returns the placement and the reason for it.
     """
     world = len(seats)
     if world == 1:

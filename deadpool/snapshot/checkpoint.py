@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
+from deadpool.snapshot.arena import Slot
 from deadpool.snapshot.statetree import Manifest, expand, held_nbytes, view_tensor
-from deadpool.snapshot.store import Slot
 
 log = logging.getLogger("deadpool.snapshot.checkpoint")
 

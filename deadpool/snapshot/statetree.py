@@ -336,10 +336,12 @@ def materialize(manifest: Manifest, arena: torch.Tensor) -> Any:
     return unflatten(manifest.skeleton, [view_tensor(arena, spec).clone() for spec in manifest.tensors])
 
 
-def digest(manifest: Manifest, arena: torch.Tensor) -> str:
-    """SHA-256 over the structure and every tensor's bytes (padding excluded)."""
-    hasher = hashlib.sha256(manifest.skeleton)
-    for spec in manifest.tensors:
-        hasher.update(str(spec.shape).encode())
-        hasher.update(arena[spec.offset : spec.offset + spec.nbytes].numpy().tobytes())
+def state_digest(state: Any) -> str:
+    """SHA-256 over a state's structure and the bytes of every tensor in it."""
+    skeleton, tensors = flatten(state)
+    hasher = hashlib.sha256(skeleton)
+    for tensor in tensors:
+        data = tensor.detach().cpu().contiguous()
+        hasher.update(str(tuple(data.shape)).encode())
+        hasher.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
     return hasher.hexdigest()

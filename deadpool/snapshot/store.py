@@ -20,24 +20,18 @@ On CPU the copy thread uses numpy (one thread, releases the GIL, ~12 GB/s,
 and never competes for torch's intra-op pool).  On GPU the copy goes through
 a side CUDA stream into page-locked host memory and an event marks it complete.
 
-The arenas are files in a shared-memory directory when one is configured
-(``shm.py``; page-locked with ``cudaHostRegister`` on the GPU path): a buddy
-on the same host then maps the slot instead of receiving it over TCP.
-Without one, or when the file cannot be made, the arena is private memory
-(pinned on the GPU path) and the buddy gets its copy over the wire.
+Where the arenas live (a shared-memory file a same-host buddy maps, or
+private memory) is ``arena.py``'s business.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import mmap
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,81 +39,17 @@ import torch
 
 from deadpool.errors import WaitTimeout
 from deadpool.snapshot import shm
+from deadpool.snapshot.arena import Arenas, Slot
 from deadpool.snapshot.statetree import Manifest, TensorSpec, expand, flatten, held_nbytes, held_ranges, layout
 
+__all__ = ["Slot", "SnapshotStore", "on_accelerator"]
+
 log = logging.getLogger("deadpool.snapshot.store")
-
-
-@dataclass
-class Slot:
-    """One arena and the snapshot it holds."""
-
-    index: int
-    arena: torch.Tensor | None = None  # uint8, pinned when the state lives on a GPU
-    manifest: Manifest | None = None
-    step: int = -2  # -2: empty; -1: the initial state
-    seat: int = 0  # the seat and world size it was captured in: they say which slice it holds
-    world: int = 1
-    nbytes: int = 0  # bytes of the arena in use (what the snapshot holds)
-    generation: str = ""  # process group generation (store prefix) the snapshot was taken in
-    complete: bool = False
-    pinned: bool = False  # page-locked host memory (the GPU path's copy target)
-    registered: bool = False  # page-locked by `page_lock` (a shared-memory slot): unlocked when released
-    sequence: int = 0  # capture order: the newest of two snapshots of the same step is the higher one
-    done: threading.Event = field(default_factory=threading.Event)
-    shm_path: str = ""  # the shared-memory file the arena lives in ("" for anonymous or pinned memory)
-    mapping: mmap.mmap | None = None  # the file's mapping, referenced for as long as the arena is
-    head: memoryview | None = None  # the file's head block (``shm.write_head``), before the arena
-    allocation: int = 0  # which arena this is: a reallocated slot file is a new file under the same name
-
-    def payload(self) -> memoryview:
-        """What the snapshot holds, as the arena packs it (zero-copy): the whole state, or, with a
-        replicated region, the seat's own state followed by its slice of the region
-        (``statetree.held_ranges``).  What a buddy is streamed, or maps."""
-        assert self.arena is not None
-        return self.arena.numpy().data.cast("B")[: self.nbytes]
 
 
 def on_accelerator(tensors: list[torch.Tensor]) -> bool:
     """The GPU path is taken when any tracked tensor lives on a CUDA device."""
     return any(t.is_cuda for t in tensors)
-
-
-def allocate_arena(nbytes: int, pinned: bool) -> torch.Tensor:
-    """A flat byte arena; pinned (page-locked) for device-to-host copies that run asynchronously."""
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
-
-
-def page_lock(arena: torch.Tensor) -> bool:
-    """Page-lock memory we already own (a shared-memory slot) for the GPU's asynchronous copies.
-
-    ``cudaHostRegister`` keeps the mapping, so a buddy on the same host can still map the slot's
-    file; DCP's shared, pinned staging buffers are made the same way.  False if CUDA refuses; then
-    the refusal is also taken off CUDA's per-thread last error, which the next kernel launch would
-    otherwise report as its own failure.
-    """
-    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-    if int(cudart.cudaHostRegister(arena.data_ptr(), arena.numel(), 1)) == 0:  # 1: cudaHostRegisterPortable
-        return True
-    _clear_cuda_last_error()
-    return False
-
-
-def _clear_cuda_last_error() -> None:
-    """``cudaGetLastError()`` of the CUDA runtime this process loaded (torch binds no call for it)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
-        for path in sorted(paths):
-            if os.path.isabs(path):
-                ctypes.CDLL(path).cudaGetLastError()
-                return
-    except (OSError, AttributeError) as err:
-        log.warning("could not clear CUDA's last error after a refused page-lock (%s)", err)
-
-
-def page_unlock(arena: torch.Tensor) -> None:
-    torch.cuda.cudart().cudaHostUnregister(arena.data_ptr())  # type: ignore[no-untyped-call]
 
 
 def _copy_ranges(manifest: Manifest, seat: int, world: int) -> list[tuple[int, int, int, int, int]]:
@@ -156,8 +86,7 @@ class SnapshotStore:
         member: str = "",
     ) -> None:
         self._slots = [Slot(0), Slot(1)]
-        self._shm_dir = shm_dir  # CPU arenas become files here, for a buddy on the same host to map
-        self._member = member
+        self._arenas = Arenas(shm_dir, member)
         self._on_complete = on_complete
         self._after_copy = after_copy  # runs on the copy thread before the slot may be reused (disk checkpoints)
         self._jobs: queue.Queue[_CopyJob | None] = queue.Queue(maxsize=1)
@@ -204,7 +133,7 @@ class SnapshotStore:
         slot.seat, slot.world, slot.nbytes = seat, world, held_nbytes(manifest, seat, world)
         on_gpu = on_accelerator(tensors)
         if slot.arena is None or slot.arena.numel() < slot.nbytes or (on_gpu and not slot.pinned):
-            self._allocate(slot, max(slot.nbytes, 1), on_gpu)
+            self._arenas.allocate(slot, max(slot.nbytes, 1), on_gpu)
         assert slot.arena is not None
         self.bytes_per_snapshot = manifest.nbytes
         if on_gpu:
@@ -324,49 +253,6 @@ class SnapshotStore:
         self._pending = slot
         self._jobs.put(_CopyJob(slot, [], cuda_event=event))
 
-    def _allocate(self, slot: Slot, nbytes: int, pinned: bool) -> None:
-        """A (new) arena for `slot`: a shared-memory file when configured (page-locked on the GPU path), else
-        private memory (pinned on the GPU path)."""
-        self._release(slot)
-        slot.pinned = pinned
-        slot.allocation += 1
-        if self._shm_dir and pinned and not shm.in_memory_filesystem(self._shm_dir):
-            log.warning("%s is not a memory filesystem, where CUDA can page-lock snapshot slots: using private "
-                        "pinned memory; a buddy on this host gets its copies over TCP", self._shm_dir)
-            self._shm_dir = ""
-        if self._shm_dir:
-            path = shm.slot_path(self._shm_dir, self._member, os.getpid(), slot.index)
-            try:
-                slot.mapping = shm.create(path, shm.HEAD_BYTES + nbytes)
-            except OSError as err:
-                log.warning("snapshot slots cannot live in %s (%s): using private memory; a buddy on this host "
-                            "gets its copies over TCP", self._shm_dir, err)
-                self._shm_dir = ""  # said once; the other slot does not try again
-            else:
-                slot.arena = torch.frombuffer(slot.mapping, dtype=torch.uint8, offset=shm.HEAD_BYTES)
-                slot.head, slot.shm_path = memoryview(slot.mapping)[: shm.HEAD_BYTES], path
-                if not pinned:
-                    return
-                if page_lock(slot.arena):
-                    slot.registered = True
-                    return
-                log.warning("CUDA cannot page-lock the shared-memory snapshot slots: using private pinned memory; "
-                            "a buddy on this host gets its copies over TCP")
-                self._release(slot)
-                self._shm_dir = ""
-        slot.arena = allocate_arena(nbytes, pinned=pinned)
-
-    @staticmethod
-    def _release(slot: Slot) -> None:
-        """Forget a slot's arena; its file goes (a buddy's mapping, and views still being sent, stay valid)."""
-        if slot.registered and slot.arena is not None:
-            page_unlock(slot.arena)
-        if slot.shm_path:
-            shm.unlink(slot.shm_path)
-        if slot.head is not None:
-            slot.head.release()
-        slot.arena, slot.mapping, slot.head, slot.shm_path, slot.registered = None, None, None, "", False
-
     def _free_slot(self) -> Slot:
         """The slot not holding the newest complete snapshot."""
         newest = self.newest()
@@ -453,8 +339,4 @@ class SnapshotStore:
             log.warning("snapshot copy thread busy at shutdown; leaving it (daemon)")
         self._thread.join(timeout=5.0)
         for slot in self._slots:
-            if slot.registered and slot.arena is not None and not self._thread.is_alive():  # no copy in flight
-                page_unlock(slot.arena)
-                slot.registered = False
-            if slot.shm_path:
-                shm.unlink(slot.shm_path)
+            self._arenas.close(slot, unlock=not self._thread.is_alive())  # unlocked only with no copy in flight

@@ -1,44 +1,35 @@
-"""Process groups that can be abandoned, and collectives that can be abandoned.
+"""Process groups that can be abandoned, the collectives of a step on them, and their failures.
 
-Facts this module is built on (torch 2.13, gloo, measured on 2-core hosts):
-
-- A SIGKILLed peer makes gloo collectives raise within ~15-100 ms; a SIGSTOPped
-  peer blocks them until the group's timeout.  Nothing (``abort``,
-  ``shutdown``, ``destroy_process_group``) releases a thread stuck in a gloo
-  collective.
-- So every collective is issued with ``async_op`` semantics and the compute
-  thread waits on a condition that either the collective's completion or an
-  interrupt (a Prepare from the membership service) wakes.  An interrupted
-  group is never destroyed (that blocks until its op times out); it is
-  *retired*: kept referenced and left to time out in the background, while a
-  fresh group is built on the long-lived TCPStore under the next epoch's
-  prefix.
-- Groups are standalone ``ProcessGroupGloo`` objects, not the global default
-  group, so rebuilding touches no global state.
+gloo cannot cancel a collective or a group's connect, so every wait here is on
+a condition that completion or an interrupt (a Prepare) wakes, and a group is
+never destroyed, only retired; ``GroupCollectives`` holds the seat's current
+group and runs a step's collectives on it, poisoning the step when one fails
+(the gloo facts behind this are in docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store, TCPStore
+from torch._C._distributed_c10d import BroadcastOptions, PrefixStore, ProcessGroupGloo, Store, TCPStore
 
-from deadpool.errors import WaitTimeout
-
-
-class CollectiveAborted(Exception):
-    """Internal: a collective was abandoned (peer failure or interrupt); the step is poisoned."""
-
-    def __init__(self, what: str, cause: str) -> None:
-        super().__init__(f"{what}: {cause}")
-        self.what = what
-        self.cause = cause
+from deadpool.actors.handoff import Handoff
+from deadpool.chaos import ChaosPoint
+from deadpool.errors import CollectiveAborted, WaitTimeout
+from deadpool.events.catalogue import Event
+from deadpool.events.log import EventLog
+from deadpool.protocol.messages import CollectiveFailed
+from deadpool.protocol.view import View
+from deadpool.worker.exit import GUARD
+from deadpool.worker.faults import FaultInjector
+from deadpool.worker.step import StepState
+from deadpool.worker.zero import ZeroShard
 
 
 def connect_store(addr: str, timeout: float) -> TCPStore:
@@ -55,7 +46,7 @@ def create_group(
     timeout: float,
     interrupted: Callable[[], bool],
     connect_timeout: float,
-    hostname: str = "",
+    hostname: str = "127.0.0.1",
 ) -> ProcessGroupGloo:
     """Build a gloo group under `prefix`, abandoning the attempt when interrupted.
 
@@ -63,10 +54,10 @@ def create_group(
     helper thread; if the caller is interrupted (a newer view is being
     prepared) or the bound expires, the attempt is left behind.
 
-    `hostname` is the address gloo listens on and tells its peers; by default
-    the worker's bind address (``DEADPOOL_BIND_HOST``, set from ``deadpool
-    launch --bind-host``), so that peers on other hosts can connect (127.0.0.1
-    only works on one machine).
+    `hostname` is the address gloo listens on and tells its peers: the
+    worker's bind address (``WorkerEnv.bind_host``, set from ``deadpool launch
+    --bind-host``), so that peers on other hosts can connect (127.0.0.1 only
+    works on one machine).
 
     Raises:
         CollectiveAborted: interrupted, or the constructor failed (a peer died meanwhile).
@@ -74,8 +65,7 @@ def create_group(
     """
     options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     options._timeout = timedelta(seconds=timeout)
-    device_host = hostname or os.environ.get("DEADPOOL_BIND_HOST") or "127.0.0.1"
-    options._devices = [ProcessGroupGloo.create_device(hostname=device_host)]
+    options._devices = [ProcessGroupGloo.create_device(hostname=hostname)]
     result: list[ProcessGroupGloo] = []
     failure: list[BaseException] = []
     done = threading.Event()
@@ -92,7 +82,7 @@ def create_group(
     deadline = time.monotonic() + connect_timeout
     while not done.wait(0.005):
         if interrupted():
-            raise CollectiveAborted(f"building group {prefix}", "interrupted by a newer view")
+            raise CollectiveAborted(f"building group {prefix}", "interrupted by a newer view", interrupted=True)
         if time.monotonic() > deadline:
             raise WaitTimeout(
                 f"process group {prefix} (rank {rank} of {world_size}) did not form within {connect_timeout:.0f}s; "
@@ -133,7 +123,7 @@ class Waiter:
         with self._condition:
             while not finished.is_set():
                 if self._interrupted():
-                    raise CollectiveAborted(what, "interrupted by the membership service")
+                    raise CollectiveAborted(what, "interrupted by the membership service", interrupted=True)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise CollectiveAborted(what, f"no completion within {bound:.1f}s")
@@ -142,3 +132,185 @@ class Waiter:
             work.wait()
         except RuntimeError as err:
             raise CollectiveAborted(what, str(err).splitlines()[0] if str(err) else repr(err)) from err
+
+
+class StepCollectives(Protocol):
+    """What ``rt.ddp`` needs from the runtime during backward (``GroupCollectives`` is the runtime's)."""
+
+    @property
+    def world_size(self) -> int:
+        """Seats whose gradients are summed: the divisor of the average."""
+        ...
+
+    def fault_point(self, point: ChaosPoint) -> None:
+        """A fault-injection point inside backward (returns at once when no chaos is declared)."""
+        ...
+
+    def issue_allreduce(self, flat: torch.Tensor) -> dist.Work | None:
+        """Start the sum of one bucket; None when the step is poisoned (issue nothing more this backward)."""
+        ...
+
+    def await_allreduces(self, works: Sequence[dist.Work]) -> bool:
+        """Wait for the issued sums; False when they were abandoned (the step is poisoned)."""
+        ...
+
+
+class GroupCollectives:
+    """The seat's process group, rebuilt for every view, and the collectives of a step on it.
+
+    A collective that fails or is interrupted *poisons* the step: the step runs to its end
+    without effect that matters, the group is retired, and the step boundary starts recovery.
+    """
+
+    def __init__(
+        self,
+        member: str,
+        state: StepState,
+        handoff: Handoff,
+        events: EventLog,
+        faults: FaultInjector,
+        gate: Callable[[], bool],
+        timeout: float,
+        bind_host: str,
+    ) -> None:
+        self.group: Any = None  # the current view's ProcessGroupGloo (None: retired, or not seated yet)
+        self._member = member
+        self._state = state
+        self._handoff = handoff
+        self._events = events
+        self._faults = faults
+        self._gate = gate
+        self._timeout = timeout
+        self._bind_host = bind_host
+        self._waiter = Waiter(handoff.condition, lambda: handoff.interrupted(state.epoch))
+
+    # -- the group ----------------------------------------------------------------------------
+
+    def rebuild(self, view: View, seat: int) -> None:
+        """Retire the current group and build `view`'s, on a fresh store connection.
+
+        A fresh connection per build: an abandoned build may still block in a store call on the old one.
+
+        Raises:
+            CollectiveAborted: interrupted by a view newer than `view`, or a peer died meanwhile.
+            WaitTimeout: the group did not form in time.
+        """
+        self.retire()
+        store = connect_store(view.store_addr, self._timeout)
+        GUARD.retire(store)
+        self.group = create_group(
+            store, view.store_prefix, seat, view.world_size, self._timeout,
+            lambda: self._handoff.interrupted(view.epoch), connect_timeout=self._timeout, hostname=self._bind_host,
+        )
+
+    def retire(self) -> None:
+        """Set the current group aside without destroying it: destroying a group with an op in flight
+        blocks until the op times out, and gloo aborts the process if it is destructed later."""
+        if self.group is not None:
+            GUARD.retire(self.group)
+        self.group = None
+
+    def poison(self, err: BaseException) -> None:
+        """Mark the step as lost; tell the coordinator unless it is the one that interrupted us."""
+        state = self._state
+        state.poison = str(err)
+        self.retire()
+        if isinstance(err, CollectiveAborted) and err.interrupted:
+            return
+        self._events.emit(Event.COLLECTIVE_FAILED, epoch=state.epoch, rank=state.rank, step=state.step, error=str(err))
+        self._handoff.post(CollectiveFailed(self._member, state.epoch, state.step, str(err)[:500]))
+
+    # -- StepCollectives (rt.ddp) -------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        view = self._state.view
+        return view.world_size if view else 1
+
+    def fault_point(self, point: ChaosPoint) -> None:
+        self._faults.point(point)
+
+    def issue_allreduce(self, flat: torch.Tensor) -> dist.Work | None:
+        """Start the sum of one gradient bucket on the view's group (``rt.ddp``, during backward).
+
+        The first bucket of a step runs the pre-step gate first: no seat joins a step's
+        all-reduce before its previous snapshot is confirmed.  Returns None when the step
+        is poisoned or there is no group: the caller issues nothing more for this backward.
+        """
+        if not self._gate() or self.group is None or self._state.view is None:
+            return None
+        try:
+            work: dist.Work = self.group.allreduce([flat])
+        except RuntimeError as err:
+            self.poison(err)
+            return None
+        return work
+
+    def await_allreduces(self, works: Sequence[dist.Work]) -> bool:
+        """End of backward: wait for every bucket's all-reduce, interruptibly.
+
+        Returns False when they were abandoned (the step is poisoned): an abandoned
+        operation may still complete later (a SIGSTOPped peer resumes) and write into
+        its buffer, so the caller must not reuse those buffers.
+        """
+        self._faults.point(ChaosPoint.ALLREDUCE)
+        try:
+            for work in works:
+                self._waiter.wait(work, f"gradient all-reduce of step {self._state.step}", self._timeout)
+        except (CollectiveAborted, RuntimeError) as err:
+            self.poison(err)
+            return False
+        return True
+
+    # -- the other collectives of a seat ------------------------------------------------------
+
+    def broadcast_zero_shards(self, shard: ZeroShard) -> None:
+        """ZeRO's parameter broadcast after its local step: on the view's group, waited on interruptibly.
+
+        Other seats' shards are received into fresh buffers and copied into the parameters only
+        once every broadcast completed: an abandoned broadcast may still complete later (a
+        SIGSTOPped peer resumes) and must not write into live parameters.
+        """
+        if self._state.poison is not None or self.group is None:
+            return  # the step is rolled back anyway
+        received: list[tuple[torch.Tensor, torch.Tensor]] = []
+        try:
+            works = []
+            for rank, tensor in shard.shard_tensors():
+                options = BroadcastOptions()
+                options.rootRank = rank
+                if rank != self._state.rank:
+                    received.append((tensor, torch.empty_like(tensor)))
+                    tensor = received[-1][1]
+                works.append(self.group.broadcast([tensor], options))
+            self._faults.point(ChaosPoint.BROADCAST)
+            for work in works:
+                self._waiter.wait(work, f"ZeRO parameter broadcast of step {self._state.step}", self._timeout)
+        except (CollectiveAborted, RuntimeError) as err:
+            self.poison(err)
+            return
+        for live, staged in received:
+            live.copy_(staged)
+
+    def exchange_digests(self, gathered: list[torch.Tensor], mine: torch.Tensor) -> bool:
+        """Every seat's final digest into `gathered`; False (the step poisoned) when the exchange failed."""
+        try:
+            work = self.group.allgather([gathered], [mine])
+            self._waiter.wait(work, "final digest exchange", self._timeout)
+        except (CollectiveAborted, RuntimeError) as err:
+            self.poison(err)
+            return False
+        return True
+
+    def allgather(self, outputs: list[torch.Tensor], tensor: torch.Tensor, what: str, epoch: int) -> None:
+        """All-gather on the current group, waited on until it completes or a view newer than `epoch` comes.
+
+        Raises:
+            CollectiveAborted: a peer failed, the bound expired, or a newer view interrupted it.
+        """
+        try:
+            work = self.group.allgather([outputs], [tensor])
+        except RuntimeError as err:
+            raise CollectiveAborted(what, str(err)) from err
+        waiter = Waiter(self._handoff.condition, lambda: self._handoff.interrupted(epoch))
+        waiter.wait(work, what, self._timeout)

@@ -1,34 +1,10 @@
-"""Data-parallel gradient averaging that survives a swap and stays bit-identical.
+"""Data-parallel gradient averaging that survives a swap and stays bit-identical (``rt.ddp``).
 
-Why not ``torch.nn.parallel.DistributedDataParallel``: it re-buckets gradients
-after its first iteration, and a floating-point ring all-reduce sums each
-element in an order that depends on where it sits in its bucket.  A DDP
-rebuilt after a swap starts with the initial bucketing again, so the steps
-right after recovery would sum in a different order than the failure-free
-run, and the final model would differ in its last bits.  It also waits for
-its collectives inside C++, where an interrupt cannot reach.
-
-This wrapper keeps DDP's contract (gradients are averaged when
-``loss.backward()`` returns, so clipping and logging after backward see the
-averaged values) with a layout that never changes: the parameters, in reverse
-order (roughly the order backward produces their gradients), are packed into
-fixed buckets of about ``bucket_mb``.  A bucket's all-reduce is issued as soon
-as its last gradient is ready, in bucket order on every seat, so communication
-overlaps the rest of backward as in DDP; the runtime waits for all of them
-interruptibly at the end of backward.  The layout depends only on the
-parameters' order, shapes and dtypes, so a seat rebuilt after a swap sums every
-element in the same order as before.
-
-The default bucket is DDP's 25 MB.  Smaller buckets overlap more, but each
-gloo all-reduce costs CPU of its own (on the 2-core benchmark host, 2 MB
-buckets, 7 all-reduces per step for the demo, cost 8% more CPU than one),
-and where the cores are all busy that CPU is wall time.
-
-After backward each ``param.grad`` is a view into its bucket (DDP's
-``gradient_as_bucket_view``): no copy back, and a gradient accumulated in place
-(``zero_grad(set_to_none=False)``) is already where the next all-reduce reads it.
-The wrapper holds no process group: it asks the runtime for the current one, so
-a rebuilt group is picked up with nothing to rebuild here.
+Gradients are packed into fixed buckets (reverse parameter order, a layout that
+depends only on the parameters, so a rebuilt seat sums every element in the
+same order) and each bucket's all-reduce is issued through the runtime's
+``StepCollectives`` as soon as its gradients are ready; why not torch's DDP is
+in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -44,7 +20,7 @@ from deadpool.chaos import ChaosPoint
 if TYPE_CHECKING:
     from torch.distributed import Work
 
-    from deadpool.worker.runtime import Runtime
+    from deadpool.worker.collective import StepCollectives
 
 DEFAULT_BUCKET_MB = 25.0  # torch DDP's bucket_cap_mb: the demo's 13 MB of gradients are one bucket
 
@@ -110,12 +86,12 @@ def plan_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.
 class DataParallel(nn.Module):
     """Wraps a module; its parameters' gradients are averaged across seats after each backward."""
 
-    def __init__(self, module: nn.Module, runtime: Runtime, bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+    def __init__(self, module: nn.Module, collectives: StepCollectives, bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
         super().__init__()
         if bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
         self.module = module
-        self._runtime = runtime
+        self._collectives = collectives
         params = [p for p in module.parameters() if p.requires_grad]
         self._buckets = [Bucket.of(group) for group in plan_buckets(params, int(bucket_mb * (1 << 20)))]
         self._bucket_of = {id(p): bucket for bucket in self._buckets for p in bucket.params}
@@ -133,7 +109,7 @@ class DataParallel(nn.Module):
         return self._buckets
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
-        self._runtime._chaos_point(ChaosPoint.BACKWARD)
+        self._collectives.fault_point(ChaosPoint.BACKWARD)
         backward = torch._C._current_graph_task_id()
         if backward != self._backward:  # the first gradient of this backward
             self._backward = backward
@@ -157,7 +133,7 @@ class DataParallel(nn.Module):
                 targets.append(view)
         if grads:
             torch._foreach_copy_(targets, grads)
-        bucket.work = self._runtime._issue_allreduce(bucket.flat)
+        bucket.work = self._collectives.issue_allreduce(bucket.flat)
         if bucket.work is None:
             self._abandoned = True
 
@@ -166,8 +142,8 @@ class DataParallel(nn.Module):
         while self._next < len(self._buckets):
             self._issue(self._buckets[self._next])  # parameters that got no gradient in this backward
         works = [b.work for b in self._buckets if b.work is not None]
-        if not self._abandoned and self._runtime._await_allreduces(works):
-            divisor = self._runtime.world_size
+        if not self._abandoned and self._collectives.await_allreduces(works):
+            divisor = self._collectives.world_size
             for bucket in self._buckets:
                 bucket.flat.div_(divisor)
                 for param, view in zip(bucket.params, bucket.views, strict=True):

@@ -1,35 +1,9 @@
 """ZeroRedundancyOptimizer under DeadPool: a seat's optimizer shard lives only on that seat and its buddy.
 
-torch's ``ZeroRedundancyOptimizer`` (ZeRO stage 1) splits the optimizer state
-across ranks: each rank steps only its own parameters, then broadcasts them to
-the others.  A dead seat's shard therefore exists nowhere but in its buddy's
-snapshot copy, which is what the swap restores.
-
-ZeRO takes its rank, world size and process group from torch's global registry
-when it is built, and broadcasts through that group after every step.
-DeadPool's groups are standalone (abandonable, see ``collective.py``) and new
-in every view, and a spare builds its optimizer before it knows its seat.  So:
-
-- ``build()`` constructs the optimizer inside a private world of one (a local
-  gloo group on a ``HashStore``, destroyed right after): until seated, every
-  parameter is local.
-- ``ZeroShard.seat()`` points it at a seat, world size and the view's group
-  after every view, and re-partitions when the seat or world changed (a spare
-  adopting seat r of W gets exactly the partition seat r had).
-- The broadcast after the local step is the runtime's: issued on the view's
-  group, waited on interruptibly; a failure poisons the step like a failed
-  gradient all-reduce (the step is rolled back).
-- A snapshot holds the local shard (``zero.optim.state_dict()``) and the
-  hyperparameters of the exposed parameter groups (an LR scheduler changes
-  those between steps).
-
-This relies on ``ZeroRedundancyOptimizer`` internals as of torch 2.13
-(``rank``, ``world_size``, ``global_rank``, ``process_group``,
-``_clear_cache``, ``_init_local_optimizer``, ``_build_param_buckets``,
-``_partition_parameters``, ``_buckets``, ``_sync_param_groups``); they are used
-here and nowhere else.  Not supported: ``overlap_with_ddp=True``, and
-``consolidate_state_dict()`` (it needs torch's registry; DeadPool's own disk
-checkpoints hold every seat's shard instead).
+``build()`` makes the optimizer outside any job-wide group and ``ZeroShard``
+seats it in every view (re-partitioning like ZeRO would), snapshots its shard
+and hands its post-step broadcast to the runtime.  The torch internals this
+relies on are used here and nowhere else (see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -42,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore
 
-from deadpool.errors import MisuseError
+from deadpool.errors import MisuseError, RestoreFailed
 
 if TYPE_CHECKING:
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -128,9 +102,14 @@ class ZeroShard:
                 "param_groups": hyper}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a shard saved by this very seat (rank and world size).
+
+        Raises:
+            RestoreFailed: the shard belongs to another seat or world size.
+        """
         zero: Any = self.zero
         if (state["rank"], state["world_size"]) != (zero.rank, zero.world_size):
-            raise LookupError(
+            raise RestoreFailed(
                 f"ZeRO shard of rank {state['rank']}/{state['world_size']} cannot load into "
                 f"rank {zero.rank}/{zero.world_size}"
             )

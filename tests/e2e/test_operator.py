@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deadpool.tools import operator
+from deadpool.tools import request
+from deadpool.tools.chaos import RandomPick, pick_random
 from deadpool.tools.cli import main as cli_main
 from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors, read_events, wait_for
 
@@ -88,7 +89,7 @@ def swaps(events: Events) -> Events:
 def status_now() -> dict[str, Any]:
     import asyncio
 
-    return asyncio.run(operator.fetch_status(jobfile.resolve()))
+    return asyncio.run(request.fetch_status(jobfile.resolve()))
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -192,6 +193,16 @@ def test_status_table_and_wrong_secret(job: LiveJob, capsys: pytest.CaptureFixtu
 
 
 @pytest.mark.e2e
+def test_tools_given_the_address_find_the_secret_in_the_job_file(job: LiveJob) -> None:
+    # The address from the events file, no secret given: the job file of that address on this host has it.
+    address = job.of("coordinator_started")[0]["address"]
+    proc = subprocess.run(deadpool_command("status", "--coordinator", address, "--json"), capture_output=True,
+                          text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["world_size"] == 2
+
+
+@pytest.mark.e2e
 def test_chaos_stop_then_cont_by_member_and_rank(job: LiveJob, capsys: pytest.CaptureFixture[str]) -> None:
     member = status_now()["seats"][0]["member"]
     code, out, _ = cli(capsys, "chaos", "stop", "--member", member)
@@ -202,7 +213,8 @@ def test_chaos_stop_then_cont_by_member_and_rank(job: LiveJob, capsys: pytest.Ca
         time.sleep(0.2)
     code, out, _ = cli(capsys, "status")
     assert "silent" in out, out
-    code, out, _ = cli(capsys, "chaos", "cont", "--rank", "0", "--after", "0.2")
+    address = job.of("coordinator_started")[0]["address"]  # by address: the secret comes from the job file
+    code, out, _ = cli(capsys, "chaos", "cont", "--rank", "0", "--after", "0.2", "--coordinator", address)
     assert code == 0 and f"cont sent to {member}" in out
     before = steps_done(job.events())
     job.wait_for(lambda ev: steps_done(ev) >= before + 2, 60, "training continues after SIGCONT")
@@ -391,17 +403,17 @@ def test_a_users_malloc_setting_wins_over_the_steady_heap() -> None:
 
 
 def test_random_picks_are_seeded_and_wait_for_a_ready_job() -> None:
-    picks = [operator.pick_random(random.Random(7), _status(steps=(5, 5, 5, 5)), ["kill", "stop"]) for _ in range(3)]
-    assert picks[0] == picks[1] == picks[2] and isinstance(picks[0], operator.RandomPick)
+    picks = [pick_random(random.Random(7), _status(steps=(5, 5, 5, 5)), ["kill", "stop"]) for _ in range(3)]
+    assert picks[0] == picks[1] == picks[2] and isinstance(picks[0], RandomPick)
     rng = random.Random(3)
-    sequence = [operator.pick_random(rng, _status(steps=(5, 5, 5, 5)), ["kill", "stop"]) for _ in range(20)]
+    sequence = [pick_random(rng, _status(steps=(5, 5, 5, 5)), ["kill", "stop"]) for _ in range(20)]
     rng = random.Random(3)
-    assert sequence == [operator.pick_random(rng, _status(steps=(5, 5, 5, 5)), ["kill", "stop"]) for _ in range(20)]
-    assert {p.rank for p in sequence if isinstance(p, operator.RandomPick)} == {0, 1, 2, 3}
-    assert "no spare" in str(operator.pick_random(rng, _status(spares=0), ["kill"]))
-    assert "view change" in str(operator.pick_random(rng, _status(round={"epoch": 3}), ["kill"]))
-    assert "first step" in str(operator.pick_random(rng, _status(steps=(-1, -1)), ["kill"]))
-    assert "ended" in str(operator.pick_random(rng, _status(outcome={"ok": True, "reason": "done"}), ["kill"]))
+    assert sequence == [pick_random(rng, _status(steps=(5, 5, 5, 5)), ["kill", "stop"]) for _ in range(20)]
+    assert {p.rank for p in sequence if isinstance(p, RandomPick)} == {0, 1, 2, 3}
+    assert "no spare" in str(pick_random(rng, _status(spares=0), ["kill"]))
+    assert "view change" in str(pick_random(rng, _status(round={"epoch": 3}), ["kill"]))
+    assert "first step" in str(pick_random(rng, _status(steps=(-1, -1)), ["kill"]))
+    assert "ended" in str(pick_random(rng, _status(outcome={"ok": True, "reason": "done"}), ["kill"]))
 
 
 def test_progress_line_follows_the_events(tmp_path: Path) -> None:

@@ -11,20 +11,22 @@ so the coordinator asks (``Rejoin``), and the member answers with its Join.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
-from deadpool.tools.simulate import CapturingTransport
 
 from deadpool.actors.handoff import Handoff
 from deadpool.actors.membership import Inbound, MembershipActor, Outbound
 from deadpool.config import Config
+from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import REJOIN_ASK_INTERVAL_S, Coordinator
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.messages import Heartbeat, Join, Message, Rejoin, ViewReport, Welcome
+from deadpool.protocol.transport import Frame, TransportError
 from deadpool.protocol.view import View
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
+pytestmark = [pytest.mark.timeout(30)]
 
 
 def beat(member: str, control_addr: str) -> Heartbeat:
@@ -35,53 +37,92 @@ def join(member: str, seat: int) -> Join:
     return Join(member, "active", seat, 2, 100 + seat, "h0", f"inproc://{member}", f"tcp://h0:{seat}")
 
 
+class CapturingTransport:
+    """A member's transport in this test: sends are kept, nothing is received."""
+
+    def __init__(self) -> None:
+        self.outbox: list[tuple[str, bytes]] = []
+
+    @property
+    def address(self) -> str:
+        return "inproc://test-member"
+
+    async def run(self) -> None:
+        """Nothing to read."""
+
+    async def recv(self) -> list[memoryview]:
+        raise TransportError("this test delivers messages through the actor's inbox")
+
+    def pending(self) -> int:
+        return 0
+
+    async def send(self, address: str, frames: Sequence[Frame], timeout: float) -> None:
+        self.outbox.append((address, bytes(frames[0])))
+
+    def forget(self, address: str) -> None:
+        """Nothing is kept per peer."""
+
+    def dropped(self) -> int:
+        return 0
+
+    async def close(self, linger: float = 0.0) -> None:
+        """Nothing to close."""
+
+
 def sent_to(transport: CapturingTransport, address: str) -> list[Message]:
     decoded = [codec.decode(frame) for to, frame in transport.outbox if to == address]
     return [message for message in decoded if not isinstance(message, codec.DecodeError)]
 
 
-async def test_a_restarted_coordinator_asks_members_it_cannot_reach_to_rejoin() -> None:
+def test_a_restarted_coordinator_asks_members_it_cannot_reach_to_rejoin() -> None:
     now = [10.0]
-    transport = CapturingTransport()
     events = EventLog(None, clock=lambda: now[0])
     events.records = []
-    coordinator = Coordinator(transport, Config(), 2, "store:1", events, recovering=True,
-                              clock=lambda: now[0], wall_clock=lambda: now[0])
+    coordinator = Coordinator(Config(), 2, "store:1", events, started=now[0], recovering=True,
+                              wall_clock=lambda: now[0])
+    sent: list[Send] = []
+
+    def handle(message: Message) -> None:
+        sent.extend(coordinator.handle(now[0], message))
+
+    def sent_to_member(address: str) -> list[Message]:
+        return [send.message for send in sent if send.address == address]
 
     # m0 re-joined after a failed heartbeat and reports the view it holds: m1 becomes a placeholder.
     view = View(1, ["m0", "m1"], [], 3, "epoch-1", "store:0", {"m0": "tcp://h0:0", "m1": "tcp://h0:1"},
                 {"m0": "h0", "m1": "h0"}, [1, 0], {})
-    await coordinator.handle(join("m0", 0))
-    await coordinator.handle(ViewReport("m0", "active", "h0", 100, "inproc://m0", "tcp://h0:0", 5, view))
+    handle(join("m0", 0))
+    handle(ViewReport("m0", "active", "h0", 100, "inproc://m0", "tcp://h0:0", 5, view))
     assert coordinator.view is not None and coordinator.view.epoch == 1
     assert coordinator.members["m1"].control_addr == ""
 
     # m1's heartbeats never failed, so it does not know to re-join: its heartbeat gets it asked.
-    await coordinator.handle(beat("m1", "inproc://m1"))
-    assert sent_to(transport, "inproc://m1") == [Rejoin(1, "m1")]
+    handle(beat("m1", "inproc://m1"))
+    assert sent_to_member("inproc://m1") == [Rejoin(1, "m1")]
     now[0] += 0.1
-    await coordinator.handle(beat("m1", "inproc://m1"))
-    assert len(sent_to(transport, "inproc://m1")) == 1, "asked again within a second: one ask per beat floods"
+    handle(beat("m1", "inproc://m1"))
+    assert len(sent_to_member("inproc://m1")) == 1, "asked again within a second: one ask per beat floods"
     now[0] += REJOIN_ASK_INTERVAL_S
-    await coordinator.handle(beat("m1", "inproc://m1"))
-    assert len(sent_to(transport, "inproc://m1")) == 2, "a lost Join is asked for again"
+    handle(beat("m1", "inproc://m1"))
+    assert len(sent_to_member("inproc://m1")) == 2, "a lost Join is asked for again"
 
     # Its Join makes it reachable; from then on heartbeats ask nothing.
-    await coordinator.handle(join("m1", 1))
+    handle(join("m1", 1))
     assert coordinator.members["m1"].control_addr == "inproc://m1"
-    transport.outbox.clear()
+    sent.clear()
     now[0] += 5.0
-    await coordinator.handle(beat("m1", "inproc://m1"))
-    assert sent_to(transport, "inproc://m1") == []
+    handle(beat("m1", "inproc://m1"))
+    assert sent_to_member("inproc://m1") == []
 
     # A member it has never heard of (not even in a reported view) is asked too; one with no address is not.
-    await coordinator.handle(beat("m9", "inproc://m9"))
-    await coordinator.handle(beat("m8", ""))
-    assert sent_to(transport, "inproc://m9") == [Rejoin(1, "m9")]
+    handle(beat("m9", "inproc://m9"))
+    handle(beat("m8", ""))
+    assert sent_to_member("inproc://m9") == [Rejoin(1, "m9")]
     assert [e["member"] for e in events.records if e["event"] == "rejoin_asked"] == ["m1", "m1", "m9"]
     assert sum(e.get("reason") == "unknown_peer" for e in events.records) == 2  # still logged as unknown
 
 
+@pytest.mark.asyncio
 async def test_a_member_asked_to_rejoin_sends_its_join_and_then_its_view() -> None:
     transport = CapturingTransport()
     events = EventLog(None)

@@ -16,6 +16,7 @@ from deadpool.tools import cli, simulate
 from deadpool.tools.simulate import REAL_TIME_KEYS, SimConfig
 
 from deadpool.config import Config
+from deadpool.coordinator.decisions import Trigger
 from deadpool.coordinator.service import Coordinator
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
@@ -112,68 +113,78 @@ def test_bad_configuration_is_a_misuse() -> None:
 class _AcceptsFenced(Coordinator):
     """Bug on purpose: a fenced member's message refreshes its record before being rejected."""
 
-    async def handle(self, message):  # type: ignore[no-untyped-def]
+    def handle(self, now, message):  # type: ignore[no-untyped-def]
         sender = getattr(message, "sender", None)
         if isinstance(sender, str) and sender in self.fenced and sender in self.members:
             self.members[sender].last_seen += 1.0
-        await super().handle(message)
+        return super().handle(now, message)
 
 
 class _CommitsTwice(Coordinator):
     """Bug on purpose: every view after a failure is committed twice under the same epoch."""
 
-    async def _commit(self, view, reason, failed):  # type: ignore[no-untyped-def]
-        await super()._commit(view, reason, failed)
+    def _commit(self, view, reason, failed, trigger):  # type: ignore[no-untyped-def]
+        super()._commit(view, reason, failed, trigger)
         if failed:
-            await super()._commit(view, f"{reason} (again)", failed)
+            super()._commit(view, f"{reason} (again)", failed, trigger)
 
 
-def test_checker_catches_a_fenced_member_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(simulate, "Coordinator", _AcceptsFenced)
-    result = simulate.simulate(SimConfig(members=64, failures=3, seed=4))
+def test_checker_catches_a_fenced_member_accepted() -> None:
+    result = simulate.simulate(SimConfig(members=64, failures=3, seed=4), coordinator_class=_AcceptsFenced)
     assert result["invariant_violations"] > 0
     assert any("fenced member" in text for text in result["violations"])
 
 
-def test_checker_catches_two_views_for_one_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(simulate, "Coordinator", _CommitsTwice)
-    result = simulate.simulate(SimConfig(members=64, failures=1, seed=1))
+def test_checker_catches_two_views_for_one_epoch() -> None:
+    result = simulate.simulate(SimConfig(members=64, failures=1, seed=1), coordinator_class=_CommitsTwice)
     assert any("committed twice" in text for text in result["violations"])
+
+
+class _LabelsEveryRoundBlind(Coordinator):
+    """Bug on purpose: every round is labelled a blind rebuild, whatever its (unchanged) reason says."""
+
+    def _start_round(self, now, newly_failed, reason, trigger):  # type: ignore[no-untyped-def]
+        super()._start_round(now, newly_failed, reason, Trigger.BLIND_REBUILD)
+
+
+def test_spurious_rebuilds_are_counted_by_the_trigger_field_not_the_reason() -> None:
+    honest = simulate.simulate(SimConfig(members=64, failures=2, seed=1))
+    mislabelled = simulate.simulate(SimConfig(members=64, failures=2, seed=1),
+                                    coordinator_class=_LabelsEveryRoundBlind)
+    assert honest["spurious_rebuilds"] == 0
+    assert mislabelled["spurious_rebuilds"] >= 2  # one round per lost seat, each counted by its trigger
 
 
 # -- HeartbeatBatch at the coordinator ----------------------------------------------------------
 
 
-async def test_heartbeat_batch_counts_only_the_agents_own_live_members() -> None:
+def test_heartbeat_batch_counts_only_the_agents_own_live_members() -> None:
     now = [0.0]
-    transport = simulate.CapturingTransport()
     events = EventLog(None, clock=lambda: now[0])
     events.records = []
-    coordinator = Coordinator(transport, Config(), 2, "store:1", events, clock=lambda: now[0],
-                              wall_clock=lambda: now[0])
-    await coordinator.handle(AgentHello("agent-a", "h0", "inproc://agent-a", {"m0": 1, "m1": 2}))
+    coordinator = Coordinator(Config(), 2, "store:1", events, wall_clock=lambda: now[0])
+    coordinator.handle(now[0], AgentHello("agent-a", "h0", "inproc://agent-a", {"m0": 1, "m1": 2}))
     for i, member in enumerate(("m0", "m1", "m2")):
-        await coordinator.handle(Join(member, "active" if i < 2 else "spare", i if i < 2 else -1, 2, 10 + i, "h0",
-                                      f"inproc://{member}", f"tcp://h0:{i}"))
+        coordinator.handle(now[0], Join(member, "active" if i < 2 else "spare", i if i < 2 else -1, 2, 10 + i, "h0",
+                                        f"inproc://{member}", f"tcp://h0:{i}"))
     assert coordinator.view is not None
 
     now[0] = 1.0
     batch = HeartbeatBatch("agent-a", [Heartbeat(m, 1, 5, 5, 4, 0.0, "") for m in ("m0", "m2", "ghost")])
     decoded = codec.decode(codec.encode(batch))
     assert decoded == batch
-    await coordinator.handle(decoded)
+    coordinator.handle(now[0], decoded)
     assert (coordinator.members["m0"].last_seen, coordinator.members["m0"].step) == (1.0, 5)
     assert coordinator.members["m2"].last_seen == 0.0  # m2 is not agent-a's member
 
-    await coordinator.handle(HeartbeatBatch("agent-x", [Heartbeat("m0", 1, 6, 6, 5, 0.0, "")]))
+    coordinator.handle(now[0], HeartbeatBatch("agent-x", [Heartbeat("m0", 1, 6, 6, 5, 0.0, "")]))
     assert coordinator.members["m0"].step == 5  # unknown agent: nothing accepted
 
-    await coordinator.declare_dead("m1", "test", "declared dead by the test")
-    transport.outbox.clear()
+    coordinator.declare_dead(now[0], "m1", "test", "declared dead by the test")
     now[0] = 2.0
-    await coordinator.handle(HeartbeatBatch("agent-a", [Heartbeat("m1", 1, 7, 7, 6, 0.0, "")]))
+    sends = coordinator.handle(now[0], HeartbeatBatch("agent-a", [Heartbeat("m1", 1, 7, 7, 6, 0.0, "")]))
     assert coordinator.members["m1"].last_seen == 0.0  # fenced: not refreshed
-    sent = [codec.decode(frame) for address, frame in transport.outbox if address == "inproc://m1"]
+    sent = [send.message for send in sends if send.address == "inproc://m1"]
     assert any(isinstance(message, Fenced) for message in sent)
 
     reasons = [e.get("reason") for e in events.records if e["event"] == "rejected"]

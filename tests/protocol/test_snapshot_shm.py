@@ -1,9 +1,12 @@
-"""Same-host buddy copies through shared memory (``deadpool/shm.py``, ``snapshot.py``, ``snapshot_actor.py``).
+"""Same-host buddy copies through shared memory (``snapshot/shm.py``, ``arena.py``, ``ward_copies.py``), and the
+SnapshotActor that streams, keeps and serves them (``actors/snapshot_actor.py``).
 
 Fast tests, no processes: slot files are allocated, validated and mapped in
 this process; two SnapshotActors talk over the in-process transport, as a
-ward and its buddy on one host.  The end-to-end kill scenario with the TCP
-path forced on one host is in ``tests/test_hotswap.py``.
+ward and its buddy on one host, and the buddy says what it holds the way it
+does for a Prepare (a ``PrepareReady`` in, a ``PrepareAck`` out).  The
+end-to-end kill scenario with the TCP path forced on one host is in
+``tests/e2e/test_hotswap.py``.
 """
 
 from __future__ import annotations
@@ -24,17 +27,19 @@ import pytest
 import pytest_asyncio
 import torch
 
-from deadpool.actors.handoff import Fetch, Handoff, LocalReady, Progress
-from deadpool.actors.membership import ViewChanged
-from deadpool.actors.snapshot_actor import Bulk, SnapshotActor
+from deadpool.actors.handoff import Fetch, Handoff, LocalReady, PrepareReady, Progress
+from deadpool.actors.inbox import Bulk, Drain, Outbound, ViewChanged
+from deadpool.actors.snapshot_actor import SnapshotActor
+from deadpool.errors import ActorStopped, RestoreFailed
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
-from deadpool.protocol.messages import RestoreReply, RestoreRequest, SnapshotHeader
+from deadpool.protocol.messages import PrepareAck, RestoreReply, RestoreRequest, SnapshotHeader
 from deadpool.protocol.transport import Limits, Transport, open_transport
 from deadpool.protocol.view import View
 from deadpool.snapshot import shm
+from deadpool.snapshot.arena import Slot
 from deadpool.snapshot.statetree import Manifest, materialize
-from deadpool.snapshot.store import Slot, SnapshotStore
+from deadpool.snapshot.store import SnapshotStore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -114,7 +119,7 @@ def test_unusable_shm_dir_falls_back_to_private_memory_and_says_so_once(
     missing = str(tmp_path / "no-such-dir")
     store = SnapshotStore(on_complete=lambda _: None, shm_dir=missing, member=WARD)
     try:
-        with caplog.at_level(logging.WARNING, logger="deadpool.snapshot.store"):
+        with caplog.at_level(logging.WARNING, logger="deadpool.snapshot.arena"):
             state = _state(1)
             first = _capture(store, 0, state)
             second = _capture(store, 1, _state(2))
@@ -234,15 +239,17 @@ class Pair:
         for log in self.events.values():
             log.records = []
         self.actors: dict[str, SnapshotActor] = {}
+        self.progress = {m: Progress() for m in (WARD, BUDDY)}
+        self.to_membership: dict[str, list[Outbound | Drain]] = {WARD: [], BUDDY: []}
         self.received: dict[str, list[Any]] = {WARD: [], BUDDY: []}
         self.tasks: list[asyncio.Task[None]] = []
         self.store = SnapshotStore(on_complete=lambda _: None, shm_dir=ward_shm_dir, member=WARD)
         for member, directory in ((WARD, ward_shm_dir), (BUDDY, buddy_shm_dir)):
             transport = open_transport(f"inproc://shm-{uuid.uuid4().hex}", BULK)
             self.transports[member] = transport
-            self.actors[member] = SnapshotActor(member, transport, self.handoffs[member], Progress(),
+            self.actors[member] = SnapshotActor(member, transport, self.handoffs[member], self.progress[member],
                                                 self.events[member], b"secret", send_timeout=2.0,
-                                                shm_dir=directory)
+                                                shm_dir=directory, to_membership=self.to_membership[member].append)
 
     def view(self, hosts: tuple[str, str] = ("host", "host"), epoch: int = 1) -> View:
         return View(epoch=epoch, seats=[WARD, BUDDY], spares=[], resume_step=-1, store_prefix=GENERATION,
@@ -253,7 +260,7 @@ class Pair:
         for member, actor in self.actors.items():
             self.tasks.append(asyncio.create_task(actor.run()))
             self.tasks.append(asyncio.create_task(self._read(self.transports[member], actor, self.received[member])))
-            actor.inbox.put_nowait(ViewChanged(view))
+            actor.inbox.post(ViewChanged(view))
 
     @staticmethod
     async def _read(transport: Transport, actor: SnapshotActor, received: list[Any] | None = None) -> None:
@@ -272,12 +279,24 @@ class Pair:
 
     async def send(self, step: int, state: dict[str, Any]) -> Slot:
         slot = _capture(self.store, step, state)
-        self.actors[WARD].inbox.put_nowait(LocalReady(slot))
+        self.actors[WARD].inbox.post(LocalReady(slot))
         await until(lambda: self.handoffs[WARD].is_confirmed(GENERATION, step))
         return slot
 
+    async def ward_steps(self, member: str = BUDDY) -> dict[int, list[int]]:
+        """What `member` reports for its wards when the compute thread stops for a Prepare."""
+        sent = self.to_membership[member]
+        before = len(sent)
+        self.actors[member].inbox.post(PrepareReady(9, 5, [4, 5], [3]))
+        await until(lambda: len(sent) > before)
+        (item,) = sent[before:]
+        assert isinstance(item, Outbound) and isinstance(item.message, PrepareAck), item
+        ack = item.message
+        assert (ack.sender, ack.epoch, ack.step, ack.local_steps, ack.disk_steps) == (member, 9, 5, [4, 5], [3])
+        return ack.ward_steps
+
     def held(self) -> dict[int, list[Any]]:
-        return self.actors[BUDDY]._wards
+        return self.actors[BUDDY]._wards.by_seat
 
     def events_of(self, member: str, kind: str) -> list[dict[str, Any]]:
         records = self.events[member].records
@@ -328,10 +347,10 @@ async def test_same_host_buddy_maps_the_slot_instead_of_receiving_it(
     assert copy.shared and copy.header.shm_path == slot.shm_path
     assert all(frame.readonly for frame in copy.frames)
     assert _copy_bytes(copy) == bytes(slot.payload())
-    ward, buddy = pair.actors[WARD], pair.actors[BUDDY]
+    ward, buddy = pair.progress[WARD], pair.progress[BUDDY]
     assert ward.bytes_sent == 0, "nothing streamed"
     assert buddy.bytes_held_for_wards == 0 and buddy.bytes_shared_for_wards == copy.header.nbytes
-    assert buddy.ward_steps() == {0: [0]}
+    assert await pair.ward_steps() == {0: [0]}
 
 
 async def test_a_mapped_slot_is_confirmed_in_place_and_its_head_says_what_it_holds(
@@ -350,16 +369,16 @@ async def test_a_mapped_slot_is_confirmed_in_place_and_its_head_says_what_it_hol
     fourth = await pair.send(3, _state(4))
     assert (third.shm_path, fourth.shm_path) == (first.shm_path, second.shm_path)
     assert pair.headers_received() == [0, 1], "steps 2 and 3 were confirmed without a message"
-    assert buddy.ward_steps() == {0: [2, 3]}
+    assert await pair.ward_steps() == {0: [2, 3]}
     assert [_copy_bytes(c) for c in pair.held()[0]] == [bytes(third.payload()), bytes(fourth.payload())]
-    assert set(buddy._mappings) == {first.shm_path, second.shm_path}
+    assert set(buddy._wards.mappings) == {first.shm_path, second.shm_path}
     # The ward rewrites step 2's slot: from then on it is not held (nor reported) until the ward
     # publishes the new snapshot's header there.
     _capture(pair.store, 4, _state(5))
-    assert buddy.ward_steps() == {0: [3]}
-    pair.actors[WARD].inbox.put_nowait(LocalReady(third))
+    assert await pair.ward_steps() == {0: [3]}
+    pair.actors[WARD].inbox.post(LocalReady(third))
     await until(lambda: pair.handoffs[WARD].is_confirmed(GENERATION, 4))
-    assert buddy.ward_steps() == {0: [3, 4]} and pair.headers_received() == [0, 1]
+    assert await pair.ward_steps() == {0: [3, 4]} and pair.headers_received() == [0, 1]
 
 
 async def test_a_slot_being_rewritten_is_neither_reported_nor_served(
@@ -372,8 +391,8 @@ async def test_a_slot_being_rewritten_is_neither_reported_nor_served(
     await pair.send(1, _state(2))
     assert first.head is not None
     shm.invalidate_head(first.head)  # what capture does before the copy overwrites the slot
-    assert buddy.ward_steps() == {0: [1]}
-    await buddy._on_restore_request(RestoreRequest(WARD, 1, 0, 0, pair.transports[WARD].address), pair.view())
+    assert await pair.ward_steps() == {0: [1]}
+    buddy._on_restore_request(RestoreRequest(WARD, 1, 0, 0, pair.transports[WARD].address), pair.view())
     await until(lambda: any(isinstance(m, RestoreReply) for m in pair.received[WARD]))
     reply = next(m for m in pair.received[WARD] if isinstance(m, RestoreReply))
     assert not reply.ok and "held: [1]" in reply.error
@@ -390,34 +409,33 @@ async def test_snapshots_after_a_view_change_are_announced_again(
         await pair.send(step, _state(step))
     assert pair.headers_received() == [0, 1]
     for actor in pair.actors.values():
-        actor.inbox.put_nowait(ViewChanged(pair.view(epoch=2)))
+        actor.inbox.post(ViewChanged(pair.view(epoch=2)))
     for step in range(3, 6):
         await pair.send(step, _state(step))
     assert pair.headers_received() == [0, 1, 3, 4]
-    assert pair.actors[BUDDY].ward_steps() == {0: [4, 5]}
+    assert await pair.ward_steps() == {0: [4, 5]}
 
 
 async def test_a_forged_or_foreign_head_is_refused(shm_dir: str, make_pair: Callable[[str, str], Pair]) -> None:
     pair = make_pair(shm_dir, shm_dir)
     await pair.start(pair.view())
-    buddy = pair.actors[BUDDY]
     first = await pair.send(0, _state(1))
     await pair.send(1, _state(2))
     assert first.head is not None and first.manifest is not None
     header = SnapshotHeader(WARD, 1, 0, 7, first.nbytes, first.manifest.encode(), shm_path=first.shm_path,
                             shm_offset=shm.HEAD_BYTES)
     assert shm.write_head(first.head, codec.encode(header, b"not the secret"))
-    assert buddy.ward_steps() == {0: [1]}
+    assert await pair.ward_steps() == {0: [1]}
     other = dataclasses.replace(header, sender=BUDDY)  # a header naming another member, in the ward's file
     assert shm.write_head(first.head, codec.encode(other, b"secret"))
-    assert buddy.ward_steps() == {0: [1]}
+    assert await pair.ward_steps() == {0: [1]}
     beyond = dataclasses.replace(header, shm_offset=shm.HEAD_BYTES + (1 << 30))
     assert shm.write_head(first.head, codec.encode(beyond, b"secret"))
-    assert buddy.ward_steps() == {0: [1]}
+    assert await pair.ward_steps() == {0: [1]}
     reasons = [(r["reason"], r.get("kind")) for r in pair.events_of(BUDDY, "rejected")]
     assert reasons == [("bad_head", "slot_head"), ("not_my_ward", "slot_head"), ("size_mismatch", "slot_head")]
     assert shm.write_head(first.head, codec.encode(header, b"secret"))  # a good one is taken again
-    assert buddy.ward_steps() == {0: [1, 7]}
+    assert await pair.ward_steps() == {0: [1, 7]}
 
 
 def test_head_block_sequence_lock() -> None:
@@ -448,16 +466,16 @@ async def test_held_copy_survives_the_ward_unlinking_its_files_and_is_served_to_
     spare_transport = open_transport(f"inproc://shm-{uuid.uuid4().hex}", BULK)
     pair.transports[spare] = spare_transport
     spare_actor = SnapshotActor(spare, spare_transport, Handoff(), Progress(), EventLog(None), b"secret",
-                                send_timeout=2.0, shm_dir=shm_dir)
+                                send_timeout=2.0, shm_dir=shm_dir, to_membership=lambda item: None)
     view = View(epoch=2, seats=[spare, BUDDY], spares=[], resume_step=0, store_prefix="epoch-2",
                 store_addr="127.0.0.1:1", bulk_addrs={m: t.address for m, t in pair.transports.items()},
                 hosts={spare: "host", BUDDY: "host"}, buddies=[1, 0], restore_from={0: BUDDY})
     pair.tasks.append(asyncio.create_task(spare_actor.run()))
     pair.tasks.append(asyncio.create_task(Pair._read(spare_transport, spare_actor)))
-    pair.actors[BUDDY].inbox.put_nowait(ViewChanged(view))
-    spare_actor.inbox.put_nowait(ViewChanged(view))
+    pair.actors[BUDDY].inbox.post(ViewChanged(view))
+    spare_actor.inbox.post(ViewChanged(view))
     future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-    spare_actor.inbox.put_nowait(Fetch(0, 0, BUDDY, future))
+    spare_actor.inbox.post(Fetch(0, 0, BUDDY, future))
     await until(future.done)
     manifest, frames = future.result()
     assert isinstance(manifest, Manifest)
@@ -479,12 +497,12 @@ async def test_a_buddy_that_cannot_map_acks_with_an_error_and_gets_frames_at_onc
     assert [r["reason"] for r in rejected] == ["bad_shm_path"]
     refused = pair.events_of(WARD, "snapshot_shm_refused")
     assert len(refused) == 1 and refused[0]["peer"] == BUDDY
-    assert pair.actors[WARD].bytes_sent == copy.header.nbytes
+    assert pair.progress[WARD].bytes_sent == copy.header.nbytes
     # Later snapshots go over the wire directly: no second refusal.
     await pair.send(1, _state(2))
     assert all(not c.shared for c in pair.held()[0])
     assert len(pair.events_of(BUDDY, "rejected")) == 1
-    assert pair.actors[BUDDY].bytes_held_for_wards > 0 and pair.actors[BUDDY].bytes_shared_for_wards == 0
+    assert pair.progress[BUDDY].bytes_held_for_wards > 0 and pair.progress[BUDDY].bytes_shared_for_wards == 0
 
 
 async def test_buddy_on_another_host_gets_frames(shm_dir: str, make_pair: Callable[[str, str], Pair]) -> None:
@@ -587,3 +605,79 @@ async def test_a_header_whose_size_is_not_what_the_seat_holds_is_rejected(
     (rejected,) = pair.events_of(BUDDY, "rejected")
     assert rejected["reason"] == "size_mismatch" and "holds" in rejected["detail"]
     assert not pair.held()
+
+
+# -- restores, Prepares and teardown ----------------------------------------------------------
+
+
+def _spare(pair: Pair, shm_dir: str, restore_from: str) -> tuple[SnapshotActor, View]:
+    """A spare adopting seat 0, restoring from `restore_from`; its actor and the view it adopts."""
+    spare = "host:spare0:cccccc"
+    transport = open_transport(f"inproc://shm-{uuid.uuid4().hex}", BULK)
+    pair.transports[spare] = transport
+    actor = SnapshotActor(spare, transport, Handoff(), Progress(), EventLog(None), b"secret", send_timeout=2.0,
+                          shm_dir=shm_dir, to_membership=lambda item: None)
+    view = View(epoch=2, seats=[spare, BUDDY], spares=[], resume_step=0, store_prefix="epoch-2",
+                store_addr="127.0.0.1:1", bulk_addrs={m: t.address for m, t in pair.transports.items()},
+                hosts={spare: "host", BUDDY: "host"}, buddies=[1, 0], restore_from={0: restore_from})
+    pair.tasks.append(asyncio.create_task(actor.run()))
+    pair.tasks.append(asyncio.create_task(Pair._read(transport, actor)))
+    actor.inbox.post(ViewChanged(view))
+    return actor, view
+
+
+async def test_a_restore_the_buddy_cannot_serve_fails_with_restore_failed(
+    shm_dir: str, make_pair: Callable[[str, str], Pair]
+) -> None:
+    pair = make_pair(shm_dir, shm_dir)
+    await pair.start(pair.view())
+    await pair.send(0, _state(1))
+    spare, view = _spare(pair, shm_dir, BUDDY)
+    pair.actors[BUDDY].inbox.post(ViewChanged(view))
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    spare.inbox.post(Fetch(0, 3, BUDDY, future))  # step 3 was never taken
+    await until(future.done)
+    with pytest.raises(RestoreFailed, match=r"no copy of seat 0 step 3 here \(held: \[0\]\)"):
+        future.result()
+    unknown: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    spare.inbox.post(Fetch(0, 0, "host:nobody:000000", unknown))
+    await until(unknown.done)
+    with pytest.raises(RestoreFailed, match="no address"):
+        unknown.result()
+
+
+async def test_a_restore_still_waiting_when_the_actor_stops_fails_with_actor_stopped(
+    shm_dir: str, make_pair: Callable[[str, str], Pair]
+) -> None:
+    """A restoring spare must not wait out its restore timeout for an actor that is gone."""
+    pair = make_pair(shm_dir, shm_dir)
+    silent = open_transport(f"inproc://shm-{uuid.uuid4().hex}", BULK)  # takes the request, never answers
+    pair.transports["host:silent:dddddd"] = silent
+    spare, _ = _spare(pair, shm_dir, "host:silent:dddddd")
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    spare.inbox.post(Fetch(0, 0, "host:silent:dddddd", future))
+    await asyncio.wait_for(silent.recv(), 5.0)  # the request went out
+    assert not future.done()
+    running = pair.tasks[-2]  # the spare actor's run()
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+    assert future.done()
+    with pytest.raises(ActorStopped):
+        future.result()
+
+
+async def test_a_prepare_is_acknowledged_with_the_ward_copies_and_a_drain_follows_the_ack(
+    shm_dir: str, make_pair: Callable[[str, str], Pair]
+) -> None:
+    pair = make_pair(shm_dir, shm_dir)
+    await pair.start(pair.view())
+    await pair.send(0, _state(1))
+    await pair.send(1, _state(2))
+    buddy, sent = pair.actors[BUDDY], pair.to_membership[BUDDY]
+    marker = Drain(lambda: None)
+    buddy.inbox.post(PrepareReady(2, 1, [0, 1], []))
+    buddy.inbox.post(marker)
+    await until(lambda: len(sent) == 2)
+    ack, drain = sent
+    assert isinstance(ack, Outbound) and ack.message == PrepareAck(BUDDY, 2, 1, [0, 1], {0: [0, 1]}, [])
+    assert drain is marker, "the marker continues to the membership actor after the PrepareAck"

@@ -1,12 +1,13 @@
-"""One conformance suite for every transport: tcp://, ipc:// (ZeroMQ) and inproc://.
+"""One conformance suite for every transport: tcp://, ipc:// (ZeroMQ), inproc://, and the partition
+wrapper (over inproc://, not cut) that chaos specs use.
 
 Actors only see the ``Transport`` protocol, so every implementation must keep
-the same promises (``deadpool/transport.py``): messages arrive whole and in
+the same promises (``deadpool/protocol/transport.py``): messages arrive whole and in
 order; frames over ``Limits.max_frame_bytes`` and messages over
 ``Limits.max_frames`` never reach ``recv()``; a full inbox pushes back on
 senders instead of growing; every send is bounded by its timeout and fails
 with ``TransportError``; ``close()`` is idempotent, makes ``run()`` return and
-later sends fail.  As trio runs one stream suite against every stream type,
+later sends fail with ``TransportClosed``.  As trio runs one stream suite against every stream type,
 each test here runs against each transport.
 
 The ``endpoints`` fixture owns every transport and reader task a test opens:
@@ -33,12 +34,13 @@ import pytest
 import pytest_asyncio
 import zmq
 from deadpool.transports import zmq_transport
+from deadpool.transports.partitioned import PartitionedTransport, PartitionSwitch
 
-from deadpool.protocol.transport import Frame, Limits, Transport, TransportError, open_transport
+from deadpool.protocol.transport import Frame, Limits, Transport, TransportClosed, TransportError, open_transport
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(20)]
 
-KINDS = ["tcp", "ipc", "inproc"]
+KINDS = ["tcp", "ipc", "inproc", "partitioned"]
 RECV_TIMEOUT = 2.0  # generous bound for a message on loopback; never reached when healthy
 QUIET = 0.2  # how long "nothing more arrives" is watched
 
@@ -53,31 +55,35 @@ class Endpoints:
 
     def __init__(self, kind: str, ipc_dir: Path) -> None:
         self.kind = kind
+        self.scheme = "inproc" if kind == "partitioned" else kind  # the URL scheme of what is opened
+        self.switch = PartitionSwitch()  # for kind "partitioned": every transport opened sits behind it
         self._ipc_dir = ipc_dir
         self._transports: list[Transport] = []
         self._readers: list[asyncio.Task[None]] = []
 
     def fresh_url(self) -> str:
         """A bindable URL nobody else uses (random port, private path, unique name)."""
-        if self.kind == "tcp":
+        if self.scheme == "tcp":
             return "tcp://127.0.0.1:0"
-        if self.kind == "ipc":
+        if self.scheme == "ipc":
             return f"ipc://{self._ipc_dir}/ep{next(_IPC_NAMES)}"
         return f"inproc://test-{uuid.uuid4().hex}"
 
     def unused_address(self) -> str:
         """An address nobody listens on."""
-        if self.kind == "tcp":
+        if self.scheme == "tcp":
             with socket.socket() as probe:  # a port that was free a moment ago
                 probe.bind(("127.0.0.1", 0))
                 return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
-        if self.kind == "ipc":
+        if self.scheme == "ipc":
             return f"ipc://{self._ipc_dir}/nobody-{next(_IPC_NAMES)}"
         return f"inproc://nobody-{uuid.uuid4().hex}"
 
     def open(self, limits: Limits | None = None, *, url: str | None = None, run: bool = True) -> Transport:
         """Bind a transport and (by default) start its reader."""
         transport = open_transport(url or self.fresh_url(), limits)
+        if self.kind == "partitioned":
+            transport = PartitionedTransport(transport, self.switch)
         self._transports.append(transport)
         if run:
             self.start(transport)
@@ -105,7 +111,7 @@ class Endpoints:
         for task in self._readers:
             assert not task.cancelled(), f"{task.get_name()} ended cancelled instead of returning"
             assert task.exception() is None, f"{task.get_name()} crashed: {task.exception()!r}"
-        if self.kind in ("tcp", "ipc"):
+        if self.scheme in ("tcp", "ipc"):
             # Context._sockets is pyzmq's own registry (what Context.destroy() walks);
             # an open socket here would block Context.term().
             left_open = [s for s in list(zmq_transport.shared_context()._sockets) if not s.closed]
@@ -152,8 +158,8 @@ def sequenced(n: int, payload: bytes) -> list[Frame]:
 async def test_is_a_transport_with_a_concrete_address(endpoints: Endpoints) -> None:
     transport = endpoints.open()
     assert isinstance(transport, Transport)
-    assert transport.address.startswith(f"{endpoints.kind}://")
-    if endpoints.kind == "tcp":
+    assert transport.address.startswith(f"{endpoints.scheme}://")
+    if endpoints.scheme == "tcp":
         assert not transport.address.endswith(":0")
     assert transport.dropped() == 0
 
@@ -243,7 +249,7 @@ async def test_oversized_frames_never_reach_recv_and_the_receiver_stays_healthy(
     await good.send(receiver.address, [b"good"], timeout=RECV_TIMEOUT)
     assert await recv_within(receiver) == [b"good"]
     await assert_quiet(receiver)
-    if endpoints.kind == "inproc":
+    if endpoints.scheme == "inproc":
         assert receiver.dropped() == 1  # ZeroMQ drops these inside libzmq, uncounted
 
     # A disconnected offender reconnects by itself; once it behaves, it is heard again.
@@ -304,9 +310,9 @@ async def test_close_is_idempotent_and_a_closed_transport_refuses_to_send(endpoi
     receiver, sender = endpoints.open(), endpoints.open()
     await sender.close()
     await sender.close()
-    with pytest.raises(TransportError):
+    with pytest.raises(TransportClosed):
         await sender.send(receiver.address, [b"x"], timeout=RECV_TIMEOUT)
-    with pytest.raises(TransportError):
+    with pytest.raises(TransportClosed):
         await sender.send(sender.address, [b"x"], timeout=RECV_TIMEOUT)
 
 
@@ -419,7 +425,7 @@ async def test_zmq_send_accepted_at_once_arms_no_timer_and_a_pending_one_keeps_i
 ) -> None:
     """The fast path: a send pyzmq queued immediately returns without asyncio.wait_for (no task, no timer);
     a send that has to wait still goes through it and still fails within its timeout."""
-    if endpoints.kind == "inproc":
+    if endpoints.scheme == "inproc":
         pytest.skip("the fast path is ZeroMQ's")
     waits: list[float] = []
     real_wait_for = asyncio.wait_for
@@ -442,3 +448,26 @@ async def test_zmq_send_accepted_at_once_arms_no_timer_and_a_pending_one_keeps_i
     with pytest.raises(TransportError, match="not accepted within"):
         await sender.send(endpoints.unused_address(), [b"anyone?"], timeout=0.3)
     assert waits == [0.3] and time.monotonic() - started < 0.3 + 1.0
+
+
+# --- the partition wrapper, cut -------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["inproc", "tcp"])
+async def test_a_cut_switch_drops_everything_both_ways_silently(ipc_dir: Path, kind: str) -> None:
+    endpoints = Endpoints(kind, ipc_dir)
+    try:
+        switch = PartitionSwitch()
+        inner_a, peer = endpoints.open(), endpoints.open()
+        cut = PartitionedTransport(inner_a, switch)
+        await cut.send(peer.address, [b"before"], timeout=RECV_TIMEOUT)
+        assert await recv_within(peer) == [b"before"]
+        await peer.send(cut.address, [b"to a, before"], timeout=RECV_TIMEOUT)
+        assert await recv_within(cut) == [b"to a, before"]
+        switch.cut = True
+        await cut.send(peer.address, [b"lost"], timeout=RECV_TIMEOUT)  # no error: a cut link tells nobody
+        await peer.send(cut.address, [b"to a, lost"], timeout=RECV_TIMEOUT)
+        await assert_quiet(peer)
+        await assert_quiet(cut)
+        assert cut.address == inner_a.address and cut.dropped() == inner_a.dropped()
+    finally:
+        await endpoints.aclose()

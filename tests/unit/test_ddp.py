@@ -1,39 +1,43 @@
 """rt.ddp's fixed gradient buckets: layout, overlap with backward, averaging, abandoned buffers.
 
-The runtime is replaced by a recorder whose "all-reduce" sums the bucket with
-copies of itself from `world - 1` identical peers, so the average must equal
-the local gradient.  Real gloo groups, swaps and bit-identical replay are
-covered end to end in test_hotswap.py.
+The runtime's step collectives are replaced by a recorder whose "all-reduce"
+sums the bucket with copies of itself from `world - 1` identical peers, so the
+average must equal the local gradient.  Real gloo groups, swaps and
+bit-identical replay are covered end to end in test_hotswap.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+from deadpool.chaos import ChaosPoint
 from deadpool.worker.ddp import DataParallel, plan_buckets
 
 
-class FakeRuntime:
+class FakeCollectives:
+    """A ``StepCollectives`` whose world is `world` identical seats."""
+
     def __init__(self, world: int = 4, fail: bool = False) -> None:
         self.world_size = world
         self.fail = fail
         self.log: list[str] = []
         self.flats: list[torch.Tensor] = []
 
-    def _chaos_point(self, point: str) -> None:
-        if point == "backward":
+    def fault_point(self, point: ChaosPoint) -> None:
+        if point is ChaosPoint.BACKWARD:
             self.log.append("grad")
 
-    def _issue_allreduce(self, flat: torch.Tensor) -> Any:
+    def issue_allreduce(self, flat: torch.Tensor) -> Any:
         self.log.append(f"issue{len(self.flats)}")
         self.flats.append(flat)
         return object()
 
-    def _await_allreduces(self, works: list[Any]) -> bool:
+    def await_allreduces(self, works: Sequence[Any]) -> bool:
         self.log.append("await")
         if self.fail:
             return False
@@ -65,8 +69,8 @@ def test_plan_is_reverse_order_capped_and_split_by_dtype() -> None:
 def test_buckets_are_issued_during_backward_in_order_and_average() -> None:
     x = torch.randn(16, 64)
     expected = reference_grads(x)
-    rt = FakeRuntime()
-    ddp = DataParallel(model(), rt, bucket_mb=0.1)  # type: ignore[arg-type]
+    rt = FakeCollectives()
+    ddp = DataParallel(model(), rt, bucket_mb=0.1)
     assert len(ddp.buckets) >= 3
     ddp(x).square().mean().backward()
     issues = [i for i, e in enumerate(rt.log) if e.startswith("issue")]
@@ -84,8 +88,8 @@ def test_buckets_are_issued_during_backward_in_order_and_average() -> None:
 def test_accumulating_in_place_reuses_the_bucket_and_still_averages() -> None:
     x = torch.randn(16, 64)
     expected = reference_grads(x)
-    rt = FakeRuntime()
-    ddp = DataParallel(model(), rt, bucket_mb=0.1)  # type: ignore[arg-type]
+    rt = FakeCollectives()
+    ddp = DataParallel(model(), rt, bucket_mb=0.1)
     for _ in range(2):
         for param in ddp.module.parameters():
             if param.grad is not None:
@@ -97,18 +101,18 @@ def test_accumulating_in_place_reuses_the_bucket_and_still_averages() -> None:
 
 
 def test_parameter_without_gradient_gets_the_average_of_zeros() -> None:
-    rt = FakeRuntime()
+    rt = FakeCollectives()
     net = model()
     extra = nn.Linear(4, 4)
-    ddp = DataParallel(nn.ModuleDict({"net": net, "unused": extra}), rt, bucket_mb=0.1)  # type: ignore[arg-type]
+    ddp = DataParallel(nn.ModuleDict({"net": net, "unused": extra}), rt, bucket_mb=0.1)
     ddp.module["net"](torch.randn(2, 64)).sum().backward()
     assert extra.weight.grad is not None and torch.count_nonzero(extra.weight.grad) == 0
 
 
 def test_abandoned_all_reduce_renews_buffers_and_leaves_no_alias() -> None:
     x = torch.randn(16, 64)
-    rt = FakeRuntime()
-    ddp = DataParallel(model(), rt, bucket_mb=0.1)  # type: ignore[arg-type]
+    rt = FakeCollectives()
+    ddp = DataParallel(model(), rt, bucket_mb=0.1)
     ddp(x).square().mean().backward()  # grads now alias the buckets
     old = [b.flat for b in ddp.buckets]
     rt.fail, rt.flats = True, []
@@ -128,13 +132,13 @@ def test_abandoned_all_reduce_renews_buffers_and_leaves_no_alias() -> None:
 
 def test_bad_bucket_size_is_refused() -> None:
     with pytest.raises(ValueError, match="bucket_mb"):
-        DataParallel(model(), FakeRuntime(), bucket_mb=0)  # type: ignore[arg-type]
+        DataParallel(model(), FakeCollectives(), bucket_mb=0)
 
 
 def test_a_backward_that_raised_does_not_break_the_next_one() -> None:
     x = torch.randn(16, 64)
-    rt = FakeRuntime()
-    ddp = DataParallel(model(), rt, bucket_mb=0.1)  # type: ignore[arg-type]
+    rt = FakeCollectives()
+    ddp = DataParallel(model(), rt, bucket_mb=0.1)
 
     def boom(_: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("boom")

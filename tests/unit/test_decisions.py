@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from deadpool.coordinator import decisions
+from deadpool.coordinator.decisions import NoSpare, Suspicion
 from deadpool.protocol.view import View, place_buddies
+
+
+def resume_step(
+    view: View, failed_seats: Sequence[int], reports: Mapping[str, decisions.Snapshots]
+) -> tuple[int | None, str]:
+    """The newest step every seat can restore (`plan_restore` without the sources), with the reason."""
+    step, _, reason = decisions.plan_restore(view, failed_seats, reports)
+    return step, reason
 
 
 def make_view(world: int = 4, spares: list[str] | None = None, hosts: dict[str, str] | None = None) -> View:
@@ -50,7 +61,7 @@ def test_resume_step_is_newest_common_step() -> None:
         "m1": decisions.Snapshots([19, 20], {0: [19]}),
         "m3": decisions.Snapshots([18, 19], {2: [18, 19]}),
     }
-    step, reason = decisions.resume_step(view, [2], reports)
+    step, reason = resume_step(view, [2], reports)
     assert step == 19 and "19" in reason
 
 
@@ -62,7 +73,7 @@ def test_resume_step_falls_back_when_buddy_lags() -> None:
         "m3": decisions.Snapshots([19, 20], {2: [17, 18]}),
     }
     # m3 no longer holds 18 locally; nothing is common: a clear refusal, not a guess.
-    step, reason = decisions.resume_step(view, [2], reports)
+    step, reason = resume_step(view, [2], reports)
     assert step is None and "no snapshot step common" in reason
 
 
@@ -81,7 +92,7 @@ def test_interrupted_adoption_restores_from_the_buddy_again() -> None:
 
 def test_resume_step_names_seat_lost_with_its_buddy() -> None:
     view = make_view()
-    step, reason = decisions.resume_step(
+    step, reason = resume_step(
         view, [2, 3], {"m0": decisions.Snapshots([1], {}), "m1": decisions.Snapshots([1], {})}
     )
     assert step is None and "seat 2" in reason and "seat 3" in reason
@@ -103,3 +114,34 @@ def test_first_view_waits_for_every_seat() -> None:
     assert view is None and "[1]" in reason
     view, _ = decisions.first_view({0: "a", 1: "b", 2: "c"}, 3, ["s"], "h:1", {}, {})
     assert view is not None and view.epoch == 1 and view.seats == ["a", "b", "c"] and view.spares == ["s"]
+
+
+def test_order_spares_puts_the_freshest_heartbeat_first_and_leaves_fenced_out() -> None:
+    pool, _ = decisions.order_spares(["s0", "s1", "s2", "s3", "ghost"], {"s0": 5.0, "s1": 9.0, "s2": 5.0, "s3": 9.5},
+                                     fenced={"s3"})
+    assert pool == ["s1", "s0", "s2", "ghost"]  # equals keep join order; never heard from comes last
+
+
+def test_unanswered_prepare_names_the_silent_survivors_after_the_deadline_only() -> None:
+    assert decisions.unanswered_prepare(9.9, 10.0, ["a", "b"], {"a"}, 4, 10.0) == []
+    late = decisions.unanswered_prepare(10.1, 10.0, ["a", "b", "c"], {"a"}, 4, 10.0)
+    assert [m for m, _ in late] == ["b", "c"] and "Prepare(4)" in late[0][1]
+
+
+def test_unexplained_failure_waits_a_grace_then_rebuilds_then_gives_up() -> None:
+    assert decisions.unexplained_failure(10.5, 10.0, 2.0, 0)[0] is Suspicion.WAIT  # grace: min(1, 2/2) = 1 s
+    action, reason = decisions.unexplained_failure(11.1, 10.0, 2.0, 0)
+    assert action is Suspicion.REBUILD and "no member was found dead" in reason
+    assert decisions.unexplained_failure(11.1, 10.0, 2.0, decisions.MAX_BLIND_REBUILDS - 1)[0] is Suspicion.REBUILD
+    action, reason = decisions.unexplained_failure(11.1, 10.0, 2.0, decisions.MAX_BLIND_REBUILDS)
+    assert action is Suspicion.FAIL and f"{decisions.MAX_BLIND_REBUILDS + 1} times in a row" in reason
+
+
+def test_no_spare_stops_at_once_or_waits_until_the_timeout() -> None:
+    lost, why = "rank 1 (m1)", "1 seat(s) lost but only 0 spare(s) left"
+    action, reason = decisions.no_spare("stop", 5.0, 5.0, 60.0, lost, why, 4)
+    assert action is NoSpare.STOP and "no spare is left" in reason and "world size 4" in reason
+    action, reason = decisions.no_spare("wait", 64.0, 5.0, 60.0, lost, why, 4)
+    assert action is NoSpare.WAIT and "waiting up to 60s" in reason
+    action, reason = decisions.no_spare("wait", 65.5, 5.0, 60.0, lost, why, 4)
+    assert action is NoSpare.STOP and "rank 1 (m1)" in reason and "no spare joined within 60s" in reason

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import torch
 
+from deadpool.snapshot.arena import Slot
 from deadpool.snapshot.statetree import expand, materialize, replicated_slice, scatter
-from deadpool.snapshot.store import Slot, SnapshotStore
+from deadpool.snapshot.store import SnapshotStore
 
 pytestmark = pytest.mark.timeout(30)
 

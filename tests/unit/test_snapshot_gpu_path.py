@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from deadpool.snapshot import arena as memory
 from deadpool.snapshot import shm
 from deadpool.snapshot import store as snapshot
 from deadpool.snapshot.statetree import materialize, replicated_slice
@@ -62,7 +63,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Recorder:
         recorder.calls.append(f"allocate(pinned={pinned})")
         return torch.empty(nbytes, dtype=torch.uint8)
 
-    monkeypatch.setattr(snapshot, "allocate_arena", allocate)
+    monkeypatch.setattr(memory, "allocate_arena", allocate)
     monkeypatch.setattr(torch.cuda, "Stream", lambda: FakeStream(recorder, "side"))
     monkeypatch.setattr(torch.cuda, "Event", lambda: FakeEvent(recorder))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: compute)
@@ -170,8 +171,8 @@ def test_gpu_path_page_locks_shared_memory_slots_for_a_buddy_to_map(
     locked: list[int] = []
     unlocked: list[int] = []
     monkeypatch.setattr(shm, "in_memory_filesystem", lambda directory: True)
-    monkeypatch.setattr(snapshot, "page_lock", lambda arena: locked.append(arena.data_ptr()) or True)
-    monkeypatch.setattr(snapshot, "page_unlock", lambda arena: unlocked.append(arena.data_ptr()))
+    monkeypatch.setattr(memory, "page_lock", lambda arena: locked.append(arena.data_ptr()) or True)
+    monkeypatch.setattr(memory, "page_unlock", lambda arena: unlocked.append(arena.data_ptr()))
     store = SnapshotStore(on_complete=lambda _: None, shm_dir=str(tmp_path), member="m")
     weights = torch.arange(1000, dtype=torch.float32)
     slot = store.capture(0, "g", {"w": weights}, background={weights.data_ptr()})
@@ -185,7 +186,7 @@ def test_gpu_path_page_locks_shared_memory_slots_for_a_buddy_to_map(
     store.close()
     assert unlocked == locked and not list(tmp_path.iterdir())
 
-    monkeypatch.setattr(snapshot, "page_lock", lambda arena: False)
+    monkeypatch.setattr(memory, "page_lock", lambda arena: False)
     store = SnapshotStore(on_complete=lambda _: None, shm_dir=str(tmp_path), member="m")
     try:
         slot = store.capture(0, "g", {"w": weights}, background=set())
@@ -202,7 +203,7 @@ def test_gpu_path_does_not_page_lock_files_outside_memory_filesystems(
 ) -> None:
     """Linux refuses long-term pins of pages of an ordinary file: such a directory is not even tried."""
     monkeypatch.setattr(shm, "in_memory_filesystem", lambda directory: False)
-    monkeypatch.setattr(snapshot, "page_lock", lambda arena: pytest.fail("page_lock called"))
+    monkeypatch.setattr(memory, "page_lock", lambda arena: pytest.fail("page_lock called"))
     store = SnapshotStore(on_complete=lambda _: None, shm_dir=str(tmp_path), member="m")
     try:
         weights = torch.arange(100, dtype=torch.float32)

@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deadpool.tools import timeline
+from deadpool.tools.events.plot import plot
+from deadpool.tools.events.text import format_timeline
+
+from deadpool.events.summary import load, summarize
 
 T0 = 1_700_000_000.0
 DIGEST = "3fa9c2e1b0d4" + "0" * 52
@@ -158,14 +161,14 @@ def failed_run() -> Job:
 
 def test_load_skips_garbage_lines(tmp_path: Path) -> None:
     path = clean_run().write(tmp_path / "events.jsonl", garbage=True)
-    events = timeline.load(path)
+    events = load(path)
     assert len(events) == len(clean_run().records)
     assert all(isinstance(e, dict) for e in events)
 
 
 def test_failure_free_run(tmp_path: Path) -> None:
-    events = timeline.load(clean_run().write(tmp_path / "events.jsonl"))
-    s = timeline.summarize(events)
+    events = load(clean_run().write(tmp_path / "events.jsonl"))
+    s = summarize(events)
     assert s.steps_finished == 60
     assert s.last_step == 59
     assert s.replayed_steps == 0
@@ -175,7 +178,7 @@ def test_failure_free_run(tmp_path: Path) -> None:
     assert s.job_failed is None and s.outcome == "finished"
     assert [c.spares for c in s.spare_changes] == [1]
 
-    text = timeline.format_timeline(events)
+    text = format_timeline(events)
     assert text.startswith("    +0.000s  coordinator_started")
     assert "step_finished" not in text
     assert text.count("progress") == 13  # steps 0, 5, ..., 55 (at most ~20 lines), and the last one
@@ -188,8 +191,8 @@ def test_failure_free_run(tmp_path: Path) -> None:
 
 
 def test_kill_and_swap(tmp_path: Path) -> None:
-    events = timeline.load(swap_run().write(tmp_path / "events.jsonl"))
-    s = timeline.summarize(events)
+    events = load(swap_run().write(tmp_path / "events.jsonl"))
+    s = summarize(events)
 
     assert len(s.failures) == 1
     failure = s.failures[0]
@@ -208,7 +211,7 @@ def test_kill_and_swap(tmp_path: Path) -> None:
     assert s.fenced == 1
     assert s.final_digest == DIGEST and s.outcome == "finished"
 
-    text = timeline.format_timeline(events)
+    text = format_timeline(events)
     assert f"member_failed       rank 2 ({MEMBERS[2]}) detected_by=exit reported_by=coordinator" in text
     assert "view_committed      epoch 2 resume_step=31 world=4 spares=0" in text
     assert f"restored            rank 2 ({SPARE}) from buddy step 31 12.0 MB in 0.050 s" in text
@@ -230,15 +233,15 @@ def test_kill_and_swap(tmp_path: Path) -> None:
 
 
 def test_failed_job(tmp_path: Path) -> None:
-    events = timeline.load(failed_run().write(tmp_path / "events.jsonl"))
-    s = timeline.summarize(events)
+    events = load(failed_run().write(tmp_path / "events.jsonl"))
+    s = summarize(events)
     assert s.outcome == "failed"
     assert s.job_failed == "no spare left for rank 1 (policy: stop)"
     assert s.final_digest is None and s.swaps == ()
     assert [(f.rank, f.detected_by) for f in s.failures] == [(1, "heartbeat")]
     assert s.spare_changes == ()
 
-    text = timeline.format_timeline(events)
+    text = format_timeline(events)
     assert "job_failed          coordinator reason='no spare left for rank 1 (policy: stop)'" in text
     assert "outcome          FAILED: no spare left for rank 1 (policy: stop)" in text
     assert "final digest     (none)" in text
@@ -255,23 +258,23 @@ def test_defensive_about_missing_fields_and_unknown_events() -> None:
         {"ts": T0 + 5, "event": "disk_full", "member": "m-x", "rank": 1, "free_bytes": 0},
         {"ts": T0 + 6, "event": "training_finished"},
     ]
-    s = timeline.summarize(events)
+    s = summarize(events)
     assert len(s.failures) == 1 and s.failures[0].detected_by == "?"
     assert len(s.swaps) == 1 and s.swaps[0].recovery_s is None
     assert s.unknown_events == ("disk_full",)
     assert s.steps_finished == 1 and s.outcome == "finished" and s.final_digest is None
 
-    text = timeline.format_timeline(events)
+    text = format_timeline(events)
     assert "disk_full           rank 1 (m-x) free_bytes=0" in text
     assert "recovery ?" in text
-    assert timeline.format_timeline([]).startswith("(no events)")
+    assert format_timeline([]).startswith("(no events)")
 
 
 @pytest.mark.parametrize("make", [clean_run, swap_run, failed_run, Job], ids=["clean", "swap", "failed", "empty"])
 def test_plot_writes_png(tmp_path: Path, make: Any) -> None:
-    events = timeline.load(make().write(tmp_path / "events.jsonl"))
+    events = load(make().write(tmp_path / "events.jsonl"))
     out = tmp_path / "timeline.png"
-    timeline.plot(events, out)
+    plot(events, out)
     data = out.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
     assert len(data) > 1000
@@ -283,7 +286,7 @@ def test_spare_pool_follows_joins_views_and_losses() -> None:
     job.emit("spare_lost", member="coordinator", lost_member="m-host-106-ff", dt=1.0)
     job.emit("member_joined", member="m-host-107-gg", role="spare", dt=1.0)
     job.emit("rejected", member="coordinator", reason="join from an unknown job", dt=0.1)
-    s = timeline.summarize(job.records)
+    s = summarize(job.records)
     assert [(c.cause, c.spares) for c in s.spare_changes] == [
         ("member_joined", 1),
         ("member_joined", 2),
@@ -291,7 +294,7 @@ def test_spare_pool_follows_joins_views_and_losses() -> None:
         ("member_joined", 2),
     ]
     assert s.rejected == 1 and s.outcome == "incomplete"
-    text = timeline.format_timeline(job.records)
+    text = format_timeline(job.records)
     assert "spare_lost          m-host-106-ff" in text
     assert "spare pool       1 -> 2 -> 1 -> 2" in text
     assert "rejected            coordinator reason='join from an unknown job'" in text
@@ -300,11 +303,11 @@ def test_spare_pool_follows_joins_views_and_losses() -> None:
 def test_explicit_progress_interval_and_digest_disagreement() -> None:
     job = clean_run()
     job.records[-1]["state_digest"] = "ff" * 32  # rank 3 ends in another state
-    text = timeline.format_timeline(job.records, progress_every=30)
+    text = format_timeline(job.records, progress_every=30)
     assert text.count("progress") == 3  # steps 0, 30 and the last one, 59
     assert "(same from 3 ranks)" in text
     assert f"rank 3 ({MEMBERS[3]}) step 59 digest={'ff' * 32}" in text
-    assert timeline.summarize(job.records).final_digest == DIGEST  # rank 0 speaks for the job
+    assert summarize(job.records).final_digest == DIGEST  # rank 0 speaks for the job
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -312,5 +315,5 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path: Path, monkeypatch:
 
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(MisuseError, match=r"deadpool\[plot\]"):
-        timeline.plot(clean_run().records, tmp_path / "never.png")
+        plot(clean_run().records, tmp_path / "never.png")
     assert not (tmp_path / "never.png").exists()

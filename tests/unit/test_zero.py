@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from deadpool.errors import MisuseError
+from deadpool.errors import MisuseError, RestoreFailed
 from deadpool.worker import zero as zero_mod
 
 
@@ -66,7 +66,7 @@ def test_shard_of_another_seat_is_refused() -> None:
     step(model, shard)
     _, other, _ = make()
     other.seat(1, 2, None)
-    with pytest.raises(LookupError, match="rank 0/2 cannot load into rank 1/2"):
+    with pytest.raises(RestoreFailed, match="rank 0/2 cannot load into rank 1/2"):
         other.load_state_dict(shard.state_dict())
 
 

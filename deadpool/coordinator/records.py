@@ -1,0 +1,79 @@
+"""What the membership service remembers, and what it asks its caller to send.
+
+Plain records, no behaviour: the coordinator's state machine (``service.py``)
+keeps them, its pure decisions (``decisions.py``) read them, and the process
+around it (``main.py``, or the simulator) delivers the :class:`Send` list that
+every ``handle``/``tick`` returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from deadpool.coordinator.decisions import Snapshots, Trigger
+from deadpool.protocol.messages import Message, Role
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One message the coordinator wants delivered; the caller encodes and sends it (bounded by send_timeout)."""
+
+    address: str  # control address of the member or agent
+    message: Message  # broadcasts repeat one object, so the caller can encode it once
+
+
+@dataclass
+class MemberRecord:
+    """What the coordinator knows of one member."""
+
+    member: str  # member id
+    role: Role  # as it joined (active or spare)
+    host: str  # host name, for failure domains
+    pid: int  # process id on that host (0: known only from a reported view)
+    control_addr: str  # where its membership actor listens ("": not reachable until it re-joins)
+    bulk_addr: str  # where its snapshot actor listens
+    seat_hint: int  # the seat it asked for (its RANK; -1 for a spare)
+    joined: float  # coordinator clock at its Join
+    last_seen: float  # coordinator clock of its newest accepted message
+    step: int = -1  # newest finished step it reported
+    snapshot_step: int = -2  # newest local snapshot it reported
+    confirmed_step: int = -2  # newest snapshot its buddy confirmed holding
+    stall_p99_s: float = 0.0  # p99 of its pre-step wait for the snapshot copy
+    epoch: int = 0  # view epoch it reported holding
+    exited: bool = False  # its agent reported the process gone (no kill needed)
+
+
+@dataclass
+class Round:
+    """A view change in progress (between Prepare and Commit)."""
+
+    epoch: int  # the epoch prepared (and committed when every survivor answered)
+    failed: dict[int, str]  # seat -> dead member
+    replacements: dict[int, str]  # seat -> spare chosen ({} while waiting for a spare to join)
+    acks: dict[str, Snapshots]  # survivor -> what its PrepareAck reported
+    deadline: float  # survivors that have not answered by then are declared dead
+    reason: str  # why the round started, and the spares chosen
+    trigger: Trigger = Trigger.SEAT_LOST  # the same, for readers that count (events' ``trigger``)
+    joined: list[str] = field(default_factory=list)  # spares that joined during the round: pooled at the commit
+    waiting_since: float | None = None  # no_spare_policy "wait": when the wait for a spare began
+
+
+@dataclass
+class PendingSwap:
+    """A seat refilled by a spare, until that spare reports its first finished step (swap_completed)."""
+
+    seat: int  # the seat refilled
+    old_member: str  # the member that died
+    new_member: str  # the spare seated
+    failed_at: float  # wall clock of the first evidence of the failure
+    epoch: int  # the view that seated the spare
+
+
+@dataclass
+class Agent:
+    """One host's `deadpool launch`: it reports exits, kills fenced members and batches heartbeats."""
+
+    agent_id: str  # agent id (the sender of its messages)
+    host: str  # the host it runs on
+    control_addr: str  # where it listens
+    members: dict[str, int] = field(default_factory=dict)  # member -> pid, the processes it started

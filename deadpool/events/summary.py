@@ -1,0 +1,645 @@
+"""The one reader of the events file: records in, typed facts and a job ``Summary`` out.
+
+Every tool that reads events (``deadpool events``, the launcher's progress line and closing
+summary, the coordinator's metrics, the simulator) reads them through here, so the name of
+a field is known in one place.  ``parse`` turns one record into one fact, dispatching on the
+``Event`` catalogue; ``SummaryBuilder`` folds facts record by record (a live reader feeds
+lines as they arrive) into a frozen ``Summary``.  Records are untrusted: every field may be
+missing or of the wrong type, and nothing here raises on an odd record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deadpool.events.catalogue import Event
+from deadpool.events.log import read_events
+
+Record = dict[str, Any]
+
+UNKNOWN = "?"  # what a fact holds for a name (detector, source, action) its record does not give
+NO_RANK = 1 << 30  # sorts after every real rank: records without a seat (coordinator, spares) speak last
+
+
+# ---------------------------------------------------------------------------
+# Facts: one per record of the events this reader knows
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStarted:
+    """The coordinator is listening."""
+
+    ts: float | None  # when it started (unix seconds)
+    address: str  # its control address, tcp://host:port ("" when absent)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberJoined:
+    """A worker (active or spare) registered with the coordinator, as the writer saw it."""
+
+    ts: float | None  # when it joined
+    member: str  # the member's id
+    rank: int | None  # the rank the record carries (-1 or None: no seat yet)
+    role: str  # active | spare ("" when absent)
+    process: str  # the kind of process that wrote the line (worker, coordinator, ...)
+
+    @property
+    def spare(self) -> bool:
+        """Whether it joined as a spare."""
+        return self.role == "spare"
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One member declared dead."""
+
+    ts: float | None  # when the failure was declared (unix seconds)
+    member: str  # the dead member's id
+    rank: int | None  # the seat it held (None: a spare or unknown)
+    detected_by: str  # heartbeat | collective_error | exit | report (UNKNOWN when absent)
+    reason: str  # free text from the detector ("" when absent)
+    detection_s: float | None = None  # injected failure to its detection (known only for injected ones)
+    reporter: str = ""  # the member that wrote the record (the coordinator, usually)
+
+
+@dataclass(frozen=True, slots=True)
+class SpareLost:
+    """A spare died or was fenced before it was seated."""
+
+    ts: float | None  # when it was lost
+    member: str  # the lost spare ("" when the record does not say)
+    rank: int | None  # a seat, if it ever had one
+
+
+@dataclass(frozen=True, slots=True)
+class ViewCommit:
+    """One committed view (the first per epoch; at most one may exist)."""
+
+    ts: float | None  # when it was committed
+    epoch: int | None  # the view's epoch
+    resume_step: int | None  # training goes on at resume_step + 1
+    seats: tuple[str, ...] | None  # rank -> member id (None: the record gives no list)
+    spares: tuple[str, ...] | None  # spare member ids, in adoption order (None: no list)
+    refilled: tuple[int, ...] = ()  # the seats this view gave to spares
+    reason: str = ""  # why the view changed
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """One member loading a snapshot (a survivor rolling back, or an adopted spare)."""
+
+    ts: float | None  # when the restore finished
+    member: str  # who restored
+    rank: int | None  # its seat
+    source: str  # local | buddy | disk (UNKNOWN when absent)
+    bytes: int | None  # size of the restored state
+    s: float | None  # seconds the restore took
+    step: int | None = None  # the step restored
+
+
+@dataclass(frozen=True, slots=True)
+class Swap:
+    """A spare that took a dead member's seat and finished its first step."""
+
+    ts: float | None  # when the swap was reported complete
+    rank: int | None  # the seat
+    old_member: str  # the member that died
+    new_member: str  # the spare that took its place
+    recovery_s: float | None  # from the failure to the first finished step after it
+
+
+@dataclass(frozen=True, slots=True)
+class StepDone:
+    """One rank finished one step."""
+
+    ts: float | None  # when it finished
+    epoch: int | None  # the view it ran in (a replayed step has a later epoch)
+    step: int | None  # the step number
+    rank: int | None  # the rank that reports it
+    member: str  # the member in that seat
+    loss: float | None  # the user's reported loss
+    tokens: float | None  # tokens this rank processed in the step
+    tokens_per_s: float | None  # this rank's rate
+    step_s: float | None  # seconds the step took
+
+    @property
+    def order(self) -> int:
+        """The rank for choosing whose record speaks for a step (seatless records last)."""
+        return self.rank if self.rank is not None and self.rank >= 0 else NO_RANK
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosInjection:
+    """A fault injected on purpose (``--chaos`` or ``deadpool chaos``)."""
+
+    ts: float | None  # when it was injected
+    action: str  # kill | stop | cont | ... (UNKNOWN when absent)
+    member: str  # the target member ("" when unknown)
+    rank: int | None  # the target seat
+
+
+@dataclass(frozen=True, slots=True)
+class Fenced:
+    """A member declared dead was fenced (never readmitted)."""
+
+    ts: float | None
+    member: str  # the writer of the record
+    rank: int | None  # the writer's rank
+    reason: str  # "" when absent
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A message or a join refused."""
+
+    ts: float | None
+    member: str  # the writer of the record (who refused)
+    rank: int | None  # the writer's rank
+    reason: str  # bad_mac, stale_epoch, rate_limited, ... ("" when absent)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinished:
+    """Training finished (every rank may write one)."""
+
+    ts: float | None
+    member: str  # the writer
+    rank: int | None  # the writer's rank (None or -1: the coordinator)
+    step: int | None  # the last step
+    digest: str  # the final state digest ("" when absent)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFailed:
+    """The job failed and stopped."""
+
+    ts: float | None
+    member: str  # the writer
+    rank: int | None  # the writer's rank
+    reason: str  # why, and what to do next ("" when absent)
+
+
+Fact = (
+    CoordinatorStarted | MemberJoined | Failure | SpareLost | ViewCommit | Restore | Swap | StepDone
+    | ChaosInjection | Fenced | Rejection | JobFinished | JobFailed
+)
+
+
+def event_of(record: Record) -> Event | None:
+    """The catalogue entry a record is a line of; None for a name the catalogue does not have."""
+    name = record.get("event")
+    if not isinstance(name, str):
+        return None
+    try:
+        return Event(name)
+    except ValueError:
+        return None
+
+
+def parse(record: Record, seats: Mapping[str, int] | None = None) -> Fact | None:
+    """The fact one record states, or None for an event this reader keeps nothing of.
+
+    ``seats`` (member -> seat) fills in the seat of a member a record names without one.
+    """
+    if not isinstance(record, dict):
+        return None
+    event = event_of(record)
+    parser = _PARSERS.get(event) if event is not None else None
+    if parser is None:
+        return None
+    return parser(record, as_float(record.get("ts")), seats if seats is not None else {})
+
+
+def _coordinator(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    return CoordinatorStarted(ts, as_str(r.get("address")))
+
+
+def _joined(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    return MemberJoined(ts, as_str(r.get("member")), as_int(r.get("rank")), as_str(r.get("role")),
+                        as_str(r.get("source_process")))
+
+
+def _failed(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    member, rank = subject(r, "failed", seats)
+    return Failure(ts, member, rank, as_str(r.get("detected_by")) or UNKNOWN, as_str(r.get("reason")),
+                   as_float(r.get("detection_s")), as_str(r.get("member")))
+
+
+def _spare_lost(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    member, rank = subject(r, "lost", seats)
+    return SpareLost(ts, member, rank)
+
+
+def _view(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    members, spares = r.get("seats"), r.get("spares")
+    refilled = r.get("failed_seats")
+    return ViewCommit(
+        ts,
+        as_int(r.get("epoch")),
+        as_int(r.get("resume_step")),
+        tuple(as_str_list(members)) if isinstance(members, list) else None,
+        tuple(as_str_list(spares)) if isinstance(spares, list) else None,
+        tuple(n for n in map(as_int, refilled) if n is not None) if isinstance(refilled, list) else (),
+        as_str(r.get("reason")),
+    )
+
+
+def _restored(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    return Restore(ts, as_str(r.get("member")), as_int(r.get("rank")), as_str(r.get("source")) or UNKNOWN,
+                   as_int(r.get("bytes")), as_float(r.get("s")), as_int(r.get("step")))
+
+
+def _swap(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    return Swap(ts, as_int(r.get("rank")), as_str(r.get("old_member")), as_str(r.get("new_member")),
+                as_float(r.get("recovery_s")))
+
+
+def _step(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    return StepDone(ts, as_int(r.get("epoch")), as_int(r.get("step")), as_int(r.get("rank")), as_str(r.get("member")),
+                    as_float(r.get("loss")), as_float(r.get("tokens")), as_float(r.get("tokens_per_s")),
+                    as_float(r.get("step_s")))
+
+
+def _chaos(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    member, rank = subject(r, "target", seats)
+    return ChaosInjection(ts, as_str(r.get("action")) or UNKNOWN, member, rank)
+
+
+def _fenced(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    return Fenced(ts, as_str(r.get("member")), as_int(r.get("rank")), as_str(r.get("reason")))
+
+
+def _rejected(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    return Rejection(ts, as_str(r.get("member")), as_int(r.get("rank")), as_str(r.get("reason")))
+
+
+def _finished(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    return JobFinished(ts, as_str(r.get("member")), as_int(r.get("rank")), as_int(r.get("step")),
+                       as_str(r.get("state_digest")))
+
+
+def _job_failed(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    return JobFailed(ts, as_str(r.get("member")), as_int(r.get("rank")), as_str(r.get("reason")))
+
+
+_PARSERS: dict[Event, Callable[[Record, float | None, Mapping[str, int]], Fact]] = {
+    Event.COORDINATOR_STARTED: _coordinator,
+    Event.MEMBER_JOINED: _joined,
+    Event.MEMBER_FAILED: _failed,
+    Event.VIEW_COMMITTED: _view,
+    Event.RESTORED: _restored,
+    Event.SWAP_COMPLETED: _swap,
+    Event.FENCED: _fenced,
+    Event.REJECTED: _rejected,
+    Event.TRAINING_FINISHED: _finished,
+    Event.JOB_FAILED: _job_failed,
+    Event.CHAOS_INJECTED: _chaos,
+    Event.SPARE_LOST: _spare_lost,
+    Event.STEP_FINISHED: _step,
+}
+
+
+# ---------------------------------------------------------------------------
+# The summary
+
+
+@dataclass(frozen=True, slots=True)
+class SpareChange:
+    """The spare pool after one event changed it."""
+
+    ts: float | None  # when the pool changed
+    cause: str  # the event that changed it (member_joined, view_committed, spare_lost, ...)
+    member: str  # the spare concerned ("" for a view that reset the pool)
+    spares: int  # pool size after the change
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """What happened in a job, condensed from its events.
+
+    A job's file mixes lines from every process, so the same fact may be
+    written more than once (every survivor may report one death).  The summary
+    keeps the first record of a failure per member, of a view per epoch, and of
+    a swap per (old, new) member pair, so counts mean what a person expects.
+    """
+
+    events: int  # records read
+    start_ts: float | None  # earliest timestamp in the file
+    end_ts: float | None  # latest timestamp in the file
+    steps_finished: int  # distinct step numbers some rank finished
+    last_step: int | None  # highest step number finished
+    replayed_steps: int  # step completions redone after a rollback to resume_step
+    failures: tuple[Failure, ...]
+    views: tuple[ViewCommit, ...]
+    swaps: tuple[Swap, ...]
+    restores: tuple[Restore, ...]
+    spare_changes: tuple[SpareChange, ...]
+    chaos: tuple[ChaosInjection, ...]
+    fenced: int  # fenced events (zombies that woke up and were told to exit)
+    rejected: int  # rejected events (messages or joins refused)
+    finished: bool  # some rank wrote training_finished
+    final_step: int | None  # from training_finished
+    final_digest: str | None  # training_finished.state_digest
+    job_failed: str | None  # the job_failed reason, None when the job did not fail
+    unknown_events: tuple[str, ...]  # event names this reader keeps nothing of (shown generically)
+    rejections: tuple[tuple[str, int], ...] = ()  # (reason, count), by reason
+    steps: tuple[StepDone, ...] = ()  # per (epoch, step) the lowest rank's record, in time order
+    job_failed_ts: float | None = None  # when the job failed
+
+    @property
+    def duration_s(self) -> float | None:
+        """Seconds from the first to the last record."""
+        if self.start_ts is None or self.end_ts is None:
+            return None
+        return self.end_ts - self.start_ts
+
+    @property
+    def outcome(self) -> str:
+        """``failed``, ``finished`` or ``incomplete`` (no final event: crashed or still running)."""
+        if self.job_failed is not None:
+            return "failed"
+        if self.finished:
+            return "finished"
+        return "incomplete"
+
+
+def load(path: str | os.PathLike[str]) -> list[Record]:
+    """Read every readable event of a file, in file order.
+
+    Bad lines are skipped (and logged) by ``read_events``, so a file cut off by
+    a crash still loads.
+
+    Raises:
+        OSError: the file cannot be opened (missing, unreadable).
+    """
+    return list(read_events(path))
+
+
+def summarize(events: Iterable[Record]) -> Summary:
+    """Condense a whole file's events into a ``Summary`` (in time order); never raises on odd records."""
+    ordered_events = ordered(events)
+    builder = SummaryBuilder(seat_map(ordered_events))
+    for _, record in ordered_events:
+        builder.feed(record)
+    return builder.summary()
+
+
+class SummaryBuilder:
+    """Folds records into a ``Summary`` one at a time, in the order they are fed.
+
+    ``seats`` seeds the member -> seat map (a whole file's, from ``seat_map``); the
+    builder also learns seats from the views and steps it is fed, and a seat
+    unknown when a failure was fed is filled in when the summary is taken.
+    """
+
+    def __init__(self, seats: Mapping[str, int] | None = None) -> None:
+        self.seats: dict[str, int] = dict(seats or {})  # member -> seat, for records that do not say
+        self._events = 0
+        self._start_ts: float | None = None
+        self._end_ts: float | None = None
+        self._step_runs: set[tuple[int | None, int]] = set()  # (epoch, step) completions
+        self._best: dict[tuple[int | None, int], StepDone] = {}  # (epoch, step) -> lowest rank's record
+        self._failures: dict[str, Failure] = {}
+        self._anonymous_failures: list[Failure] = []
+        self._views: dict[int | None, ViewCommit] = {}
+        self._swaps: dict[tuple[str, str], Swap] = {}
+        self._restores: list[Restore] = []
+        self._spares: list[str] = []
+        self._spare_changes: list[SpareChange] = []
+        self._chaos: list[ChaosInjection] = []
+        self._fenced = 0
+        self._rejections: dict[str, int] = {}
+        self._final: tuple[int, JobFinished] | None = None  # (rank order, fact) of training_finished
+        self._job_failed: JobFailed | None = None
+        self._unknown: dict[str, None] = {}
+
+    def feed(self, record: Record) -> Fact | None:
+        """Fold one record in; returns the fact it stated (None: an event kept as a name only)."""
+        if not isinstance(record, dict):
+            return None
+        self._events += 1
+        ts = as_float(record.get("ts"))
+        if ts is not None:
+            self._start_ts = ts if self._start_ts is None else min(self._start_ts, ts)
+            self._end_ts = ts if self._end_ts is None else max(self._end_ts, ts)
+        learn_seats(self.seats, record)
+        fact = parse(record, self.seats)
+        match fact:
+            case None:
+                self._unknown.setdefault(as_str(record.get("event")) or UNKNOWN, None)
+            case CoordinatorStarted():
+                pass
+            case StepDone():
+                self._on_step(fact)
+            case Failure():
+                self._on_failed(fact)
+            case ViewCommit():
+                self._on_view(fact)
+            case Restore():
+                self._restores.append(fact)
+            case Swap():
+                self._on_swap(fact)
+            case MemberJoined():
+                if fact.spare and fact.member and fact.member not in self._spares:
+                    self._set_spares(fact.ts, Event.MEMBER_JOINED, fact.member, [*self._spares, fact.member])
+            case SpareLost():
+                self._on_spare_lost(fact)
+            case ChaosInjection():
+                self._chaos.append(fact)
+            case Fenced():
+                self._fenced += 1
+            case Rejection():
+                self._rejections[fact.reason] = self._rejections.get(fact.reason, 0) + 1
+            case JobFinished():
+                # Every rank may write one; the lowest rank's latest record speaks for the job.
+                rank = fact.rank if fact.rank is not None and fact.rank >= 0 else NO_RANK
+                if self._final is None or rank <= self._final[0]:
+                    self._final = (rank, fact)
+            case JobFailed():
+                if self._job_failed is None:
+                    self._job_failed = fact
+        return fact
+
+    def _set_spares(self, ts: float | None, cause: str, member: str, spares: list[str]) -> None:
+        if spares != self._spares:
+            self._spares = spares
+            self._spare_changes.append(SpareChange(ts, cause, member, len(spares)))
+
+    def _on_step(self, fact: StepDone) -> None:
+        if fact.step is None or fact.step < 0:
+            return
+        key = (fact.epoch, fact.step)
+        self._step_runs.add(key)
+        if fact.ts is not None and (key not in self._best or fact.order < self._best[key].order):
+            self._best[key] = fact
+
+    def _on_failed(self, fact: Failure) -> None:
+        if not fact.member:
+            self._anonymous_failures.append(fact)
+        else:
+            self._failures.setdefault(fact.member, fact)
+        if fact.member and fact.member in self._spares:
+            self._set_spares(fact.ts, Event.MEMBER_FAILED, fact.member, [m for m in self._spares if m != fact.member])
+
+    def _on_view(self, fact: ViewCommit) -> None:
+        if fact.epoch in self._views:
+            return
+        self._views[fact.epoch] = fact
+        if fact.spares is not None:
+            self._set_spares(fact.ts, Event.VIEW_COMMITTED, "", list(fact.spares))
+
+    def _on_swap(self, fact: Swap) -> None:
+        if fact.old_member or fact.new_member:
+            self._swaps.setdefault((fact.old_member, fact.new_member), fact)
+        else:
+            self._swaps[(f"?{len(self._swaps)}", "")] = fact
+
+    def _on_spare_lost(self, fact: SpareLost) -> None:
+        if fact.member in self._spares:
+            self._set_spares(fact.ts, Event.SPARE_LOST, fact.member, [m for m in self._spares if m != fact.member])
+        elif self._spares:  # unnamed: the pool shrank by one, whoever it was
+            self._set_spares(fact.ts, Event.SPARE_LOST, fact.member, self._spares[1:])
+
+    def _seated(self, rank: int | None, member: str) -> int | None:
+        return self.seats.get(member) if rank is None else rank
+
+    def summary(self) -> Summary:
+        """The summary of what was fed so far (feeding may go on)."""
+        steps = {step for _, step in self._step_runs}
+        failures = sorted([*self._failures.values(), *self._anonymous_failures], key=_ts_key)
+        final = self._final[1] if self._final else None
+        return Summary(
+            events=self._events,
+            start_ts=self._start_ts,
+            end_ts=self._end_ts,
+            steps_finished=len(steps),
+            last_step=max(steps) if steps else None,
+            replayed_steps=len(self._step_runs) - len(steps),
+            failures=tuple(dataclasses.replace(f, rank=self._seated(f.rank, f.member)) for f in failures),
+            views=tuple(self._views.values()),
+            swaps=tuple(self._swaps.values()),
+            restores=tuple(self._restores),
+            spare_changes=tuple(self._spare_changes),
+            chaos=tuple(dataclasses.replace(c, rank=self._seated(c.rank, c.member)) for c in self._chaos),
+            fenced=self._fenced,
+            rejected=sum(self._rejections.values()),
+            finished=final is not None,
+            final_step=final.step if final else None,
+            final_digest=(final.digest or None) if final else None,
+            job_failed=(self._job_failed.reason or "(no reason given)") if self._job_failed else None,
+            unknown_events=tuple(self._unknown),
+            rejections=tuple(sorted(self._rejections.items())),
+            steps=tuple(sorted(self._best.values(), key=lambda p: p.ts or 0.0)),
+            job_failed_ts=self._job_failed.ts if self._job_failed else None,
+        )
+
+
+# ---------------------------------------------------------------------------
+# Order, seats and defensive field access
+
+
+def ordered(events: Iterable[Record]) -> list[tuple[float | None, Record]]:
+    """Records with their timestamp, sorted by time (stably, so ties keep file order).
+
+    Lines from several hosts may be slightly out of order in the file.  A record
+    without a usable ``ts`` keeps its place after the record before it.
+    """
+    out: list[tuple[float, int, float | None, Record]] = []
+    last = -math.inf
+    for index, record in enumerate(events):
+        if not isinstance(record, dict):
+            continue
+        ts = as_float(record.get("ts"))
+        if ts is not None:
+            last = ts
+        out.append((ts if ts is not None else last, index, ts, record))
+    out.sort(key=lambda item: (item[0], item[1]))
+    return [(ts, record) for _, _, ts, record in out]
+
+
+def subject(r: Record, prefix: str, seats: Mapping[str, int]) -> tuple[str, int | None]:
+    """The member an event is about, and its seat.
+
+    A writer may name the member it reports on in ``{prefix}_member`` (the
+    coordinator reporting a death); otherwise the event is about the writer
+    itself.  When the record gives no seat for that member, the seat it was
+    seen in elsewhere in the file is used.
+    """
+    named = as_str(r.get(f"{prefix}_member"))
+    member = named or as_str(r.get("member"))
+    rank = as_int(r.get(f"{prefix}_rank"))
+    if rank is None and (not named or named == as_str(r.get("member"))):
+        rank = as_int(r.get("rank"))
+    if rank is None or rank < 0:
+        rank = seats.get(member)
+    return member, rank
+
+
+def learn_seats(seats: dict[str, int], r: Record) -> None:
+    """Add the member -> seat pairs one record shows (a committed view, a worker's step line).
+
+    Member ids are never reused and a member keeps its seat once adopted, so
+    the first seat seen for a member is its seat for the whole file.
+    """
+    event = event_of(r)
+    if event is Event.VIEW_COMMITTED and isinstance(r.get("seats"), list):
+        for seat, member in enumerate(r["seats"]):
+            seats.setdefault(as_str(member), seat)
+    elif event is Event.STEP_FINISHED:
+        rank = as_int(r.get("rank"))
+        if rank is not None and rank >= 0 and as_str(r.get("member")):
+            seats.setdefault(as_str(r.get("member")), rank)
+
+
+def seat_map(ordered_events: Iterable[tuple[float | None, Record]]) -> dict[str, int]:
+    """Member id -> the seat it sat in, over a whole (time-ordered) file."""
+    seats: dict[str, int] = {}
+    for _, r in ordered_events:
+        learn_seats(seats, r)
+    return seats
+
+
+def as_str(value: Any) -> str:
+    """A field as text ("" when absent)."""
+    return value if isinstance(value, str) else ("" if value is None else str(value))
+
+
+def as_int(value: Any) -> int | None:
+    """A field as an integer (None when absent or not one)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
+
+
+def as_float(value: Any) -> float | None:
+    """A field as a finite number (None when absent, not a number, NaN or infinite)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        result = float(value)
+    except ValueError:
+        return None
+    return result if math.isfinite(result) else None
+
+
+def as_str_list(value: Any) -> list[str]:
+    """A list field as texts ([] when it is not a list)."""
+    return [as_str(v) for v in value] if isinstance(value, list) else []
+
+
+def _ts_key(item: Failure) -> float:
+    return item.ts if item.ts is not None else math.inf

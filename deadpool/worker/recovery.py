@@ -1,0 +1,293 @@
+"""How a worker takes (or retakes) its seat: wait for one, answer Prepares, adopt the committed view.
+
+Adopting a view restores the seat's state of the view's resume step (from the
+local snapshot, the buddy's copy or the disk checkpoint), rebuilds the process
+group, completes the replicated region with one all-gather, and captures the
+restored state as the seat's first snapshot under the new view.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from deadpool.actors.handoff import Command, Fetch, Handoff, PrepareReady, Progress
+from deadpool.chaos import ChaosPoint
+from deadpool.config import WorkerEnv
+from deadpool.errors import ActorStopped, CollectiveAborted, JobStopped, RestoreFailed, WaitTimeout
+from deadpool.events.catalogue import Event
+from deadpool.events.log import EventLog
+from deadpool.protocol.messages import CollectiveFailed, CommitView, Fenced, Prepare, Recovered, Role, Stop
+from deadpool.protocol.view import View
+from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
+from deadpool.snapshot.checkpoint import load as checkpoint_load
+from deadpool.snapshot.statetree import Manifest, expand, materialize, replicated_slice
+from deadpool.snapshot.store import SnapshotStore
+from deadpool.worker.collective import GroupCollectives
+from deadpool.worker.exit import exit_fenced
+from deadpool.worker.faults import FaultInjector
+from deadpool.worker.step import StepState
+from deadpool.worker.zero import ZeroShard
+
+SPARE_WAIT_S = 7 * 24 * 3600.0  # a spare may wait this long for a seat (the job's life, in practice)
+
+Restored = tuple[Manifest, torch.Tensor]  # a seat's snapshot: its manifest and the arena it describes
+
+
+class Recovery:
+    """The seat-taking half of a worker's runtime; the step loop calls it at step boundaries."""
+
+    def __init__(
+        self,
+        env: WorkerEnv,
+        state: StepState,
+        handoff: Handoff,
+        progress: Progress,
+        events: EventLog,
+        snapshots: SnapshotStore,
+        disk: DiskCheckpointer,
+        collectives: GroupCollectives,
+        faults: FaultInjector,
+        capture: Callable[[int, View, int], None],
+        load: Callable[[dict[str, Any]], None],
+        zero_shards: Sequence[ZeroShard],
+    ) -> None:
+        self._env = env
+        self._config = env.config
+        self._state = state
+        self._handoff = handoff
+        self._progress = progress
+        self._events = events
+        self._snapshots = snapshots
+        self._disk = disk
+        self._collectives = collectives
+        self._faults = faults
+        self._capture = capture  # (step, view, seat): snapshot the live state as the seat's of that step
+        self._load = load  # the tracked objects and RNGs take a materialized state
+        self._zero_shards = zero_shards
+        self._recovering_epoch = 0  # epoch whose first finished step is reported as Recovered
+        self._fetch_s = 0.0
+
+    def set_view(self, view: View) -> None:
+        """Sit in `view` without touching the group (a view that keeps the store prefix: spares changed)."""
+        state = self._state
+        state.view = view
+        seat = view.seat_of(self._env.member)
+        state.rank = -1 if seat is None else seat
+        self._progress.epoch = view.epoch
+        self._events.epoch, self._events.rank = view.epoch, state.rank
+
+    def step_finished(self, step: int) -> None:
+        """A good step ended: the first one after an adoption tells the coordinator the job recovered."""
+        epoch = self._state.epoch
+        if self._recovering_epoch and self._recovering_epoch <= epoch:  # later spare-only views count too
+            self._recovering_epoch = 0
+            self._handoff.post(Recovered(self._env.member, epoch, step, time.time()))
+
+    # -- waiting ------------------------------------------------------------------------------
+
+    def wait_for_seat(self) -> int | None:
+        """Block until this member has a seat (first view, or adoption); returns the first step.
+
+        None: this spare was never needed and the job finished.
+
+        Raises:
+            JobStopped: the coordinator ended the job.
+            WaitTimeout: an active member got no first view within ``startup_timeout``.
+        """
+        started = time.monotonic()
+        spare = self._env.role == Role.SPARE
+        bound = SPARE_WAIT_S if spare else self._config.startup_timeout
+        while True:
+            wait = self._faults.spare_point(time.monotonic() - started, 1.0) if spare else 1.0
+            if time.monotonic() - started > bound:
+                raise WaitTimeout(
+                    f"no seat assigned within {bound:.0f}s: the coordinator at "
+                    f"{self._env.coordinator} never formed the first view. "
+                    "Check that all ranks were started and can reach it."
+                )
+            try:
+                command = self._handoff.take(wait, "waiting for a seat")
+            except WaitTimeout:
+                continue
+            if isinstance(command, Stop):
+                if command.ok and self._state.rank < 0:
+                    self._events.emit(Event.SPARE_RELEASED, reason=command.reason)
+                    return None
+                raise JobStopped(command.reason)
+            if isinstance(command, Fenced):
+                exit_fenced(self._events, self._env.member, command)
+            if isinstance(command, CommitView) and command.view.seat_of(self._env.member) is not None:
+                first = self._adopt_with_retry(command.view)
+                # Seated but interrupted (another failure during this swap): answer the next Prepare like
+                # any survivor, from the snapshot the adoption already took.
+                return first if first is not None else self.recover()
+
+    def recover(self, pending: Command | None = None) -> int:
+        """Pause at the boundary, answer Prepares, adopt the committed view; returns the next step.
+
+        Raises:
+            JobStopped: the coordinator ended the job.
+            WaitTimeout: no committed view came within ``view_timeout``.
+        """
+        state = self._state
+        self._snapshots.wait_copy(self._config.copy_timeout)
+        if state.poison is not None:
+            self._events.emit(Event.PAUSED, epoch=state.epoch, rank=state.rank, step=state.step, reason=state.poison)
+        acked = 0
+        while True:
+            command = pending if pending is not None else self._handoff.take(
+                self._config.view_timeout, f"paused after step {state.step} waiting for the view change"
+            )
+            pending = None
+            if isinstance(command, Stop):
+                raise JobStopped(command.reason)
+            if isinstance(command, Fenced):
+                exit_fenced(self._events, self._env.member, command)
+            if isinstance(command, Prepare) and command.epoch >= acked:
+                acked = command.epoch
+                self._snapshots.wait_copy(self._config.copy_timeout)
+                world = state.view.world_size if state.view else self._env.world_size
+                disk = complete_steps(self._disk.root, world) if self._disk.enabled else []
+                # The snapshot actor adds the ward copies it holds and sends the PrepareAck.
+                self._handoff.post(PrepareReady(command.epoch, self._progress.step,
+                                                self._snapshots.complete_steps(), disk))
+            elif isinstance(command, CommitView) and command.view.epoch > state.epoch:
+                if command.view.seat_of(self._env.member) is None:
+                    exit_fenced(self._events, self._env.member,
+                                Fenced(self._env.member, command.view.epoch, "not seated in the committed view"))
+                if state.view is not None and command.view.store_prefix == state.view.store_prefix:
+                    self.set_view(command.view)
+                    continue
+                first = self._adopt_with_retry(command.view)
+                if first is not None:
+                    return first
+
+    # -- adopting a view ----------------------------------------------------------------------
+
+    def _adopt_with_retry(self, view: View) -> int | None:
+        try:
+            return self._adopt(view)
+        except (CollectiveAborted, RestoreFailed, WaitTimeout) as err:
+            self._events.emit(Event.ADOPT_FAILED, epoch=view.epoch, error=str(err))
+            self._handoff.post(CollectiveFailed(self._env.member, view.epoch, view.resume_step,
+                                                f"adoption failed: {err}"))
+            return None
+
+    def _adopt(self, view: View) -> int:
+        """Restore the view's resume state, rebuild the group, and return the first step to run.
+
+        Raises:
+            CollectiveAborted: interrupted by a newer view, or the group could not form.
+            RestoreFailed: the snapshot to restore is not available.
+            WaitTimeout: a bounded wait expired.
+        """
+        seat = view.seat_of(self._env.member)
+        assert seat is not None
+        first_view = self._state.view is None and view.resume_step == -1 and seat not in view.restore_from
+        started = time.perf_counter()
+        if not first_view:
+            # Keyed on the first step this member has not finished, not on the step in progress: a
+            # member may pause at the boundary before that step or inside it, depending on how fast
+            # the failure was reported, and the repair is for the same failure either way.
+            self._faults.point(ChaosPoint.RECOVERY, self._progress.step + 1)
+        for shard in self._zero_shards:  # a spare takes the dead seat's partition before loading its shard
+            shard.seat(seat, view.world_size, None)
+        restored: Restored | None = None
+        if first_view:
+            source = "initial"
+        elif view.restores_from_disk(seat):
+            source, restored = "disk", self._restore_from_disk(view.resume_step, seat)
+        elif seat in view.restore_from:
+            source, restored = "buddy", self._restore_from_buddy(view, seat)
+        else:
+            source, restored = "local", self._restore_local(view.resume_step)
+        fetched = time.perf_counter()
+        self._collectives.rebuild(view, seat)
+        group_s = time.perf_counter() - fetched
+        nbytes = 0
+        if restored is not None:
+            # Loaded after the group is built: building one may draw from the global RNGs, and the
+            # restored RNG states must survive bit for bit.
+            manifest, arena = restored
+            self._gather_replicated(manifest, arena, seat, view)
+            self._load(materialize(manifest, arena))
+            nbytes = manifest.nbytes
+        # The restored state is this seat's snapshot of resume_step under the new view, taken before the seat
+        # runs a step: the SnapshotActor streams it to the (possibly new) buddy at once, so the seat is
+        # protected before its next step changes anything.  Until then the old snapshots stay (a failure
+        # during this swap finds them, or the buddy's copy, again).
+        self._snapshots.forget_all()
+        self._capture(view.resume_step, view, seat)
+        restore_s = time.perf_counter() - started - group_s
+        for shard in self._zero_shards:
+            shard.seat(seat, view.world_size, self._collectives.group)
+        self.set_view(view)
+        self._state.poison = None
+        self._state.gated_step = -2
+        self._progress.step = view.resume_step
+        if not first_view:
+            self._recovering_epoch = view.epoch
+            self._events.emit(Event.RESTORED, epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
+                              bytes=nbytes, s=round(restore_s, 6), fetch_s=round(self._fetch_s, 6),
+                              group_s=round(group_s, 6))
+        return view.resume_step + 1
+
+    def _restore_local(self, step: int) -> Restored:
+        slot = self._snapshots.find(step)
+        if slot is None:
+            raise RestoreFailed(f"no local snapshot of step {step} (held: {self._snapshots.complete_steps()})")
+        return self._snapshots.restore_arena(slot)
+
+    def _restore_from_disk(self, step: int, seat: int) -> Restored:
+        try:
+            return checkpoint_load(self._config.checkpoint_dir, step, seat)
+        except LookupError as err:  # the checkpoint layer's "not there / not this seat's"
+            raise RestoreFailed(str(err)) from err
+
+    def _restore_from_buddy(self, view: View, seat: int) -> Restored:
+        source = view.restore_from[seat]
+        what = f"fetching seat {seat}'s snapshot of step {view.resume_step} from {source}"
+        fetch_started = time.perf_counter()
+        future: concurrent.futures.Future[tuple[Manifest, list[memoryview]]] = concurrent.futures.Future()
+        future.add_done_callback(lambda _: self._handoff.wake())
+        self._handoff.post(Fetch(seat, view.resume_step, source, future))
+        if not self._handoff.wait_until(future.done, view.epoch, self._config.restore_timeout, what):
+            raise CollectiveAborted("restore", "interrupted by a newer view", interrupted=True)
+        try:
+            manifest, frames = future.result()
+        except ActorStopped as err:
+            raise RestoreFailed(f"{what}: {err}") from err
+        self._fetch_s = time.perf_counter() - fetch_started
+        try:
+            # What the snapshot holds: the seat's own state, then its slice of the replicated region,
+            # which the gather completes.
+            return manifest, expand(manifest, frames, seat, view.world_size)
+        except LookupError as err:  # the frames do not add up to what the manifest says the seat holds
+            raise RestoreFailed(f"{err} (from {source})") from err
+
+    def _gather_replicated(self, manifest: Manifest, arena: torch.Tensor, seat: int, view: View) -> None:
+        """Complete a restored arena: every seat's snapshot holds only its slice of the replicated region.
+
+        One all-gather on the new group: each seat sends its slice (from its own snapshot, or, for a
+        swapped-in seat, from the buddy's copy) and receives every other seat's, all of the same step.
+
+        Raises:
+            RestoreFailed: the snapshot's replicated region does not split into this job's slices.
+            CollectiveAborted: a peer failed or a newer view interrupted the gather.
+        """
+        world = view.world_size
+        if not manifest.replicated or world < 2:
+            return
+        if manifest.replicated % world:
+            raise RestoreFailed(f"snapshot of step {view.resume_step}: its replicated region "
+                                f"({manifest.replicated} bytes) does not split into {world} slices")
+        first, last = replicated_slice(manifest, seat, world)
+        chunk, start = last - first, manifest.replicated_at
+        slices = [arena[start + i * chunk : start + (i + 1) * chunk] for i in range(world)]
+        self._collectives.allgather(slices, arena[first:last].clone(),
+                                    f"gathering the replicated state of step {view.resume_step}", view.epoch)

@@ -1,0 +1,170 @@
+"""MembershipActor in one process: which coordinator messages it takes, in which order it hands them on,
+and how its inbox keeps the compute thread's messages (and drain markers) in order and never drops one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from deadpool.actors.handoff import Handoff
+from deadpool.actors.inbox import Drain, Inbound, Outbound, ViewChanged
+from deadpool.actors.membership import MembershipActor
+from deadpool.events.log import EventLog
+from deadpool.protocol import codec
+from deadpool.protocol.messages import (
+    CommitView,
+    Fenced,
+    Finished,
+    Message,
+    Prepare,
+    Recovered,
+    Role,
+    Stop,
+)
+from deadpool.protocol.transport import Frame
+from deadpool.protocol.view import View
+
+pytestmark = pytest.mark.timeout(20)
+
+ME, COORDINATOR = "m1", "inproc://coordinator"
+
+
+def _view(epoch: int) -> View:
+    return View(epoch, ["m0", ME], [], -1, f"epoch-{epoch}", "127.0.0.1:1", {}, {}, [1, 0], {})
+
+
+class GatedTransport:
+    """Records what is sent to the coordinator; while `gate` is clear, sends wait (a slow link)."""
+
+    address = "inproc://m1"
+
+    def __init__(self) -> None:
+        self.sent: list[Message] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def send(self, address: str, frames: Sequence[Frame], timeout: float) -> None:
+        assert address == COORDINATOR
+        await self.gate.wait()
+        message = codec.decode(bytes(frames[0]), None)
+        assert not isinstance(message, codec.DecodeError)
+        self.sent.append(message)
+
+
+class Member:
+    def __init__(self) -> None:
+        self.transport = GatedTransport()
+        self.handoff = Handoff()
+        self.events = EventLog(None, member=ME)
+        self.events.records = []
+        self.to_snapshots: list[ViewChanged] = []
+        self.order: list[str] = []  # what reached the snapshot side and the compute thread, in order
+        original = self.handoff.deliver
+
+        def deliver(command: Any) -> None:
+            self.order.append(f"compute:{type(command).__name__}")
+            original(command)
+
+        self.handoff.deliver = deliver  # type: ignore[method-assign]
+
+        def to_snapshots(item: ViewChanged) -> None:
+            self.order.append(f"snapshots:{item.view.epoch}")
+            self.to_snapshots.append(item)
+
+        self.actor = MembershipActor(ME, COORDINATOR, self.transport, self.handoff, self.events,  # type: ignore[arg-type]
+                                     to_snapshots, None, 1.0, asyncio.Event(), asyncio.Event(),
+                                     (Role.ACTIVE, "h0", 101, "inproc://m1", "inproc://m1-bulk"))
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.actor.run())
+
+    def rejected(self) -> list[str]:
+        assert self.events.records is not None
+        return [r["reason"] for r in self.events.records if r["event"] == "rejected"]
+
+
+@pytest_asyncio.fixture
+async def member() -> AsyncIterator[Member]:
+    m = Member()
+    yield m
+    if m.task is not None:
+        m.task.cancel()
+        await asyncio.gather(m.task, return_exceptions=True)
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.002)
+
+
+async def test_a_newer_view_reaches_the_snapshot_actor_before_the_compute_thread(member: Member) -> None:
+    member.start()
+    await member.actor.inbox.put(Inbound(CommitView(_view(2))))
+    await until(lambda: member.handoff.poll() is not None)
+    assert member.order == ["snapshots:2", "compute:CommitView"], (
+        "a snapshot taken in the new view must never reach the snapshot actor before the view itself")
+    assert member.actor.view == _view(2)
+
+
+async def test_stale_views_and_prepares_are_refused_and_logged(member: Member) -> None:
+    member.start()
+    for message in (CommitView(_view(3)), CommitView(_view(3)), CommitView(_view(2)), Prepare(3, [0], "old"),
+                    Prepare(4, [0], "m0 died")):
+        await member.actor.inbox.put(Inbound(message))
+    await until(lambda: len(member.order) >= 3 and len(member.rejected()) == 3)
+    assert member.rejected() == ["stale_view", "stale_view", "stale_prepare"]
+    assert member.order == ["snapshots:3", "compute:CommitView", "compute:Prepare"]
+    assert [v.view.epoch for v in member.to_snapshots] == [3]
+
+
+async def test_a_fence_for_someone_else_is_refused_and_ours_silences_the_member(member: Member) -> None:
+    member.start()
+    await member.actor.inbox.put(Inbound(Fenced("m0", 2, "declared dead")))
+    await until(lambda: member.rejected() == ["misaddressed"])
+    assert member.handoff.terminal is None
+    await member.actor.inbox.put(Inbound(Fenced(ME, 2, "missed heartbeats")))
+    await until(lambda: member.handoff.terminal is not None)
+    member.actor.inbox.post(Outbound(Recovered(ME, 2, 7, 0.0)))
+    done: list[bool] = []
+    member.actor.inbox.post(Drain(lambda: done.append(True)))
+    await until(lambda: bool(done))
+    assert member.transport.sent == [], "a fenced member sends nothing more"
+
+
+async def test_a_drain_marker_runs_only_after_every_earlier_message_was_handed_to_the_transport(
+    member: Member,
+) -> None:
+    member.transport.gate.clear()  # the first send waits
+    member.start()
+    reports = [Recovered(ME, 1, step, 0.0) for step in range(3)]
+    for report in reports:
+        member.actor.inbox.post(Outbound(report))
+    done: list[bool] = []
+    member.actor.inbox.post(Drain(lambda: done.append(True)))
+    await asyncio.sleep(0.05)
+    assert not done, "the marker passed a message that was not sent yet"
+    member.transport.gate.set()
+    await until(lambda: bool(done))
+    assert member.transport.sent == reports
+
+
+async def test_the_compute_threads_messages_are_not_dropped_or_delayed_behind_a_full_peer_lane(
+    member: Member,
+) -> None:
+    flood = [Inbound(Stop(True, f"noise {n}")) for n in range(256)]  # what a coordinator could queue up
+    for item in flood:
+        await member.actor.inbox.put(item)
+    finished = Finished(ME, 1, 1, 39, "ab" * 32)
+    member.actor.inbox.post(Outbound(finished))  # the peer lane is full: this must still be taken
+    member.start()
+    await until(lambda: bool(member.transport.sent))
+    assert member.transport.sent == [finished]
+    await until(lambda: member.actor.inbox.qsize() == (0, 0))
+    assert member.order.count("compute:Stop") == 256

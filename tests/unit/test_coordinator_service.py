@@ -1,0 +1,261 @@
+"""The membership service without sockets: the sans-I/O Coordinator on an injected, virtual clock.
+
+Every call returns what the coordinator wants sent; these tests read those sends
+and the events, and never open a socket or sleep.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from deadpool.config import Config
+from deadpool.coordinator.decisions import Trigger
+from deadpool.coordinator.records import Send
+from deadpool.coordinator.service import Coordinator
+from deadpool.events.catalogue import Event
+from deadpool.events.log import EventLog
+from deadpool.protocol.messages import (
+    AgentHello,
+    CollectiveFailed,
+    CommitView,
+    Fenced,
+    FenceKill,
+    Heartbeat,
+    Join,
+    Message,
+    Prepare,
+    PrepareAck,
+    ProcessExited,
+    Rejoin,
+    Role,
+    Stop,
+    Welcome,
+)
+
+AGENT = "agent-h0"
+
+
+class Job:
+    """A coordinator for `seats` seats, its clock, and everything it sent and logged."""
+
+    def __init__(self, seats: int = 3, spares: int = 1, config: Config | None = None) -> None:
+        self.now = 100.0
+        self.events = EventLog(None, clock=lambda: self.now)
+        self.events.records = []
+        self.coordinator = Coordinator(config or Config(), seats, "store:1", self.events, started=self.now,
+                                       wall_clock=lambda: self.now)
+        self.sent: list[Send] = []
+        self.seats = [f"m{i}" for i in range(seats)]
+        self.spares = [f"s{i}" for i in range(spares)]
+        self.handle(AgentHello(AGENT, "h0", "inproc://agent", {m: 10 + i for i, m in
+                                                                enumerate([*self.seats, *self.spares, "s-late"])}))
+        for member in self.spares:  # spares first: the first view, formed by the last seat's Join, holds them
+            self.handle(join(member, Role.SPARE, -1, seats))
+        for i, member in enumerate(self.seats):
+            self.handle(join(member, Role.ACTIVE, i, seats))
+
+    def handle(self, message: Message) -> list[Send]:
+        sends = self.coordinator.handle(self.now, message)
+        self.sent.extend(sends)
+        return sends
+
+    def tick(self) -> list[Send]:
+        sends = self.coordinator.tick(self.now)
+        self.sent.extend(sends)
+        return sends
+
+    def advance(self, seconds: float, alive: list[str]) -> None:
+        """Let time pass in heartbeat-sized steps, `alive` members beating and the coordinator ticking."""
+        end = self.now + seconds
+        while self.now < end:
+            self.now = min(end, round(self.now + 0.25, 6))
+            for member in alive:
+                self.handle(Heartbeat(member, self.epoch, 5, 5, 4, 0.0, f"inproc://{member}"))
+            self.tick()
+
+    @property
+    def epoch(self) -> int:
+        view = self.coordinator.view
+        return view.epoch if view else 0
+
+    def to(self, address: str, kind: type[Message]) -> list[Any]:
+        return [s.message for s in self.sent if s.address == address and isinstance(s.message, kind)]
+
+    def of(self, event: Event) -> list[dict[str, Any]]:
+        assert self.events.records is not None
+        return [r for r in self.events.records if r["event"] == event]
+
+
+def join(member: str, role: Role, seat: int, world: int) -> Join:
+    return Join(member, role, seat, world if role == Role.ACTIVE else 0, 10, "h0", f"inproc://{member}",
+                f"tcp://h0:{seat}")
+
+
+def ack(member: str, epoch: int, local: list[int], wards: dict[int, list[int]]) -> PrepareAck:
+    return PrepareAck(member, epoch, max(local), local, wards)
+
+
+def test_joins_form_the_first_view_and_every_member_is_welcomed() -> None:
+    job = Job(seats=3, spares=1)
+    view = job.coordinator.view
+    assert view is not None and view.epoch == 1
+    assert view.seats == ["m0", "m1", "m2"] and view.spares == ["s0"]
+    for member in ["m0", "m1", "m2", "s0"]:
+        assert len(job.to(f"inproc://{member}", Welcome)) == 1
+        assert [c.view.epoch for c in job.to(f"inproc://{member}", CommitView)] == [1]
+    committed = job.of(Event.VIEW_COMMITTED)
+    assert len(committed) == 1 and committed[0]["trigger"] == Trigger.FIRST_VIEW
+
+
+def test_no_view_before_every_seat_has_joined() -> None:
+    events = EventLog(None)
+    coordinator = Coordinator(Config(), 3, "store:1", events)
+    for i in (0, 2):
+        sends = coordinator.handle(0.0, join(f"m{i}", Role.ACTIVE, i, 3))
+        assert [type(s.message) for s in sends] == [Welcome]
+    assert coordinator.view is None
+
+
+def test_an_exit_report_fences_the_member_and_prepares_the_survivors() -> None:
+    job = Job(seats=3, spares=1)
+    job.sent.clear()
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    assert "m1" in job.coordinator.fenced
+    failed = job.of(Event.MEMBER_FAILED)
+    assert failed[0]["failed_member"] == "m1" and failed[0]["detected_by"] == "exit"
+    assert job.to("inproc://m1", Fenced)
+    assert not job.to("inproc://agent", FenceKill), "the process is gone: nothing to kill"
+    prepares = {s.address: s.message for s in job.sent if isinstance(s.message, Prepare)}
+    assert set(prepares) == {"inproc://m0", "inproc://m2"}  # survivors only: not the dead seat, not the spare
+    assert all(p.epoch == 2 and p.failed_seats == [1] for p in prepares.values())
+    prepared = job.of(Event.VIEW_PREPARED)
+    assert prepared[0]["trigger"] == Trigger.SEAT_LOST and prepared[0]["replacements"] == {"1": "s0"}
+    assert job.coordinator.view is not None and job.coordinator.view.epoch == 1  # nothing committed yet
+
+
+def test_acks_commit_the_view_with_the_newest_common_step_and_the_spare_seated() -> None:
+    job = Job(seats=3, spares=1)
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    job.sent.clear()
+    # Buddies ring on one host: seat 1's copies live on seat 2.
+    job.handle(ack("m0", 2, [7, 8], {2: [7]}))
+    assert not job.to("inproc://m0", CommitView), "one ack is not all of them"
+    job.handle(ack("m2", 2, [7, 8], {1: [6, 7]}))
+    view = job.coordinator.view
+    assert view is not None and view.epoch == 2
+    assert view.seats == ["m0", "s0", "m2"] and view.spares == []
+    assert view.resume_step == 7 and view.restore_from == {1: "m2"} and view.store_prefix == "epoch-2"
+    assert {s.address for s in job.sent if isinstance(s.message, CommitView)} == {
+        "inproc://m0", "inproc://s0", "inproc://m2"}
+    committed = job.of(Event.VIEW_COMMITTED)[-1]
+    assert committed["failed_seats"] == [1] and committed["trigger"] == Trigger.SEAT_LOST
+    assert job.coordinator.round is None
+
+
+def test_missed_heartbeats_start_a_round() -> None:
+    job = Job(seats=3, spares=1)
+    job.advance(1.5, alive=["m0", "m1", "m2", "s0"])
+    assert not job.of(Event.MEMBER_FAILED)
+    job.sent.clear()
+    job.advance(2.5, alive=["m0", "m2", "s0"])  # m1 goes silent for more than failure_timeout (2 s)
+    failed = job.of(Event.MEMBER_FAILED)
+    assert [f["failed_member"] for f in failed] == ["m1"] and failed[0]["detected_by"] == "heartbeat"
+    assert [k.member for k in job.to("inproc://agent", FenceKill)] == ["m1"]  # a hang becomes a crash
+    assert {s.address for s in job.sent if isinstance(s.message, Prepare)} == {"inproc://m0", "inproc://m2"}
+
+
+def test_stale_epoch_acks_and_unknown_senders_are_rejected() -> None:
+    job = Job(seats=3, spares=1)
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    job.handle(ack("m0", 1, [8], {}))  # answers an older epoch than the round's
+    assert job.coordinator.round is not None and "m0" not in job.coordinator.round.acks
+    sends = job.handle(Heartbeat("ghost", 1, 5, 5, 4, 0.0, "inproc://ghost"))
+    assert [s.message for s in sends] == [Rejoin(1, "ghost")]  # asked to join, not accepted
+    assert "ghost" not in job.coordinator.members
+    before = job.coordinator.members["m1"].last_seen
+    job.now += 1.0
+    sends = job.handle(Heartbeat("m1", 1, 9, 9, 8, 0.0, "inproc://m1"))  # the fenced member, awake again
+    assert [type(s.message) for s in sends] == [Fenced]
+    assert job.coordinator.members["m1"].last_seen == before
+    reasons = [r["reason"] for r in job.of(Event.REJECTED)]
+    assert reasons == ["stale_ack", "unknown_peer", "fenced_peer"]
+
+
+def test_a_collective_failure_with_nobody_dead_rebuilds_after_a_grace() -> None:
+    job = Job(seats=3, spares=1)
+    job.handle(CollectiveFailed("m0", 1, 5, "Connection reset by peer"))
+    job.advance(0.75, alive=["m0", "m1", "m2", "s0"])
+    assert not job.of(Event.VIEW_PREPARED), "within the grace a death may still be found"
+    job.advance(0.5, alive=["m0", "m1", "m2", "s0"])
+    prepared = job.of(Event.VIEW_PREPARED)
+    assert len(prepared) == 1 and prepared[0]["trigger"] == Trigger.BLIND_REBUILD
+    assert prepared[0]["failed_seats"] == []
+
+
+# -- no_spare_policy ------------------------------------------------------------------------------
+
+
+def test_stop_policy_fails_the_job_at_once_when_no_spare_is_left() -> None:
+    job = Job(seats=2, spares=0)
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    outcome = job.coordinator.outcome
+    assert outcome is not None and not outcome[0]
+    assert "rank 1 (m1)" in outcome[1] and "no spare is left" in outcome[1]
+    assert job.of(Event.JOB_FAILED) and not job.of(Event.VIEW_PREPARED)
+    assert job.to("inproc://m0", Stop) and job.to("inproc://agent", Stop)
+
+
+@pytest.fixture
+def waiting() -> Job:
+    job = Job(seats=2, spares=0, config=Config(no_spare_policy="wait", spare_wait_timeout=30.0))
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    return job
+
+
+def test_wait_policy_pauses_the_survivors_and_seats_a_spare_that_joins_later(waiting: Job) -> None:
+    job = waiting
+    assert job.coordinator.outcome is None
+    prepared = job.of(Event.VIEW_PREPARED)
+    assert len(prepared) == 1 and "waiting up to 30s" in prepared[0]["reason"]
+    assert [p.epoch for p in job.to("inproc://m0", Prepare)] == [2]
+    job.handle(ack("m0", 2, [7, 8], {1: [7, 8]}))
+    assert job.coordinator.view is not None and job.coordinator.view.epoch == 1, "no seat for rank 1: no commit"
+
+    job.advance(20.0, alive=["m0"])
+    assert job.coordinator.outcome is None
+    job.handle(join("s-late", Role.SPARE, -1, 2))  # `deadpool launch --nproc 0 --spares 1 --coordinator ...`
+    prepared = job.of(Event.VIEW_PREPARED)[-1]
+    assert prepared["trigger"] == Trigger.SPARE_JOINED and prepared["replacements"] == {"1": "s-late"}
+    assert [p.epoch for p in job.to("inproc://m0", Prepare)] == [2, 3]
+    job.handle(ack("m0", 3, [7, 8], {1: [7, 8]}))
+    view = job.coordinator.view
+    assert view is not None and view.epoch == 3 and view.seats == ["m0", "s-late"]
+    assert view.resume_step == 8 and view.restore_from == {1: "m0"}
+    assert [c.view.epoch for c in job.to("inproc://s-late", CommitView)] == [3]
+    job.advance(40.0, alive=["m0", "s-late"])
+    assert job.coordinator.outcome is None, "the wait ended with the commit"
+
+
+def test_wait_policy_fails_the_job_naming_the_seat_once_the_wait_runs_out(waiting: Job) -> None:
+    job = waiting
+    job.handle(ack("m0", 2, [7, 8], {1: [7, 8]}))
+    job.advance(29.5, alive=["m0"])
+    assert job.coordinator.outcome is None
+    job.advance(1.0, alive=["m0"])
+    outcome = job.coordinator.outcome
+    assert outcome is not None and not outcome[0]
+    assert "rank 1 (m1)" in outcome[1] and "no spare joined within 30s" in outcome[1]
+    assert [r["reason"] for r in job.of(Event.JOB_FAILED)] == [outcome[1]]
+    assert job.to("inproc://m0", Stop)
+
+
+def test_a_spare_that_joins_during_a_round_is_pooled_when_it_commits() -> None:
+    job = Job(seats=3, spares=1)
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    job.handle(join("s-late", Role.SPARE, -1, 3))
+    job.handle(ack("m0", 2, [7, 8], {2: [7]}))
+    job.handle(ack("m2", 2, [7, 8], {1: [6, 7]}))
+    view = job.coordinator.view
+    assert view is not None and view.seats == ["m0", "s0", "m2"] and view.spares == ["s-late"]
