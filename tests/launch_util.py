@@ -43,8 +43,9 @@ def launch(
     script_args: tuple[str, ...] = (),
     timeout: float = 240.0,
     env: dict[str, str] | None = None,
+    script: Path = DEMO,
 ) -> LaunchResult:
-    """Run one job to its end; the timeout bounds the whole test (it never hangs)."""
+    """Run one job to its end (the GPT demo unless `script` names another); the timeout bounds the whole test."""
     events = tmp_path / f"events-{time.monotonic_ns()}.jsonl"
     command = [
         sys.executable,
@@ -54,7 +55,7 @@ def launch(
         "--events",
         str(events),
         *launch_args,
-        str(DEMO),
+        str(script),
         "--steps",
         str(steps),
         *script_args,
