@@ -140,7 +140,8 @@ def measure(systems: set[str], repeat: int, root: Path) -> tuple[list[dict[str, 
             plan.append(("TorchFT", False, lambda w: run_torchft_baseline(STEPS, None, None, w)))
             plan.append(("TorchFT", True, lambda w: run_torchft_baseline(STEPS, KILL_RANK, KILL_STEP, w)))
         except ImportError as err:
-            notes.append(f"TorchFT: not measured: it does not import here ({err})")
+            notes.append(f"TorchFT: not measured: it does not import here ({err}); "
+                         'install it with python3 -m pip install -e ".[bench]" -c constraints.txt')
     for rep in range(repeat):
         for index, (name, kill, run) in enumerate(plan):
             workdir = root / f"{rep}-{index}"

@@ -13,7 +13,9 @@ Grammar: ``ACTION:KEY=VALUE[:KEY=VALUE...]`` with
 - ``at=`` where inside the step: ``boundary`` (default: before step N starts),
   ``backward`` (during step N's backward pass) or ``allreduce`` (after step N's
   gradient all-reduce was issued, while it is in flight) or ``broadcast``
-  (a ZeRO optimizer's parameter broadcast of step N in flight) or ``recovery``
+  (a ZeRO optimizer's parameter broadcast of step N in flight) or
+  ``usercollective`` (the script's first own collective of step N on the
+  default group, e.g. its ``dist.all_reduce``, in flight) or ``recovery``
   (while adopting the view that repairs a failure hit during step N: a failure
   during a swap in progress)
 
@@ -50,6 +52,7 @@ class ChaosPoint(enum.StrEnum):
     BACKWARD = "backward"
     ALLREDUCE = "allreduce"
     BROADCAST = "broadcast"
+    USER_COLLECTIVE = "usercollective"  # the script's own collective on the default group (worker/groups.py)
     RECOVERY = "recovery"
 
 
@@ -113,6 +116,28 @@ def parse(spec: str) -> ChaosSpec:
     if parsed.spare >= 0 and parsed.after < 0:
         raise MisuseError(f"chaos spec {spec!r}: a spare's failure needs after=SECONDS ({example})")
     return parsed
+
+
+def unreachable(spec: ChaosSpec, world: int | None, spares: int, steps: int | None) -> tuple[str, str]:
+    """Why `spec` can never fire in a launch: (refusal, warning), "" for none.
+
+    `world` is the job's seat count (None when unknown: a launch that only adds spares),
+    `spares` the launch's ``--spares`` (a spare index counts on its own host), and `steps`
+    the script's step count when the launcher can see it (``--steps N`` in its arguments).
+    A rank or spare beyond what is started is certain; a step beyond the end is only as sure
+    as that argument, so it is a warning.
+    """
+    if spec.rank >= 0 and world is not None and spec.rank >= world:
+        return (f"chaos spec {str(spec)!r} names rank {spec.rank}, but the world has {world} seat(s) "
+                f"(ranks 0..{world - 1}): it could never fire"), ""
+    if spec.spare >= 0 and spec.spare >= spares:
+        return (f"chaos spec {str(spec)!r} names spare {spec.spare}, but this launch starts {spares} spare(s) "
+                f"(--spares {spares}; spares are numbered from 0 on each host): it could never fire"), ""
+    if spec.rank >= 0 and steps is not None and spec.step >= steps:
+        return "", (f"chaos spec {str(spec)!r} fires at step {spec.step}, but the script's arguments say --steps "
+                    f"{steps} (steps 0..{steps - 1}): it will not fire if that is the step count (the launcher "
+                    "sees only the script's arguments, not its loop)")
+    return "", ""
 
 
 def parse_all(text: str) -> list[ChaosSpec]:

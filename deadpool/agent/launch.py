@@ -23,6 +23,7 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deadpool.agent import jobfile, progress
-from deadpool.chaos import SIGNALS, ChaosAction
+from deadpool.agent import determinism, jobfile, progress
+from deadpool.chaos import SIGNALS, ChaosAction, ChaosSpec, unreachable
 from deadpool.chaos import parse as parse_chaos
 from deadpool.config import Config, raise_priority
 from deadpool.errors import MisuseError
@@ -66,6 +67,39 @@ STEADY_HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHO
 def steady_heap_env(environ: dict[str, str]) -> dict[str, str]:
     """`STEADY_HEAP_ENV`, unless `environ` already sets either variable (the user's choice wins)."""
     return {} if any(name in environ for name in STEADY_HEAP_ENV) else dict(STEADY_HEAP_ENV)
+
+
+async def _exited(pid: int) -> None:
+    """Return once process `pid` has ended (its pidfd becomes readable), without waiting for its pipes."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd here (or already reaped): a slow poll instead
+        while _alive(pid):
+            await asyncio.sleep(0.1)
+        return
+    loop = asyncio.get_running_loop()
+    ended: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, _set_once, ended)
+    try:
+        await ended
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass
@@ -113,6 +147,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=-1,
                         help="the coordinator serves Prometheus metrics on 127.0.0.1:PORT (0: any free port)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line (steps, tokens/s, spares)")
+    parser.add_argument("--check-determinism", action="store_true",
+                        help="run the script failure-free twice and once with a kill (--chaos, or rank 1 killed "
+                             "half-way through --steps), and report the first tracked object or RNG that differs")
     parser.add_argument("script", help="training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -149,8 +186,50 @@ def validate(args: argparse.Namespace) -> None:
         raise MisuseError(f"--shm-dir {shm_dir!r} is not a directory (give \"\" to send buddy copies over TCP)")
     if not Path(args.script).is_file():
         raise MisuseError(f"training script {args.script!r} does not exist")
-    for spec in args.chaos:
-        parse_chaos(spec)
+    refusals, warnings = check_launch(args.nnodes * args.nproc if args.nproc else None, args.spares,
+                                      [parse_chaos(spec) for spec in args.chaos], args.script_args,
+                                      args.checkpoint_every)
+    if refusals:
+        raise MisuseError("; ".join(refusals))
+    for warning in warnings:
+        print(f"deadpool launch: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def visible_steps(script_args: list[str]) -> int | None:
+    """The script's step count if its arguments show it (``--steps N`` or ``--steps=N``), else None."""
+    found = None
+    for i, arg in enumerate(script_args):
+        value = script_args[i + 1] if arg == "--steps" and i + 1 < len(script_args) else None
+        if arg.startswith("--steps="):
+            value = arg.partition("=")[2]
+        if value is not None and value.isdigit():
+            found = int(value)  # the last one wins, as with argparse
+    return found
+
+
+def check_launch(world: int | None, spares: int, specs: list[ChaosSpec], script_args: list[str],
+                 checkpoint_every: int) -> tuple[list[str], list[str]]:
+    """What a launch can never do as asked: (refusals, warnings), each a sentence naming the fix.
+
+    `world` is nnodes x nproc (None for a launch that only adds spares to a running job).
+    A world of one with spares and no disk checkpoint is refused: its one seat is its own
+    buddy, so its snapshot dies with it and a spare could never restore anything.
+    """
+    refusals: list[str] = []
+    warnings: list[str] = []
+    if world == 1 and spares > 0 and checkpoint_every <= 0:
+        refusals.append(
+            f"--spares {spares} with a world of one seat and no disk checkpoint: the seat's in-memory snapshot "
+            "has no buddy on another process and dies with it, so a spare could never restore anything. "
+            "Use --nproc 2 or more, add --checkpoint-dir DIR --checkpoint-every N, or drop --spares")
+    steps = visible_steps(script_args)
+    for spec in specs:
+        refusal, warning = unreachable(spec, world, spares, steps)
+        if refusal:
+            refusals.append(refusal)
+        if warning:
+            warnings.append(warning)
+    return refusals, warnings
 
 
 def _is_loopback(host: str) -> bool:
@@ -466,7 +545,11 @@ class Launcher:
 
     async def _watch(self, worker: Worker) -> None:
         """Report a worker's exit to the coordinator at once: the fastest failure signal."""
-        code = await worker.proc.wait()
+        # Not proc.wait(): it also waits for the output pipe to close, and a child of the worker that
+        # inherited it (a DataLoader worker) holds it for seconds after the worker was killed.
+        await _exited(worker.proc.pid)
+        while (code := worker.proc.returncode) is None:  # the child watcher reaps it right after
+            await asyncio.sleep(0.01)
         worker.returncode = code
         self._remove_shm_files(worker)
         if self.transport is None or self.stop is not None or self.coordinator_gone:
@@ -522,7 +605,7 @@ def summarize(events_path: str) -> list[str]:
                 lines.append(f"  swap: rank {swap.rank} back in {swap.recovery_s} s "
                              f"(failure to first finished step; {swap.old_member} -> {swap.new_member})")
             case summary.JobFailed() as failed:
-                lines.append(f"  job failed: {failed.reason}")
+                lines.extend(_failure_lines(failed.reason, record))
             case summary.JobFinished() as finished:
                 digest = finished.digest
     if digest is not None:
@@ -530,10 +613,37 @@ def summarize(events_path: str) -> list[str]:
     return lines
 
 
+def _failure_lines(reason: str, record: dict[str, Any]) -> list[str]:
+    """The summary's lines for a job_failed event: the reason; for a script's error, its traceback too."""
+    detail, trace = record.get("detail"), record.get("traceback")
+    if reason != "user_error" or not isinstance(detail, str):
+        return [f"  job failed: {reason}"]
+    lines = [f"  job failed (user_error): {detail}"]
+    if isinstance(trace, str) and trace:
+        lines.append(f"  traceback of {record.get('raised_by', '?')} (rank {record.get('rank', -1)}):")
+        lines.extend(f"    {line}" for line in trace.rstrip("\n").splitlines())
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``deadpool launch``; returns the process exit code."""
     validate(args)
     raise_priority()
+    if getattr(args, "check_determinism", False):
+        return determinism.check(args, visible_steps(args.script_args), launch_in_child)
+    return launch_once(args)[0]
+
+
+def launch_in_child(args: argparse.Namespace) -> tuple[int, str]:
+    """`launch_once` in a fresh interpreter (one per --check-determinism run: nothing carried over)."""
+    child = ("import argparse, json, sys\nfrom deadpool.agent.launch import launch_once\n"
+             "sys.exit(launch_once(argparse.Namespace(**json.loads(sys.argv[1])))[0])")
+    proc = subprocess.run([sys.executable, "-c", child, json.dumps(vars(args))], check=False)
+    return proc.returncode, args.events
+
+
+def launch_once(args: argparse.Namespace) -> tuple[int, str]:
+    """Run this host's part of one job to its end and print its summary; returns (exit code, events file)."""
     launcher = Launcher(args)
     code = asyncio.run(launcher.run())
     summary = summarize(launcher.events_path)
@@ -541,5 +651,4 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     for line in summary:
         print(line, flush=True)
-    return code
-
+    return code, launcher.events_path

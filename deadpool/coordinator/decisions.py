@@ -46,6 +46,23 @@ class NoSpare(enum.StrEnum):
     STOP = "stop"  # fail the job
 
 
+class Raised(enum.StrEnum):
+    """What to do about an exception a training script raised (`user_exception`)."""
+
+    SWAP = "swap"  # the first of its kind: treat it as the member's failure and replace it once
+    STOP = "stop"  # it repeats in another process at the same step: the script's own error, stop the job
+
+
+@dataclass(frozen=True, slots=True)
+class RaisedError:
+    """One exception a member reported (a ``UserException``), as the coordinator remembers it."""
+
+    member: str  # who raised it
+    seat: int  # its seat then (-1: a spare)
+    step: int  # the step in progress (-1: before the first step)
+    kind: str  # the exception's type name
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshots:
     """What one survivor reported in its PrepareAck."""
@@ -199,6 +216,31 @@ def no_spare(
         f"{lost} failed and no spare is left to take the seat ({why}). "
         f"The other ranks' state is intact in memory but the job cannot continue at world size "
         f"{world_size}. Relaunch with more --spares (or from a disk checkpoint).")
+
+
+def user_exception(earlier: Sequence[RaisedError], new: RaisedError) -> tuple[Raised, str]:
+    """Swap the member once, or stop the job: the rule for an exception raised by the training script.
+
+    An exception of the same type at the same step, raised earlier by another process of this
+    job (typically the member the reporter replaced, replaying the step from the same restored
+    state), is the script's own deterministic error: another swap would raise it again and burn
+    every spare, so the job stops.  Anything else (the first exception, another type, another
+    step) may be a machine's fault surfacing as a Python error (a CUDA ECC error, a bad read):
+    the member is replaced, as for a crash.  The message is not compared: it may carry a value
+    that differs between processes (an address, a pid).
+    """
+    where = f"rank {new.seat}" if new.seat >= 0 else "a spare"
+    at = f"step {new.step}" if new.step >= 0 else "start-up (before the first step)"
+    for before in earlier:
+        if before.member != new.member and before.kind == new.kind and before.step == new.step:
+            was = f"rank {before.seat}" if before.seat >= 0 else "a spare"
+            return Raised.STOP, (
+                f"{new.member} ({where}) raised {new.kind} at {at}, as {before.member} ({was}) did before it: "
+                "the same exception at the same step in another process is the training script's own error, "
+                "and another swap would raise it again")
+    return Raised.SWAP, (
+        f"{new.member} ({where}) raised {new.kind} at {at}: the first such report counts as a failure of the "
+        "member (a hardware fault can surface as a Python exception) and it is replaced once")
 
 
 def disk_resume_step(reports: Mapping[str, Snapshots]) -> int | None:

@@ -21,7 +21,7 @@ from typing import Any
 from deadpool.chaos import OPERATOR_ACTIONS, ChaosAction
 from deadpool.config import Config
 from deadpool.coordinator import decisions
-from deadpool.coordinator.decisions import NoSpare, Suspicion, Trigger
+from deadpool.coordinator.decisions import NoSpare, Raised, RaisedError, Suspicion, Trigger
 from deadpool.coordinator.records import Agent, MemberRecord, PendingSwap, Round, Send
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
@@ -50,6 +50,7 @@ from deadpool.protocol.messages import (
     StatusRequest,
     StepReport,
     Stop,
+    UserException,
     ViewReport,
     Welcome,
 )
@@ -100,6 +101,7 @@ class Coordinator:
         self._blind_rebuilds = 0  # rebuilds with nobody dead since the last finished step (bounded)
         self._rate_limited: dict[str, int] = {}
         self._rejoin_asked: dict[str, float] = {}  # member -> when we last sent it a Rejoin
+        self._raised: list[RaisedError] = []  # the scripts' exceptions reported so far (one per member at most)
         # A restarted coordinator knows nobody: it learns the view from the members (highest epoch wins)
         # instead of forming a first view, until this deadline passes with no member holding a view.
         self._recovering = recovering
@@ -254,8 +256,33 @@ class Coordinator:
         elif isinstance(message, ViewReport):
             record.step = message.step
             self._adopt_reported_view(message, now)
+        elif isinstance(message, UserException):
+            self._on_user_exception(message, now)
         else:
             self.events.emit(Event.REJECTED, reason="unexpected_type", detail=type(message).__name__)
+
+    def _on_user_exception(self, report: UserException, now: float) -> None:
+        """The script raised in `report.sender`: replace the member once, or stop the job (``user_exception``)."""
+        if any(r.member == report.sender for r in self._raised) or self.outcome is not None:
+            return
+        seat = self.view.seat_of(report.sender) if self.view else None
+        raised = RaisedError(report.sender, -1 if seat is None else seat, report.step, report.kind)
+        verdict, why = decisions.user_exception(self._raised, raised)
+        if self.view is None and self.members[report.sender].role == Role.ACTIVE:
+            verdict, why = Raised.STOP, f"{why}; but training has not started, so no spare can take the seat"
+        self._raised.append(raised)
+        self.events.emit(Event.USER_EXCEPTION, raised_by=report.sender, rank=raised.seat, step=report.step,
+                         exception=report.kind, message=report.message, verdict=verdict, reason=why,
+                         traceback=report.traceback)
+        if verdict is Raised.STOP:
+            message = report.message.splitlines()[0][:300] if report.message else ""
+            self._fail_job(
+                f"{report.kind}: {message}. {why}. Stopped at once, the remaining spares unused; fix the script "
+                "(its traceback is in the launcher's summary and the job_failed event) and relaunch.",
+                cause="user_error", exception=report.kind, step=report.step, raised_by=report.sender,
+                rank=raised.seat, traceback=report.traceback)
+            return
+        self._declare_dead(now, report.sender, "exception", f"raised {report.kind} at step {report.step}")
 
     def _on_join(self, join: Join, now: float) -> None:
         if join.sender in self.fenced:
@@ -532,8 +559,12 @@ class Coordinator:
     def _seat_finished(self, member: str) -> bool:
         return any(f.sender == member for f in self._finished.values())
 
-    def _fail_job(self, reason: str) -> None:
-        self.events.emit(Event.JOB_FAILED, reason=reason)
+    def _fail_job(self, reason: str, cause: str = "", **fields: Any) -> None:
+        """End the job as failed; `reason` is the prose, `cause` (if any) the machine field (``user_error``)."""
+        if cause:
+            self.events.emit(Event.JOB_FAILED, reason=cause, detail=reason, **fields)
+        else:
+            self.events.emit(Event.JOB_FAILED, reason=reason)
         log.error("%s", reason)
         self._end(False, reason)
 

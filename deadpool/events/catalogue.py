@@ -38,4 +38,6 @@ class Event(enum.StrEnum):
     STEP_FINISHED = "step_finished"  # loss, tokens and the user's rt.report fields
     SEAT_FINISHED = "seat_finished"  # a seat reached the last step
     TRAINING_FINISHED = "training_finished"  # step, state_digest
-    JOB_FAILED = "job_failed"  # reason, what to do next
+    JOB_FAILED = "job_failed"  # reason, what to do next (reason user_error: detail, exception, step, traceback)
+    USER_EXCEPTION = "user_exception"  # the coordinator heard a script's exception: exception, step, verdict
+    DATA_LOADER_UNTRACKED = "data_loader_untracked"  # loader: a data loader no snapshot holds is iterated (once)

@@ -284,7 +284,9 @@ def _finished(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
 
 
 def _job_failed(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    return JobFailed(ts, as_str(r.get("member")), as_int(r.get("rank")), as_str(r.get("reason")))
+    # A stop with a machine cause (``reason: user_error``) carries its prose in ``detail``.
+    reason = as_str(r.get("detail")) or as_str(r.get("reason"))
+    return JobFailed(ts, as_str(r.get("member")), as_int(r.get("rank")), reason)
 
 
 _PARSERS: dict[Event, Callable[[Record, float | None, Mapping[str, int]], Fact]] = {

@@ -327,6 +327,26 @@ class Rejoin:
     member: str  # the member asked to re-join
 
 
+TRACEBACK_LIMIT = 16 * 1024  # bytes of traceback text a UserException carries (the end of it: the raise is last)
+
+
+@dataclass(frozen=True, slots=True)
+class UserException:
+    """A worker's training script raised an exception that DeadPool did not cause; the process exits next.
+
+    The first report counts as a failure of the member (a hardware fault can surface as a Python
+    error); the same exception at the same step in its replacement stops the job (a user error).
+    """
+
+    sender: str  # member id
+    epoch: int  # the view it ran under (0: not seated yet)
+    seat: int  # its seat (-1: a spare, or not seated yet)
+    step: int  # the step in progress when it raised (-1: before the first step)
+    kind: str  # the exception's qualified type name, e.g. "ValueError" or "mylib.DataError"
+    message: str  # str() of the exception, bounded
+    traceback: str  # the formatted traceback, at most TRACEBACK_LIMIT bytes (its end)
+
+
 Message = (
     Join
     | Heartbeat
@@ -356,6 +376,7 @@ Message = (
     | HeartbeatBatch
     | ViewReport
     | Rejoin
+    | UserException
 )
 
 # Append-only: a tag, once given, is never reused or renumbered.
@@ -388,5 +409,6 @@ REGISTRY: dict[int, type[Message]] = {
     26: SignalMember,
     27: ViewReport,
     28: Rejoin,
+    29: UserException,
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}

@@ -3,8 +3,9 @@
 gloo cannot cancel a collective or a group's connect, so every wait here is on
 a condition that completion or an interrupt (a Prepare) wakes, and a group is
 never destroyed, only retired; ``GroupCollectives`` holds the seat's current
-group and runs a step's collectives on it, poisoning the step when one fails
-(the gloo facts behind this are in docs/architecture.md).
+group, runs a step's collectives on it (``rt.ddp``'s, ZeRO's, and the script's
+own through torch's default group, ``groups.py``), and poisons the step when
+one fails (the gloo facts behind this are in docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from deadpool.protocol.messages import CollectiveFailed
 from deadpool.protocol.view import View
 from deadpool.worker.exit import GUARD
 from deadpool.worker.faults import FaultInjector
+from deadpool.worker.groups import install_default_group
 from deadpool.worker.step import StepState
 from deadpool.worker.zero import ZeroShard
 
@@ -154,6 +156,10 @@ class StepCollectives(Protocol):
         """Wait for the issued sums; False when they were abandoned (the step is poisoned)."""
         ...
 
+    def broadcast_buffers(self, flat: torch.Tensor) -> bool:
+        """Overwrite `flat` with seat 0's, waited on interruptibly; False when the step is poisoned."""
+        ...
+
 
 class GroupCollectives:
     """The seat's process group, rebuilt for every view, and the collectives of a step on it.
@@ -202,6 +208,8 @@ class GroupCollectives:
             store, view.store_prefix, seat, view.world_size, self._timeout,
             lambda: self._handoff.interrupted(view.epoch), connect_timeout=self._timeout, hostname=self._bind_host,
         )
+        # torch's default group is the script's way onto this group: registered once seated, kept across views.
+        install_default_group(self, seat, view.world_size, PrefixStore(f"{view.store_prefix}/default_pg", store))
 
     def retire(self) -> None:
         """Set the current group aside without destroying it: destroying a group with an op in flight
@@ -262,7 +270,57 @@ class GroupCollectives:
             return False
         return True
 
+    def broadcast_buffers(self, flat: torch.Tensor) -> bool:
+        """``rt.ddp``'s module buffers from seat 0, after a forward that all-reduces its backward.
+
+        `flat` is a fresh buffer (an abandoned broadcast may still complete into it later);
+        the caller copies it into the live buffers only when this returns True.
+        """
+        if self._state.poison is not None or self.group is None:
+            return False
+        options = BroadcastOptions()
+        options.rootRank = 0
+        return self._run(lambda group: group.broadcast([flat], options), f"buffer broadcast of step {self._state.step}")
+
+    # -- the script's own collectives (torch's default group, groups.py) ------------------------
+
+    def issue_user(self, issue: Callable[[Any], dist.Work]) -> dist.Work | None:
+        """Start one of the script's collectives on the view's group: `issue(group)`.
+
+        None when the step is poisoned or the seat has no group: the caller completes the
+        collective locally (the step is rolled back anyway).
+        """
+        if self._state.poison is not None or self.group is None:
+            return None
+        try:
+            work = issue(self.group)
+        except RuntimeError as err:
+            self.poison(err)
+            return None
+        self._faults.point(ChaosPoint.USER_COLLECTIVE)
+        return work
+
+    def await_user(self, work: dist.Work, what: str) -> bool:
+        """Wait for a collective `issue_user` started, interruptibly; False when the step is poisoned."""
+        try:
+            self._waiter.wait(work, f"{what} of step {self._state.step} (the script's, on the default group)",
+                              self._timeout)
+        except (CollectiveAborted, RuntimeError) as err:
+            self.poison(err)
+            return False
+        return True
+
     # -- the other collectives of a seat ------------------------------------------------------
+
+    def _run(self, issue: Callable[[Any], dist.Work], what: str) -> bool:
+        """Issue a collective on the current group and wait for it; False (the step poisoned) when it failed."""
+        try:
+            work = issue(self.group)
+            self._waiter.wait(work, what, self._timeout)
+        except (CollectiveAborted, RuntimeError) as err:
+            self.poison(err)
+            return False
+        return True
 
     def broadcast_zero_shards(self, shard: ZeroShard) -> None:
         """ZeRO's parameter broadcast after its local step: on the view's group, waited on interruptibly.
@@ -294,13 +352,7 @@ class GroupCollectives:
 
     def exchange_digests(self, gathered: list[torch.Tensor], mine: torch.Tensor) -> bool:
         """Every seat's final digest into `gathered`; False (the step poisoned) when the exchange failed."""
-        try:
-            work = self.group.allgather([gathered], [mine])
-            self._waiter.wait(work, "final digest exchange", self._timeout)
-        except (CollectiveAborted, RuntimeError) as err:
-            self.poison(err)
-            return False
-        return True
+        return self._run(lambda group: group.allgather([gathered], [mine]), "final digest exchange")
 
     def allgather(self, outputs: list[torch.Tensor], tensor: torch.Tensor, what: str, epoch: int) -> None:
         """All-gather on the current group, waited on until it completes or a view newer than `epoch` comes.

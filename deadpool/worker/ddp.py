@@ -3,17 +3,21 @@
 Gradients are packed into fixed buckets (reverse parameter order, a layout that
 depends only on the parameters, so a rebuilt seat sums every element in the
 same order) and each bucket's all-reduce is issued through the runtime's
-``StepCollectives`` as soon as its gradients are ready; why not torch's DDP is
-in docs/architecture.md.
+``StepCollectives`` as soon as its gradients are ready; as in torch's DDP,
+``no_sync()`` accumulates gradients locally and module buffers are broadcast
+from seat 0.  Why not torch's DDP is in docs/architecture.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.autograd.grad_mode import _unsafe_preserve_version_counter
 
 from deadpool.chaos import ChaosPoint
 
@@ -23,6 +27,9 @@ if TYPE_CHECKING:
     from deadpool.worker.collective import StepCollectives
 
 DEFAULT_BUCKET_MB = 25.0  # torch DDP's bucket_cap_mb: the demo's 13 MB of gradients are one bucket
+# Buffers broadcast from seat 0 (DDP's broadcast_buffers): floating and integer ones.
+INTEGER_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+ALIGN = 8  # bytes: each buffer starts at a multiple of the largest element size in the packed broadcast
 
 
 @dataclass
@@ -86,12 +93,18 @@ def plan_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.
 class DataParallel(nn.Module):
     """Wraps a module; its parameters' gradients are averaged across seats after each backward."""
 
-    def __init__(self, module: nn.Module, collectives: StepCollectives, bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+    def __init__(
+        self, module: nn.Module, collectives: StepCollectives, bucket_mb: float = DEFAULT_BUCKET_MB,
+        broadcast_buffers: bool = True,
+    ) -> None:
         super().__init__()
         if bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
         self.module = module
+        self.broadcast_buffers = broadcast_buffers
         self._collectives = collectives
+        self._require_sync = True  # False inside no_sync()
+        self._sync_backward = True  # whether the backward of the last forward all-reduces (decided at forward)
         params = [p for p in module.parameters() if p.requires_grad]
         self._buckets = [Bucket.of(group) for group in plan_buckets(params, int(bucket_mb * (1 << 20)))]
         self._bucket_of = {id(p): bucket for bucket in self._buckets for p in bucket.params}
@@ -102,7 +115,31 @@ class DataParallel(nn.Module):
             param.register_post_accumulate_grad_hook(self._on_grad_ready)  # type: ignore[no-untyped-call]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
+        """The module's forward; after a training forward whose backward all-reduces, seat 0's buffers.
+
+        torch's DDP broadcasts before the forward.  Every forward sees the same buffers either
+        way (seat 0's, as the previous synced forward left them), but broadcasting after it
+        also leaves every seat, and every seat's snapshot, with the same buffers at the end.
+        """
+        self._sync_backward = self._require_sync  # as DDP: the forward decides whether its backward syncs
+        output = self.module(*args, **kwargs)
+        if self.broadcast_buffers and self._sync_backward and self.module.training and torch.is_grad_enabled():
+            self._broadcast_buffers()
+        return output
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes of forwards inside accumulate gradients locally, without all-reducing them.
+
+        The first backward of a forward outside it all-reduces the accumulated sums, as in
+        torch's DDP (run the forward inside the context too).  Accumulation happens in
+        autograd's fixed order, so a replayed step gives the same bits.
+        """
+        previous, self._require_sync = self._require_sync, False
+        try:
+            yield
+        finally:
+            self._require_sync = previous
 
     @property
     def buckets(self) -> list[Bucket]:
@@ -110,6 +147,8 @@ class DataParallel(nn.Module):
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         self._collectives.fault_point(ChaosPoint.BACKWARD)
+        if not self._sync_backward:
+            return  # no_sync(): autograd accumulates into param.grad, the next synced backward sums it
         backward = torch._C._current_graph_task_id()
         if backward != self._backward:  # the first gradient of this backward
             self._backward = backward
@@ -159,6 +198,35 @@ class DataParallel(nn.Module):
                 self._sever(bucket)
             bucket.ready, bucket.work = 0, None
         self._next, self._abandoned = 0, False
+
+    def _broadcast_buffers(self) -> None:
+        """Seat 0's floating and integer buffers to every seat: one packed broadcast per device.
+
+        Received into a fresh buffer and copied into the module only once complete (an
+        abandoned broadcast may still complete later); the copy keeps autograd's version
+        counters, as DDP's does, since the forward that just ran may have saved a buffer.
+        """
+        if self._collectives.world_size < 2:
+            return
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for buffer in self.module.buffers():
+            if buffer.numel() and (buffer.is_floating_point() or buffer.dtype in INTEGER_DTYPES):
+                by_device.setdefault(buffer.device, []).append(buffer)
+        for device, buffers in by_device.items():
+            offsets, total = [], 0
+            for buffer in buffers:
+                offsets.append(total)
+                total += -(-buffer.numel() * buffer.element_size() // ALIGN) * ALIGN
+            flat = torch.empty(total, dtype=torch.uint8, device=device)
+            views = [flat[at : at + b.numel() * b.element_size()].view(b.dtype)
+                     for b, at in zip(buffers, offsets, strict=True)]
+            with torch.no_grad():
+                torch._foreach_copy_(views, [b.reshape(-1) for b in buffers])
+                if not self._collectives.broadcast_buffers(flat):
+                    return  # the step is poisoned: its buffers are rolled back anyway
+                with _unsafe_preserve_version_counter(tuple(buffers)):
+                    for buffer, view in zip(buffers, views, strict=True):
+                        buffer.copy_(view.view(buffer.shape))
 
     def _sever(self, bucket: Bucket) -> None:
         """After an abandoned all-reduce: nothing live may keep pointing into the buffer it was given."""

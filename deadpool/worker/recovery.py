@@ -55,6 +55,7 @@ class Recovery:
         capture: Callable[[int, View, int], None],
         load: Callable[[dict[str, Any]], None],
         zero_shards: Sequence[ZeroShard],
+        seat_samplers: Callable[[int, int], None],
     ) -> None:
         self._env = env
         self._config = env.config
@@ -69,6 +70,7 @@ class Recovery:
         self._capture = capture  # (step, view, seat): snapshot the live state as the seat's of that step
         self._load = load  # the tracked objects and RNGs take a materialized state
         self._zero_shards = zero_shards
+        self._seat_samplers = seat_samplers  # (seat, world): DistributedSamplers take the adopted seat
         self._recovering_epoch = 0  # epoch whose first finished step is reported as Recovered
         self._fetch_s = 0.0
 
@@ -195,6 +197,7 @@ class Recovery:
             # member may pause at the boundary before that step or inside it, depending on how fast
             # the failure was reported, and the repair is for the same failure either way.
             self._faults.point(ChaosPoint.RECOVERY, self._progress.step + 1)
+        self._seat_samplers(seat, view.world_size)  # before a loader's pass is rebuilt from the snapshot
         for shard in self._zero_shards:  # a spare takes the dead seat's partition before loading its shard
             shard.seat(seat, view.world_size, None)
         restored: Restored | None = None

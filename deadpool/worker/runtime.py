@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import random
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -27,15 +26,17 @@ from deadpool.config import WorkerEnv
 from deadpool.errors import MisuseError
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
-from deadpool.protocol.messages import CommitView, Fenced, Finished, Join, Prepare, Stop
+from deadpool.protocol.messages import CommitView, Fenced, Finished, Join, Prepare, Role, Stop
 from deadpool.protocol.view import View
 from deadpool.snapshot.checkpoint import DiskCheckpointer
 from deadpool.snapshot.statetree import state_digest
 from deadpool.snapshot.store import Slot, SnapshotStore
+from deadpool.worker import rng as rng_mod
 from deadpool.worker import zero as zero_mod
 from deadpool.worker.collective import GroupCollectives
+from deadpool.worker.data import DataSeats, LoaderWatch, TrackedLoader
 from deadpool.worker.ddp import DEFAULT_BUCKET_MB, DataParallel
-from deadpool.worker.exit import GUARD
+from deadpool.worker.exit import GUARD, ExceptionReport
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.recovery import Recovery
 from deadpool.worker.step import StepState
@@ -99,16 +100,20 @@ class Runtime:
         self._optimizers: list[torch.optim.Optimizer] = []
         self._zero_shards: list[zero_mod.ZeroShard] = []
         self._replicated_params: list[torch.nn.Parameter] = []  # averaged by rt.ddp: the same on every seat
+        self._data_seats = DataSeats()  # DistributedSamplers: seated at every adopted view
+        self._loader_watch = LoaderWatch(lambda: self._state.step >= 0, self._untracked_loader)
+        self._loader_watch.install()
         self._recovery = Recovery(
             env, self._state, self._handoff, self._progress, self.events, self._snapshots, self._disk,
             self._collectives, self._faults, self._capture_state, self._load, self._zero_shards,
+            self._data_seats.seat,
         )
         self._stalls: deque[float] = deque(maxlen=200)
         self._report: dict[str, float] = {}
         self._step_started = time.perf_counter()
         self.final_digest = ""
         self._finished = False
-        GUARD.arm(lambda: self._thread.stop(timeout=1.0))
+        GUARD.arm(lambda: self._thread.stop(timeout=1.0), ExceptionReport(self._handoff, self.member, self._state))
         self._handoff.post(Join(
             self.member, self.role, self.initial_rank, self._env_world_size, os.getpid(), self.host,
             self._thread.control_addr, self._thread.bulk_addr,
@@ -118,7 +123,9 @@ class Runtime:
 
     @property
     def rank(self) -> int:
-        """This member's seat (-1 while it waits as a spare)."""
+        """This member's seat (-1 while it waits as a spare); an active member knows its seat from the start."""
+        if self._state.view is None and self.role == Role.ACTIVE:
+            return self.initial_rank
         return self._state.rank
 
     # -- public API ---------------------------------------------------------------------------
@@ -146,11 +153,17 @@ class Runtime:
         if self._state.step >= 0:
             raise MisuseError("rt.track() must be called before the first step")
         for name, obj in objects.items():
-            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+            is_loader = isinstance(obj, torch.utils.data.DataLoader)  # a plain one is refused naming the fix
+            if not is_loader and not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise MisuseError(f"rt.track({name}=...): {type(obj).__name__} has no state_dict()/load_state_dict()")
             if name.startswith("__"):
                 raise MisuseError(f"rt.track(): names starting with '__' are reserved, got {name!r}")
             self._tracked[name] = obj
+            if is_loader:
+                loader = TrackedLoader(name, obj)  # its position, its sampler's epoch; iter() follows restores
+                self._tracked[name] = loader
+                for sampler in loader.samplers:
+                    self._data_seats.add(sampler)
             if zero_mod.is_zero(obj):
                 shard = zero_mod.ZeroShard(obj, self._collectives.broadcast_zero_shards)
                 self._tracked[name] = shard  # a seat snapshots its own shard, not the (unconsolidated) whole
@@ -158,6 +171,22 @@ class Runtime:
             if isinstance(obj, torch.optim.Optimizer):
                 self._optimizers.append(obj)
                 obj.register_step_pre_hook(self._optimizer_pre_step)
+
+    def distributed_sampler(
+        self, dataset: Any, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+    ) -> torch.utils.data.DistributedSampler[Any]:
+        """A ``torch.utils.data.DistributedSampler`` of this seat, re-seated by DeadPool at every adopted view.
+
+        A spare cannot build one itself (its rank is -1 until it takes a seat): it gets a
+        placeholder seat, which its adoption replaces with the dead seat's rank and the view's size.
+        """
+        world = max(self.world_size, 1)
+        rank = self.rank if self.rank >= 0 else 0
+        sampler: torch.utils.data.DistributedSampler[Any] = torch.utils.data.DistributedSampler(
+            dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last,
+        )
+        self._data_seats.add(sampler)
+        return sampler
 
     def zero_optimizer(
         self, params: Any, optimizer_class: type[torch.optim.Optimizer], **defaults: Any,
@@ -174,13 +203,18 @@ class Runtime:
         """
         return zero_mod.build(params, optimizer_class, **defaults)
 
-    def ddp(self, model: torch.nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB) -> DataParallel:
+    def ddp(
+        self, model: torch.nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, broadcast_buffers: bool = True,
+    ) -> DataParallel:
         """Wrap `model` for data-parallel training across the seats (rebuilds itself after swaps).
 
         Gradients are all-reduced in fixed buckets of about `bucket_mb`, each issued as soon as
         its gradients are ready; after backward each ``param.grad`` is a view into its bucket.
+        With `broadcast_buffers` (torch DDP's default) the module's buffers (BatchNorm running
+        statistics) are seat 0's on every seat after each training forward; ``no_sync()``
+        accumulates gradients without all-reducing them, as DDP's.
         """
-        wrapper = DataParallel(model, self._collectives, bucket_mb)
+        wrapper = DataParallel(model, self._collectives, bucket_mb, broadcast_buffers)
         self._replicated_params.extend(p for bucket in wrapper.buckets for p in bucket.params)
         return wrapper
 
@@ -256,6 +290,7 @@ class Runtime:
         if (step + 1) % self.config.snapshot_every == 0:
             self._capture(step)
         self._progress.step = step
+        self._loader_watch.first_step_done()
         fields: dict[str, Any] = {"step_s": round(elapsed, 6)}
         fields.update(self._report)
         if "tokens" in self._report and elapsed > 0:
@@ -288,20 +323,14 @@ class Runtime:
 
     def _live_state(self) -> dict[str, Any]:
         state = {name: obj.state_dict() for name, obj in self._tracked.items()}
-        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        state["__rng__"] = rng
+        state["__rng__"] = rng_mod.capture()
         return state
 
     def _load(self, state: dict[str, Any]) -> None:
         rng = state.pop("__rng__")
         for name, obj in self._tracked.items():
             obj.load_state_dict(state[name])
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        if "cuda" in rng:
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        rng_mod.restore(rng)  # last: loading an object may draw from the RNGs (a loader's pass does)
 
     def _background_pointers(self) -> set[int]:
         """Storages that change only inside optimizer.step(): safe to copy while the next step runs."""
@@ -331,6 +360,10 @@ class Runtime:
         """Copy thread: every N steps, the finished snapshot also goes to disk (background write)."""
         if self.rank >= 0:
             self._disk.maybe_save(slot, self.rank)
+
+    def _untracked_loader(self, message: str, kind: str) -> None:
+        """The loader watch saw training iterate a loader no snapshot holds (warned once)."""
+        self.events.emit(Event.DATA_LOADER_UNTRACKED, rank=self.rank, step=self._state.step, loader=kind)
 
     def _on_snapshot_copied(self, slot: Slot) -> None:
         """Copy thread: hand the finished snapshot to the SnapshotActor for streaming."""
@@ -383,8 +416,10 @@ class Runtime:
         assert view is not None and self._collectives.group is not None
         self._state.step = max_steps
         state = self._live_state()
-        # Python's `random` is seeded from the OS unless the script seeds it: restored, but not digested.
-        state["__rng__"].pop("python")
+        rngs = {kind: state_digest(value) for kind, value in state["__rng__"].items()}  # --check-determinism
+        # Python's `random` and numpy's are seeded from the OS unless the script seeds them: restored, not digested.
+        for unseeded in rng_mod.UNSEEDED:
+            state["__rng__"].pop(unseeded, None)
         parts = {name: state_digest(value) for name, value in state.items()}
         seat_digest = state_digest(state)  # hashed once: each pass over the state delays this seat's exit
         mine = torch.frombuffer(bytearray(bytes.fromhex(seat_digest)), dtype=torch.uint8)
@@ -397,7 +432,7 @@ class Runtime:
         self._finished = True
         self._handoff.post(Finished(self.member, view.epoch, self.rank, max_steps - 1, self.final_digest))
         self.events.emit(Event.SEAT_FINISHED, epoch=view.epoch, rank=self.rank, step=max_steps - 1,
-                         state_digest=self.final_digest, seat_digest=seat_digest, parts=parts)
+                         state_digest=self.final_digest, seat_digest=seat_digest, parts=parts, rngs=rngs)
         stats = self.stats()
         self.events.emit(Event.SNAPSHOT_MEMORY, rank=self.rank, own_snapshots_bytes=stats["own_snapshots_bytes"],
                          buddy_copies_bytes=stats["buddy_copies_bytes"],
@@ -409,6 +444,7 @@ class Runtime:
     def _shutdown(self) -> None:
         global _RUNTIME
         self._disk.close()
+        self._loader_watch.uninstall()
         self._thread.stop(timeout=5.0)
         self._snapshots.close()
         self.events.close()

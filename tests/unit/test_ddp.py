@@ -1,9 +1,11 @@
-"""rt.ddp's fixed gradient buckets: layout, overlap with backward, averaging, abandoned buffers.
+"""rt.ddp's fixed gradient buckets: layout, overlap with backward, averaging, abandoned buffers,
+no_sync() accumulation and the broadcast of module buffers.
 
 The runtime's step collectives are replaced by a recorder whose "all-reduce"
 sums the bucket with copies of itself from `world - 1` identical peers, so the
-average must equal the local gradient.  Real gloo groups, swaps and
-bit-identical replay are covered end to end in test_hotswap.py.
+average must equal the local gradient, and whose "broadcast" writes what seat 0
+would send.  Real gloo groups, swaps and bit-identical replay are covered end to
+end in test_hotswap.py and test_user_collectives.py.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from deadpool.worker.ddp import DataParallel, plan_buckets
 class FakeCollectives:
     """A ``StepCollectives`` whose world is `world` identical seats."""
 
-    def __init__(self, world: int = 4, fail: bool = False) -> None:
+    def __init__(self, world: int = 4, fail: bool = False, root: torch.Tensor | None = None) -> None:
         self.world_size = world
         self.fail = fail
         self.log: list[str] = []
         self.flats: list[torch.Tensor] = []
+        self.root = root  # what seat 0's buffer broadcast carries (None: this seat is seat 0)
+        self.broadcasts: list[torch.Tensor] = []  # what this seat packed, per broadcast
 
     def fault_point(self, point: ChaosPoint) -> None:
         if point is ChaosPoint.BACKWARD:
@@ -43,6 +47,15 @@ class FakeCollectives:
             return False
         for flat in self.flats:
             flat.mul_(self.world_size)  # world identical peers
+        return True
+
+    def broadcast_buffers(self, flat: torch.Tensor) -> bool:
+        self.log.append("broadcast")
+        self.broadcasts.append(flat.clone())
+        if self.fail:
+            return False
+        if self.root is not None:
+            flat.copy_(self.root)
         return True
 
 
@@ -158,3 +171,130 @@ def test_a_backward_that_raised_does_not_break_the_next_one() -> None:
     assert sum(e.startswith("issue") for e in rt.log) == len(ddp.buckets)
     for param, want in zip(ddp.module.parameters(), reference_grads(x), strict=True):
         assert torch.equal(param.grad, want)  # type: ignore[arg-type]
+
+
+# -- no_sync(): gradient accumulation ----------------------------------------------------------
+
+
+def test_no_sync_accumulates_locally_and_the_next_backward_all_reduces_the_sum() -> None:
+    x1, x2 = torch.randn(16, 64), torch.randn(16, 64)
+    reference = model()
+    reference(x1).square().mean().backward()
+    reference(x2).square().mean().backward()  # autograd accumulates: the sum of both micro-batches
+    rt = FakeCollectives()
+    ddp = DataParallel(model(), rt, bucket_mb=0.1)
+    with ddp.no_sync():
+        ddp(x1).square().mean().backward()
+    assert not any(e.startswith("issue") or e == "await" for e in rt.log), "no all-reduce inside no_sync()"
+    ddp(x2).square().mean().backward()
+    assert sum(e.startswith("issue") for e in rt.log) == len(ddp.buckets), "one all-reduce per bucket, once"
+    for param, want in zip(ddp.module.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(param.grad, want.grad)  # type: ignore[arg-type]
+
+
+def test_no_sync_accumulates_into_the_bucket_views_left_by_the_previous_step() -> None:
+    x1, x2 = torch.randn(16, 64), torch.randn(16, 64)
+    rt = FakeCollectives()
+    ddp = DataParallel(model(), rt, bucket_mb=0.1)
+    ddp(x1).square().mean().backward()  # gradients are bucket views now
+    for param in ddp.module.parameters():
+        param.grad.zero_()  # type: ignore[union-attr]  # zero_grad(set_to_none=False)
+    rt.flats.clear()
+    reference = model()
+    with ddp.no_sync():
+        ddp(x1).square().mean().backward()
+        reference(x1).square().mean().backward()
+    ddp(x2).square().mean().backward()
+    reference(x2).square().mean().backward()
+    for param, want in zip(ddp.module.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(param.grad, want.grad)  # type: ignore[arg-type]
+
+
+def test_the_forward_decides_whether_its_backward_syncs_as_in_ddp() -> None:
+    x = torch.randn(16, 64)
+    rt = FakeCollectives()
+    ddp = DataParallel(model(), rt, bucket_mb=0.1)
+    with ddp.no_sync():
+        loss = ddp(x).square().mean()
+    loss.backward()  # forward inside: no sync, though the backward runs outside
+    assert "await" not in rt.log
+    loss = ddp(x).square().mean()
+    with ddp.no_sync():
+        loss.backward()  # forward outside: syncs
+    assert rt.log[-1] == "await"
+
+
+# -- buffers: broadcast from seat 0 ------------------------------------------------------------
+
+
+def bn_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4), nn.BatchNorm1d(4))
+
+
+def bn_buffers(module: nn.Module) -> list[torch.Tensor]:
+    return [b.clone() for b in module.buffers()]
+
+
+def seat_zero_payload(x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """What seat 0 broadcasts after its forward on `x`, and its buffers then."""
+    rt = FakeCollectives(world=2)
+    ddp = DataParallel(bn_model(), rt)
+    ddp(x)
+    [payload] = rt.broadcasts
+    return payload, bn_buffers(ddp.module)
+
+
+def test_buffers_are_seat_zeros_after_a_training_forward_in_one_flat_broadcast() -> None:
+    payload, seat0 = seat_zero_payload(torch.randn(32, 8))
+    rt = FakeCollectives(world=2, root=payload)
+    ddp = DataParallel(bn_model(), rt)
+    ddp(torch.randn(32, 8) * 3 + 1)  # another seat's batch: its own statistics before the broadcast
+    assert rt.log.count("broadcast") == 1, "one packed broadcast for every buffer"
+    buffers = list(ddp.module.buffers())
+    assert {b.dtype for b in buffers} == {torch.float32, torch.int64}  # running stats and num_batches_tracked
+    assert all(torch.equal(b, want) for b, want in zip(buffers, seat0, strict=True))
+    assert not torch.equal(rt.broadcasts[0], payload), "this seat's own statistics differed before"
+
+
+def test_buffers_are_not_broadcast_in_eval_without_grad_inside_no_sync_or_when_turned_off() -> None:
+    x = torch.randn(32, 8)
+    rt = FakeCollectives(world=2)
+    ddp = DataParallel(bn_model(), rt)
+    ddp.eval()
+    ddp(x)
+    ddp.train()
+    with torch.no_grad():
+        ddp(x)
+    with ddp.no_sync():
+        ddp(x)
+    assert "broadcast" not in rt.log
+    ddp(x)
+    assert rt.log.count("broadcast") == 1
+    off = FakeCollectives(world=2)
+    DataParallel(bn_model(), off, broadcast_buffers=False)(x)
+    assert "broadcast" not in off.log
+    alone = FakeCollectives(world=1)
+    DataParallel(bn_model(), alone)(x)
+    assert "broadcast" not in alone.log, "a world of one has nobody to agree with"
+
+
+def test_a_failed_buffer_broadcast_leaves_the_local_buffers() -> None:
+    payload, _ = seat_zero_payload(torch.randn(32, 8))
+    rt = FakeCollectives(world=2, fail=True, root=payload)
+    ddp = DataParallel(bn_model(), rt)
+    ddp(torch.randn(32, 8))
+    local = bn_buffers(ddp.module)
+    assert all(torch.equal(b, want) for b, want in zip(ddp.module.buffers(), local, strict=True))
+    assert rt.log == ["broadcast"]
+
+
+def test_backward_still_works_after_the_buffers_were_overwritten() -> None:
+    """The forward saved buffers for backward (a frozen BatchNorm does); the copy keeps their versions."""
+    payload, _ = seat_zero_payload(torch.randn(32, 8))
+    rt = FakeCollectives(world=2, root=payload)
+    net = bn_model()
+    net[4].eval()  # frozen: its forward uses (and saves) the running statistics
+    ddp = DataParallel(net, rt)
+    ddp(torch.randn(32, 8)).square().mean().backward()
+    assert rt.log[0] == "broadcast" and rt.log[-1] == "await"

@@ -1,0 +1,150 @@
+"""``deadpool launch --check-determinism``: one script run three times, and the first state that differs.
+
+A kill is recovered bit-identically only if everything that changes between steps is
+tracked; state that is not (a data iterator, an RNG of the script's own) makes the killed run
+diverge silently.  This check runs the script failure-free twice and once with a kill, reads
+each seat's per-object digests (the ``seat_finished`` event: ``parts`` per tracked name, ``rngs``
+per RNG kind), and names the first tracked object or RNG that differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deadpool.errors import MisuseError
+from deadpool.events.catalogue import Event
+from deadpool.events.log import read_events
+
+DEFAULT_KILL_STEP = 5  # the kill's step when the script's arguments show no --steps
+RNG_PREFIX = "rng:"  # digest names of the RNG kinds ("rng:torch", "rng:python", ...), after the tracked names
+
+Digests = dict[int, dict[str, str]]  # rank -> name -> SHA-256 hex
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What one of the three runs left: its exit status, its seats' digests, and the failures it saw."""
+
+    label: str  # "failure-free", "failure-free again", "with a kill"
+    returncode: int
+    digests: Digests
+    failures: int  # member_failed events (the kill run must have one)
+
+
+def digests_of(records: Iterable[Mapping[str, Any]]) -> tuple[Digests, int]:
+    """Each seat's per-object digests from its (last) seat_finished event, and the number of failures."""
+    seats: Digests = {}
+    failures = 0
+    for record in records:
+        if record.get("event") == Event.MEMBER_FAILED:
+            failures += 1
+        if record.get("event") != Event.SEAT_FINISHED or not isinstance(record.get("rank"), int):
+            continue
+        parts, rngs = record.get("parts"), record.get("rngs")
+        names = {name: str(d) for name, d in parts.items() if name != "__rng__"} if isinstance(parts, dict) else {}
+        if isinstance(rngs, dict):
+            names.update({f"{RNG_PREFIX}{kind}": str(d) for kind, d in rngs.items()})
+        seats[record["rank"]] = names
+    return seats, failures
+
+
+def compare(reference: Run, again: Run, killed: Run) -> tuple[bool, list[str]]:
+    """Whether the three runs agree, and the lines that say so or name the first difference.
+
+    Names are compared in order: the tracked objects (as tracked), then the RNGs.  An RNG that
+    differs between the two failure-free runs is not seeded by the script (Python's ``random``
+    is seeded from the OS unless the script seeds it); it is noted and left out.  A tracked
+    object that differs between them makes the script irreproducible by itself, which no
+    recovery can fix.
+    """
+    for run in (reference, again, killed):
+        if run.returncode != 0 or not run.digests:
+            return False, [f"the run {run.label} did not finish (exit {run.returncode}): nothing to compare"]
+    if killed.failures == 0:
+        return False, ["the run with a kill saw no failure: the kill never fired (is its step beyond the "
+                       "script's last step?); give one that fires with --chaos kill:rank=R:step=S"]
+    if not set(reference.digests) == set(again.digests) == set(killed.digests):
+        return False, [f"the runs finished with different seats: {sorted(reference.digests)}, "
+                       f"{sorted(again.digests)}, {sorted(killed.digests)}"]
+    names = list(dict.fromkeys(name for seat in sorted(reference.digests) for name in reference.digests[seat]))
+    lines: list[str] = []
+    unseeded: set[str] = set()
+    for name in names:
+        ranks = _differing(reference.digests, again.digests, name)
+        if not ranks:
+            continue
+        if name.startswith(RNG_PREFIX):
+            unseeded.add(name)
+            lines.append(f"note: {_label(name)} differs between the two failure-free runs on rank(s) {ranks}: the "
+                         "script does not seed it, so it is not compared (seed it if the training uses it)")
+            continue
+        return False, [*lines, f"{_label(name)} differs between the two failure-free runs on rank(s) {ranks}: "
+                       "the script is not reproducible by itself (an unseeded RNG, nondeterministic kernels, the "
+                       "data order), so no recovery can match it; make it reproducible first"]
+    for name in names:
+        if name in unseeded:
+            continue
+        ranks = _differing(reference.digests, killed.digests, name)
+        if ranks:
+            return False, [*lines, f"first difference: {_label(name)} on rank(s) {ranks} differs after the kill "
+                           "from both failure-free runs. State that changes between steps but is not tracked "
+                           "(a data iterator, an RNG of the script's own, a counter) diverges after a rollback: "
+                           "track it with rt.track(name=obj), anything with state_dict()/load_state_dict()"]
+    tracked = sum(1 for name in names if not name.startswith(RNG_PREFIX))
+    rngs = len(names) - tracked - len(unseeded)
+    return True, [*lines, f"all three runs agree: {tracked} tracked object(s) and {rngs} RNG(s) on "
+                  f"{len(reference.digests)} seat(s), bit for bit"]
+
+
+def _differing(left: Digests, right: Digests, name: str) -> list[int]:
+    return [rank for rank in sorted(left) if left[rank].get(name) != right.get(rank, {}).get(name)]
+
+
+def _label(name: str) -> str:
+    return f"the {name[len(RNG_PREFIX):]} RNG" if name.startswith(RNG_PREFIX) else f"tracked object {name!r}"
+
+
+def kill_spec(world: int, steps: int | None) -> str:
+    """The kill the third run gets when no --chaos is given: rank 1 (0 in a world of one), half-way."""
+    step = max(1, steps // 2) if steps is not None and steps >= 2 else DEFAULT_KILL_STEP
+    return f"kill:rank={1 if world > 1 else 0}:step={step}"
+
+
+def check(args: argparse.Namespace, steps: int | None, launch: Callable[[argparse.Namespace], tuple[int, str]]) -> int:
+    """Run the three launches with `launch` (returns exit status and events file); 0 when all agree, else 1.
+
+    Raises:
+        MisuseError: the job cannot be checked this way (more than one host, or a world of one).
+    """
+    if args.nnodes != 1 or args.coordinator:
+        raise MisuseError("--check-determinism runs the whole job on this host: drop --nnodes/--coordinator")
+    if args.nproc < 2:
+        raise MisuseError("--check-determinism needs --nproc 2 or more: a kill of the only seat cannot be "
+                          "recovered from memory")
+    chaos = list(args.chaos) or [kill_spec(args.nproc, steps)]
+    folder = Path(tempfile.mkdtemp(prefix="deadpool-determinism-"))
+    plan = [("failure-free", [], args.spares), ("failure-free again", [], args.spares),
+            ("with a kill", chaos, max(1, args.spares))]
+    runs: list[Run] = []
+    for i, (label, specs, spares) in enumerate(plan, 1):
+        run_args = copy.copy(args)
+        run_args.chaos, run_args.spares, run_args.check_determinism = specs, spares, False
+        run_args.events = f"{args.events}.{i}" if args.events else str(folder / f"run{i}.jsonl")
+        what = f" ({', '.join(specs)}, --spares {spares})" if specs else ""
+        print(f"deadpool: --check-determinism: run {i}/3, {label}{what}", flush=True)
+        code, events = launch(run_args)
+        seats, failures = digests_of(read_events(events) if Path(events).exists() else [])
+        runs.append(Run(label, code, seats, failures))
+    ok, lines = compare(*runs)
+    out = sys.stdout if ok else sys.stderr
+    print(f"deadpool: --check-determinism {'PASSED' if ok else 'FAILED'}", file=out, flush=True)
+    for line in lines:
+        print(f"  {line}", file=out, flush=True)
+    return 0 if ok else 1

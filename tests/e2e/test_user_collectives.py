@@ -1,0 +1,88 @@
+"""End to end: the script's own collectives on torch's default group, SyncBatchNorm, and rt.ddp's buffers.
+
+The fixture script (tests/fixtures/collectives_train.py) all-reduces its batch
+sizes and its loss with ``dist.all_reduce`` on the default group and trains a
+model with an ``nn.SyncBatchNorm`` and a plain ``nn.BatchNorm1d`` through
+``rt.ddp``; every seat's batch differs in size and distribution.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from launch_util import REPO, LaunchResult, launch
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = REPO / "tests" / "fixtures" / "collectives_train.py"
+STEPS = 12
+WORLD = 3
+BUFFERS = re.compile(r"buffers seat=(\d+) syncbn=([0-9a-f]+) bn=([0-9a-f]+)")
+
+
+def run(tmp_path: Path, *args: str, script_args: tuple[str, ...] = ()) -> LaunchResult:
+    return launch(tmp_path, "--nproc", str(WORLD), "--spares", "1", *args, steps=STEPS, script=SCRIPT,
+                  script_args=script_args, timeout=180)
+
+
+def buffer_digests(result: LaunchResult) -> dict[int, tuple[str, str]]:
+    """Each seat's (SyncBatchNorm, BatchNorm) buffer digests, as the seat's final member printed them."""
+    return {int(seat): (sync, plain) for seat, sync, plain in BUFFERS.findall(result.output)}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
+    result = run(tmp_path_factory.mktemp("reference"))
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.digest, result.output[-3000:]
+    assert not result.of("member_failed") and not result.of("collective_failed")
+    return result
+
+
+def test_the_default_group_all_reduces_and_every_seat_ends_with_the_same_buffers(reference: LaunchResult) -> None:
+    by_step: dict[int, dict[int, dict[str, float]]] = {}
+    for event in reference.of("step_finished"):
+        by_step.setdefault(event["step"], {})[event["rank"]] = event
+    assert sorted(by_step) == list(range(STEPS))
+    for step, seats in by_step.items():
+        assert sorted(seats) == list(range(WORLD)), f"step {step}"
+        mean = sum(s["loss"] for s in seats.values()) / WORLD
+        for s in seats.values():
+            assert s["mean_loss"] == pytest.approx(mean, rel=1e-6), f"step {step}: the all-reduced loss is the mean"
+            assert s["global_batch"] == sum(12 + 4 * seat for seat in range(WORLD))
+        assert len({s["loss"] for s in seats.values()}) == WORLD, "the seats' batches (and losses) differ"
+    digests = buffer_digests(reference)
+    assert sorted(digests) == list(range(WORLD))
+    assert len(set(digests.values())) == 1, f"rt.ddp broadcasts buffers: every seat holds seat 0's ({digests})"
+
+
+def test_sync_batchnorm_syncs_its_statistics_where_plain_batchnorm_does_not(tmp_path: Path) -> None:
+    """Without rt.ddp's buffer broadcast only SyncBatchNorm keeps the seats' running statistics equal."""
+    result = run(tmp_path, script_args=("--no-broadcast-buffers",))
+    assert result.returncode == 0, result.output[-3000:]
+    digests = buffer_digests(result)
+    assert sorted(digests) == list(range(WORLD))
+    assert len({sync for sync, _ in digests.values()}) == 1, f"SyncBatchNorm: global statistics ({digests})"
+    assert len({plain for _, plain in digests.values()}) == WORLD, f"BatchNorm: each seat's own ({digests})"
+
+
+def test_a_kill_during_the_scripts_all_reduce_is_recovered_bit_identically(
+    tmp_path: Path, reference: LaunchResult,
+) -> None:
+    result = run(tmp_path, "--chaos", "kill:rank=1:step=6:at=usercollective")
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.digest == reference.digest, "a run with a failure must end bit-identical"
+    [injected] = result.of("chaos_injected")
+    assert injected["at"] == "usercollective" and injected["step"] == 6
+    assert [f["failed_rank"] for f in result.of("member_failed")] == [1]
+    paused = {e["rank"]: e["reason"] for e in result.of("paused") if e["step"] == 6}
+    assert sorted(paused) == [0, 2], "both survivors lost step 6"
+    # Killed with its all-reduce in flight; a survivor whose all-reduce had got the dead seat's part
+    # already completes it and loses the step in the script's next collective (SyncBatchNorm's all-gather).
+    assert all("of step 6 (the script's, on the default group)" in r for r in paused.values()), paused
+    assert "Traceback" not in result.output, "a failed collective of the script's must not raise in it"
+    [restored] = [r for r in result.of("restored") if r["source"] == "buddy"]
+    assert restored["rank"] == 1
+    assert buffer_digests(result) == buffer_digests(reference)

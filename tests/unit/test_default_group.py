@@ -1,0 +1,275 @@
+"""torch's default group under DeadPool, without a job: registration, staging, and poisoned collectives.
+
+The runtime's side (``UserCollectives``) is a stand-in whose "group" runs each
+collective as if every other seat held the same tensor; a failure or a poisoned
+step must leave the script's tensors well-formed and raise nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch import nn
+from torch._C._distributed_c10d import HashStore
+
+from deadpool.actors.handoff import Handoff
+from deadpool.chaos import ChaosAction, ChaosPoint, ChaosSpec
+from deadpool.config import WorkerEnv
+from deadpool.errors import MisuseError
+from deadpool.events.log import EventLog
+from deadpool.protocol.messages import CollectiveFailed
+from deadpool.protocol.view import View
+from deadpool.worker import groups
+from deadpool.worker.collective import GroupCollectives
+from deadpool.worker.exit import ExitGuard
+from deadpool.worker.faults import FaultInjector
+from deadpool.worker.groups import DefaultGroup, install_default_group
+from deadpool.worker.step import StepState
+
+WORLD = 3
+
+
+class Done:
+    """A finished dist.Work."""
+
+    def get_future(self) -> torch.futures.Future[object]:
+        future: torch.futures.Future[object] = torch.futures.Future()
+        future.set_result(None)
+        return future
+
+    def wait(self) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class IdenticalPeers:
+    """A gloo group stand-in: every other seat holds the same tensors."""
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Done:
+        for tensor in tensors:
+            tensor.mul_(WORLD)
+        return Done()
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Done:
+        for outs, tensor in zip(outputs, inputs, strict=True):
+            for out in outs:
+                out.copy_(tensor)
+        return Done()
+
+    def _allgather_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> Done:
+        output.copy_(tensor.repeat(WORLD))
+        return Done()
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Done:
+        for tensor in tensors:
+            tensor.fill_(7.0)  # seat 0's value
+        return Done()
+
+    def barrier(self, opts: Any) -> Done:
+        return Done()
+
+
+class Runtime:
+    """A ``UserCollectives``: `poisoned` refuses to issue, `fail` makes the wait fail."""
+
+    def __init__(self) -> None:
+        self.group = IdenticalPeers()
+        self.poisoned = False
+        self.fail = False
+        self.late: list[Callable[[], None]] = []  # what the group would still do after an abandoned wait
+
+    def issue_user(self, issue: Callable[[Any], Any]) -> Any:
+        if self.poisoned:
+            return None
+        if not self.fail:
+            return issue(self.group)
+        self.late.append(lambda: issue(self.group))
+        return Done()
+
+    def await_user(self, work: Any, what: str) -> bool:
+        return not self.fail
+
+
+@pytest.fixture(autouse=True)
+def torch_syncbn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installing the group routes SyncBatchNorm's CPU forward (syncbn.py): undone after each test."""
+    monkeypatch.setattr(nn.SyncBatchNorm, "forward", nn.SyncBatchNorm.forward)
+
+
+@pytest.fixture
+def runtime() -> Iterator[Runtime]:
+    assert not dist.is_initialized()
+    rt = Runtime()
+    group = install_default_group(rt, 1, WORLD, HashStore())
+    assert group is not None
+    try:
+        yield rt
+    finally:
+        groups._unregister(group)
+    assert not dist.is_initialized()
+
+
+def test_once_seated_torch_sees_a_default_group(runtime: Runtime) -> None:
+    group = c10d._get_default_group()
+    assert isinstance(group, DefaultGroup) and dist.group.WORLD is group
+    assert dist.is_initialized() and dist.get_rank() == 1 and dist.get_world_size() == WORLD
+    assert dist.get_backend() == "gloo"
+    assert c10d._resolve_process_group(groups.GROUP_NAME) is group
+    assert install_default_group(runtime, 1, WORLD, HashStore()) is group, "kept across views"
+
+
+def test_collectives_run_on_the_runtimes_group(runtime: Runtime) -> None:
+    tensor = torch.ones(4)
+    dist.all_reduce(tensor)
+    assert torch.equal(tensor, torch.full((4,), float(WORLD)))
+    gathered = [torch.zeros(2) for _ in range(WORLD)]
+    dist.all_gather(gathered, torch.tensor([1.0, 2.0]))
+    assert all(torch.equal(g, torch.tensor([1.0, 2.0])) for g in gathered)
+    flat = torch.zeros(2 * WORLD)
+    dist.all_gather_single(flat, torch.tensor([1.0, 2.0]))
+    assert torch.equal(flat, torch.tensor([1.0, 2.0] * WORLD))
+    sent = torch.zeros(3)
+    dist.broadcast(sent, src=0)
+    assert torch.equal(sent, torch.full((3,), 7.0))
+    dist.barrier()
+
+
+def test_an_async_collective_writes_only_when_waited_on(runtime: Runtime) -> None:
+    tensor = torch.ones(2)
+    work = dist.all_reduce(tensor, async_op=True)
+    assert work is not None
+    assert torch.equal(tensor, torch.ones(2)), "the collective runs on a staged copy"
+    work.wait()
+    assert torch.equal(tensor, torch.full((2,), float(WORLD)))
+    assert work.is_completed()
+
+
+def test_on_a_poisoned_step_collectives_complete_locally_and_raise_nothing(runtime: Runtime) -> None:
+    runtime.poisoned = True
+    tensor = torch.ones(2)
+    dist.all_reduce(tensor)
+    assert torch.equal(tensor, torch.ones(2))
+    gathered = [torch.full((2,), float("nan")) for _ in range(WORLD)]
+    dist.all_gather(gathered, torch.tensor([1.0, 2.0]))
+    assert all(torch.equal(g, torch.tensor([1.0, 2.0])) for g in gathered), "as if every seat held the same"
+    flat = torch.full((2 * WORLD,), float("nan"))
+    dist.all_gather_single(flat, torch.tensor([1.0, 2.0]))
+    assert torch.equal(flat, torch.tensor([1.0, 2.0] * WORLD))
+    dist.barrier()
+
+
+def test_a_failed_collective_never_writes_into_the_scripts_tensor_even_later(runtime: Runtime) -> None:
+    runtime.fail = True
+    tensor = torch.ones(2)
+    dist.all_reduce(tensor)
+    assert torch.equal(tensor, torch.ones(2))
+    for late in runtime.late:
+        late()  # a SIGSTOPped peer resumes: the abandoned collective completes into its staged copy
+    assert torch.equal(tensor, torch.ones(2))
+
+
+def test_a_default_group_of_the_scripts_own_is_left_alone() -> None:
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        assert install_default_group(Runtime(), 0, 1, HashStore()) is None
+        assert not isinstance(c10d._get_default_group(), DefaultGroup)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_changed_seat_gets_a_new_group_and_the_old_one_is_retired(monkeypatch: pytest.MonkeyPatch) -> None:
+    guard = ExitGuard()  # not the process's own: a retired object makes that one end the process at exit
+    monkeypatch.setattr(groups, "GUARD", guard)
+    rt = Runtime()
+    first = install_default_group(rt, 0, 2, HashStore())
+    second = install_default_group(rt, 1, 2, HashStore())
+    try:
+        assert first is not None and second is not None and first is not second
+        assert dist.get_rank() == 1 and c10d._resolve_process_group(groups.GROUP_NAME) is second
+        assert first not in c10d._world.pg_map
+        assert any(obj is first for obj in guard._retired), "never destroyed: kept until exit"
+    finally:
+        assert second is not None
+        groups._unregister(second)
+
+
+# -- the runtime's side: GroupCollectives.issue_user / await_user --------------------------------
+
+
+class Pending:
+    """A dist.Work that never completes (a SIGSTOPped peer)."""
+
+    def get_future(self) -> torch.futures.Future[object]:
+        return torch.futures.Future()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.posted: list[Any] = []
+
+    def __call__(self, message: Any) -> None:
+        self.posted.append(message)
+        done = getattr(message, "done", None)
+        if callable(done):
+            done()
+
+
+def seat(chaos: tuple[ChaosSpec, ...] = ()) -> tuple[GroupCollectives, StepState, Recorder]:
+    env = WorkerEnv.from_env({"DEADPOOL_COORDINATOR": "tcp://127.0.0.1:1", "DEADPOOL_MEMBER_ID": "m0", "RANK": "0"})
+    env = dataclasses.replace(env, chaos=chaos)
+    state = StepState(view=View(1, ["m0", "m1"], [], -1, "epoch-1", "127.0.0.1:1", {}, {}, [1, 0], {}), rank=0, step=4)
+    handoff, recorder = Handoff(), Recorder()
+    handoff.bind(recorder)
+    events = EventLog(None, member="m0", source="worker")
+    injector = FaultInjector(env, state, handoff, events, partition=type("Switch", (), {"cut": False})())
+    collectives = GroupCollectives("m0", state, handoff, events, injector, lambda: True, timeout=0.05,
+                                   bind_host="127.0.0.1")
+    return collectives, state, recorder
+
+
+def test_a_users_collective_that_times_out_poisons_the_step_and_is_reported() -> None:
+    collectives, state, recorder = seat()
+    collectives.group = object()
+    work = collectives.issue_user(lambda group: Pending())
+    assert work is not None
+    assert collectives.await_user(work, "all_reduce") is False
+    assert state.poison is not None and "all_reduce of step 4" in state.poison
+    assert collectives.group is None, "the group is retired"
+    assert [type(m) for m in recorder.posted if isinstance(m, CollectiveFailed)] == [CollectiveFailed]
+    assert collectives.issue_user(lambda group: pytest.fail("nothing is issued on a poisoned step")) is None
+
+
+def test_a_users_collective_that_raises_at_issue_poisons_the_step() -> None:
+    collectives, state, _ = seat()
+    collectives.group = object()
+
+    def issue(group: Any) -> Any:
+        raise RuntimeError("Connection closed by peer")
+
+    assert collectives.issue_user(issue) is None
+    assert state.poison is not None and "Connection closed" in state.poison
+
+
+def test_the_usercollective_chaos_point_fires_after_the_issue(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = ChaosSpec(ChaosAction.KILL, rank=0, step=4, at=ChaosPoint.USER_COLLECTIVE)
+    collectives, _, _ = seat(chaos=(spec,))
+    collectives.group = object()
+    order: list[str] = []
+    monkeypatch.setattr("deadpool.chaos.inject", lambda s, switch: order.append("fired"))
+    collectives.issue_user(lambda group: order.append("issued") or Done())
+    assert order == ["issued", "fired"], "the collective is in flight when the spec fires"
+
+
+def test_a_collective_that_is_not_carried_says_so(runtime: Runtime) -> None:
+    with pytest.raises(MisuseError, match="reduce_scatter on the default group is not supported"):
+        dist.reduce_scatter(torch.zeros(1), [torch.ones(1)] * WORLD)
+    with pytest.raises(MisuseError, match="send"):
+        dist.send(torch.ones(1), 0)

@@ -1,0 +1,61 @@
+"""--check-determinism's comparison: which tracked object or RNG first differs between three runs."""
+
+from __future__ import annotations
+
+from deadpool.agent.determinism import Run, compare, digests_of, kill_spec
+
+
+def seats(**overrides: str) -> dict[int, dict[str, str]]:
+    base = {"model": "a", "optimizer": "b", "loader": "c", "rng:torch": "t", "rng:python": "p"}
+    return {rank: {**base, **{k.replace("__", ":"): v for k, v in overrides.items()}} for rank in (0, 1)}
+
+
+def run(label: str, digests: dict[int, dict[str, str]], failures: int = 0, code: int = 0) -> Run:
+    return Run(label, code, digests, failures)
+
+
+def test_three_identical_runs_agree() -> None:
+    ok, lines = compare(run("a", seats()), run("b", seats()), run("k", seats(), failures=1))
+    assert ok and lines[-1].startswith("all three runs agree: 3 tracked object(s) and 2 RNG(s) on 2 seat(s)")
+
+
+def test_the_first_tracked_object_that_differs_after_the_kill_is_named() -> None:
+    ok, lines = compare(run("a", seats()), run("b", seats()), run("k", seats(optimizer="x", loader="y"), failures=1))
+    assert not ok and "first difference: tracked object 'optimizer' on rank(s) [0, 1]" in lines[-1]
+
+
+def test_an_rng_that_differs_after_the_kill_is_named() -> None:
+    ok, lines = compare(run("a", seats()), run("b", seats()), run("k", seats(rng__torch="x"), failures=1))
+    assert not ok and "the torch RNG" in lines[-1]
+
+
+def test_an_unseeded_rng_is_noted_and_not_compared() -> None:
+    ok, lines = compare(run("a", seats()), run("b", seats(rng__python="q")),
+                        run("k", seats(rng__python="r"), failures=1))
+    assert ok and "the python RNG differs between the two failure-free runs" in lines[0]
+    assert "and 1 RNG(s)" in lines[-1]
+
+
+def test_a_script_that_is_not_reproducible_by_itself_fails_before_the_kill_is_judged() -> None:
+    ok, lines = compare(run("a", seats()), run("b", seats(model="z")), run("k", seats(), failures=1))
+    assert not ok and "'model' differs between the two failure-free runs" in lines[-1]
+
+
+def test_a_kill_that_never_fired_or_a_failed_run_is_a_failure() -> None:
+    assert not compare(run("a", seats()), run("b", seats()), run("k", seats()))[0]
+    ok, lines = compare(run("a", seats()), run("b", {}, code=1), run("k", seats(), failures=1))
+    assert not ok and "did not finish (exit 1)" in lines[0]
+
+
+def test_digests_come_from_the_seat_finished_events() -> None:
+    records = [
+        {"event": "member_failed", "rank": 1},
+        {"event": "seat_finished", "rank": 0, "parts": {"model": "a", "__rng__": "all"}, "rngs": {"torch": "t"}},
+        {"event": "seat_finished", "rank": 1, "parts": {"model": "b", "__rng__": "all"}, "rngs": {"torch": "u"}},
+    ]
+    assert digests_of(records) == ({0: {"model": "a", "rng:torch": "t"}, 1: {"model": "b", "rng:torch": "u"}}, 1)
+
+
+def test_the_default_kill_is_rank_1_half_way() -> None:
+    assert kill_spec(4, 30) == "kill:rank=1:step=15"
+    assert kill_spec(2, None) == "kill:rank=1:step=5"

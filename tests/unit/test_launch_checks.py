@@ -1,0 +1,73 @@
+"""Launches and chaos specs that can never do what they say: refused (exit 2) or warned, before anything starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deadpool.agent.launch import check_launch, visible_steps
+from deadpool.chaos import parse, unreachable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_rank_beyond_the_world_is_refused_naming_the_spec_and_the_world() -> None:
+    refusal, warning = unreachable(parse("kill:rank=4:step=3"), world=4, spares=1, steps=None)
+    assert "'kill:rank=4:step=3'" in refusal and "4 seat(s)" in refusal and warning == ""
+    assert unreachable(parse("kill:rank=3:step=3"), world=4, spares=1, steps=None) == ("", "")
+
+
+def test_across_hosts_the_world_is_nnodes_times_nproc() -> None:
+    # --nnodes 2 --nproc 2: rank 3 lives on the other host, and is fine.
+    assert check_launch(4, 1, [parse("kill:rank=3:step=3")], [], 0) == ([], [])
+    assert check_launch(4, 1, [parse("kill:rank=4:step=3")], [], 0)[0]
+
+
+def test_a_spare_beyond_spares_is_refused() -> None:
+    refusal, _ = unreachable(parse("kill:spare=1:after=2"), world=2, spares=1, steps=None)
+    assert "spare 1" in refusal and "--spares 1" in refusal
+    assert unreachable(parse("kill:spare=0:after=2"), world=2, spares=1, steps=None) == ("", "")
+
+
+def test_a_step_beyond_visible_steps_is_only_a_warning() -> None:
+    refusals, warnings = check_launch(4, 1, [parse("kill:rank=1:step=40")], ["--steps", "30"], 0)
+    assert refusals == [] and len(warnings) == 1
+    assert "step 40" in warnings[0] and "--steps 30" in warnings[0]
+    assert "sees only the script's arguments" in warnings[0]
+    assert check_launch(4, 1, [parse("kill:rank=1:step=29")], ["--steps", "30"], 0) == ([], [])
+    assert check_launch(4, 1, [parse("kill:rank=1:step=40")], [], 0) == ([], [])  # unknown: nothing said
+
+
+def test_visible_steps_reads_both_forms_and_the_last_wins() -> None:
+    assert visible_steps(["--steps", "30"]) == 30
+    assert visible_steps(["--steps=12", "--lr", "3"]) == 12
+    assert visible_steps(["--steps", "5", "--steps", "7"]) == 7
+    assert visible_steps(["--max-steps", "5", "--steps"]) is None
+
+
+def test_a_world_of_one_with_spares_needs_a_disk_checkpoint() -> None:
+    [refusal], _ = check_launch(1, 1, [], [], 0)
+    assert "no buddy" in refusal and "--checkpoint-every" in refusal
+    assert check_launch(1, 1, [], [], 5) == ([], [])  # a disk checkpoint restores it
+    assert check_launch(1, 0, [], [], 0) == ([], [])  # no spare: nothing promised
+    assert check_launch(None, 1, [], [], 0) == ([], [])  # adding spares to a running job: world unknown
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (["--nproc", "4", "--chaos", "kill:rank=4:step=3"], "names rank 4, but the world has 4 seat(s)"),
+    (["--nproc", "1", "--spares", "1"], "no buddy"),
+])
+def test_the_cli_refuses_with_exit_2_before_anything_starts(tmp_path: Path, args: list[str], expect: str) -> None:
+    events = tmp_path / "events.jsonl"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "deadpool", "launch", "--events", str(events), *args,
+                           str(REPO / "tests" / "fixtures" / "tiny_train.py"), "--steps", "30"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    assert expect in proc.stderr and proc.stderr.startswith("deadpool launch: ")
+    assert not events.exists()  # no coordinator, no worker
+    assert time.monotonic() - started < 30
