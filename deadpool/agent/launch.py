@@ -605,7 +605,7 @@ def summarize(events_path: str) -> list[str]:
                 lines.append(f"  swap: rank {swap.rank} back in {swap.recovery_s} s "
                              f"(failure to first finished step; {swap.old_member} -> {swap.new_member})")
             case summary.JobFailed() as failed:
-                lines.extend(_failure_lines(failed.reason, record))
+                lines.extend(_failure_lines(failed))
             case summary.JobFinished() as finished:
                 digest = finished.digest
     if digest is not None:
@@ -613,15 +613,14 @@ def summarize(events_path: str) -> list[str]:
     return lines
 
 
-def _failure_lines(reason: str, record: dict[str, Any]) -> list[str]:
+def _failure_lines(failed: summary.JobFailed) -> list[str]:
     """The summary's lines for a job_failed event: the reason; for a script's error, its traceback too."""
-    detail, trace = record.get("detail"), record.get("traceback")
-    if reason != "user_error" or not isinstance(detail, str):
-        return [f"  job failed: {reason}"]
-    lines = [f"  job failed (user_error): {detail}"]
-    if isinstance(trace, str) and trace:
-        lines.append(f"  traceback of {record.get('raised_by', '?')} (rank {record.get('rank', -1)}):")
-        lines.extend(f"    {line}" for line in trace.rstrip("\n").splitlines())
+    if not failed.cause:
+        return [f"  job failed: {failed.reason}"]
+    lines = [f"  job failed ({failed.cause}): {failed.reason}"]
+    if failed.traceback:
+        lines.append(f"  traceback of {failed.raised_by or '?'} (rank {-1 if failed.rank is None else failed.rank}):")
+        lines.extend(f"    {line}" for line in failed.traceback.rstrip("\n").splitlines())
     return lines
 
 

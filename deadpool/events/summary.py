@@ -182,6 +182,9 @@ class JobFailed:
     member: str  # the writer
     rank: int | None  # the writer's rank
     reason: str  # why, and what to do next ("" when absent)
+    cause: str = ""  # the machine cause where the event names one (``user_error``), else ""
+    traceback: str = ""  # a script's error: the end of its traceback
+    raised_by: str = ""  # a script's error: the member that raised it
 
 
 Fact = (
@@ -285,8 +288,11 @@ def _finished(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
 
 def _job_failed(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
     # A stop with a machine cause (``reason: user_error``) carries its prose in ``detail``.
-    reason = as_str(r.get("detail")) or as_str(r.get("reason"))
-    return JobFailed(ts, as_str(r.get("member")), as_int(r.get("rank")), reason)
+    member, rank, reason = as_str(r.get("member")), as_int(r.get("rank")), as_str(r.get("reason"))
+    detail = r.get("detail")
+    if not isinstance(detail, str):
+        return JobFailed(ts, member, rank, reason)
+    return JobFailed(ts, member, rank, detail, reason, as_str(r.get("traceback")), as_str(r.get("raised_by")))
 
 
 _PARSERS: dict[Event, Callable[[Record, float | None, Mapping[str, int]], Fact]] = {

@@ -2,10 +2,10 @@
 
 Optional and off by default (``--checkpoint-dir DIR --checkpoint-every N``).
 Every N steps the newest local snapshot, already laid out in its arena, is
-written with ``torch.distributed.checkpoint.async_save`` (one checkpoint per
-seat: ``DIR/step-K/seat-S``), so the write runs in a background thread after a
-short staging copy.  A ``COMPLETE`` marker is written when the save finished;
-only marked checkpoints count, and the two newest complete steps are kept.
+copied once (a short staging copy) and written with ``torch.distributed.checkpoint.save``
+in a background thread (one checkpoint per seat: ``DIR/step-K/seat-S``).  A
+``COMPLETE`` marker is written when the save finished; only marked checkpoints
+count, and the three newest complete steps are kept.
 
 What is written is what the snapshot holds, as its arena packs it: the seat's
 own state and its slice of the replicated region, one flat byte tensor.  The
@@ -84,16 +84,18 @@ class DiskCheckpointer:
         target.mkdir(parents=True, exist_ok=True)
         (target / MANIFEST).write_bytes(slot.manifest.encode())
         (target / HELD).write_text(json.dumps({"seat": slot.seat, "world": slot.world}))
-        from torch.distributed.checkpoint.state_dict_saver import async_save
-
-        future = async_save({"held": slot.arena[: slot.nbytes]}, checkpoint_id=str(target), no_dist=True)
-        self._pending = self._executor.submit(self._finish, future, target, slot.step)
+        # The slot is written again two snapshots later: the write takes its own copy (what async_save's
+        # stager would do; async_save itself refuses to run once the script has DeadPool's default group,
+        # which has no CPU backend of torch's own).
+        held = slot.arena[: slot.nbytes].clone()
+        self._pending = self._executor.submit(self._write, held, target, slot.step)
         return True
 
-    def _finish(self, future: Any, target: Path, step: int) -> None:
-        """Background: wait for the write, mark it complete, keep only the two newest complete steps."""
-        result = future.result() if hasattr(future, "result") else future.upload_completion.result()
-        del result
+    def _write(self, held: torch.Tensor, target: Path, step: int) -> None:
+        """Background: write the copy, mark it complete, keep only the three newest complete steps."""
+        from torch.distributed.checkpoint.state_dict_saver import save
+
+        save({"held": held}, checkpoint_id=str(target), no_dist=True)
         (target / COMPLETE).write_text(str(step))
         steps = sorted(int(m.group(1)) for e in self.root.iterdir() if (m := _STEP_DIR.match(e.name)))
         for old in steps[:-3]:
