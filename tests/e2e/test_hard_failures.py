@@ -68,10 +68,24 @@ def test_two_simultaneous_kills_with_two_spares(tmp_path: Path, baseline: Launch
     one_view_per_epoch(result)
 
 
+
+def both_in_backward(step: int) -> tuple[str, ...]:
+    """Kill seat 2 and its buddy, seat 3, in the same swap.
+
+    Killed at the start of a step, seat 3 can lose the race: when seat 2's death is detected before
+    seat 3 has passed that boundary (fast detection, or seat 3 descheduled on a loaded machine), seat
+    3 pauses there, the view refilling seat 2 from seat 3's copy commits, and seat 3 dies only in the
+    next round, with its own copy safe on seat 0: a correct in-memory recovery, not the loss this
+    test is about. Killed in the step's backward, seat 2 dies a forward pass after both left the
+    previous step's all-reduce together, by when seat 3 is past its boundary, and a Prepare does not
+    stop a backward that has begun.
+    """
+    return ("--chaos", f"kill:rank=2:step={step}:at=backward", "--chaos", f"kill:rank=3:step={step}:at=backward")
+
 def test_rank_and_its_buddy_lost_stops_with_error_naming_the_seat(tmp_path: Path) -> None:
-    # Seat 2's snapshot copy lives on seat 3: losing both loses seat 2's state.
-    result = launch(tmp_path, "--nproc", "4", "--spares", "2", "--chaos", "kill:rank=2:step=6",
-                    "--chaos", "kill:rank=3:step=6", steps=STEPS, timeout=120)
+    # Seat 2's snapshot copy lives on seat 3: losing both loses seat 2's state. Both die in step 6's
+    # backward (both_in_backward): seat 3 has passed its step boundary before seat 2's death can be known.
+    result = launch(tmp_path, "--nproc", "4", "--spares", "2", *both_in_backward(6), steps=STEPS, timeout=120)
     assert result.returncode != 0
     failed = result.of("job_failed")
     assert len(failed) == 1
@@ -174,8 +188,7 @@ def test_spare_joins_running_job_and_is_adopted_later(tmp_path: Path, baseline: 
 def test_rank_and_its_buddy_lost_falls_back_to_disk_checkpoint(tmp_path: Path, baseline: LaunchResult) -> None:
     checkpoints = tmp_path / "checkpoints"
     result = launch(tmp_path, "--nproc", "4", "--spares", "2", "--checkpoint-dir", str(checkpoints),
-                    "--checkpoint-every", "4", "--chaos", "kill:rank=2:step=10", "--chaos", "kill:rank=3:step=10",
-                    steps=STEPS)
+                    "--checkpoint-every", "4", *both_in_backward(10), steps=STEPS)
     assert result.returncode == 0, result.output[-4000:]
     assert result.digest == baseline.digest, "rolled back to disk, and still bit-identical"
     fallback = result.of("disk_fallback")
