@@ -75,7 +75,7 @@ def find(coordinator: str) -> JobInfo | None:
         info = _read(path)
         if info is not None and _address_key(info.coordinator) == wanted and info not in found:
             found.append(info)
-    alive = [info for info in found if _alive(info.launcher_pid)]
+    alive = [info for info in found if process_alive(info.launcher_pid)]
     if alive:
         return alive[0]
     return found[0] if found else None
@@ -98,7 +98,8 @@ def _address_key(address: str) -> str:
     return f"{host}{sep}{port}"
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process `pid` exists on this host (one of another user counts)."""
     if pid <= 0:
         return False
     try:

@@ -74,7 +74,7 @@ async def _exited(pid: int) -> None:
     try:
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):  # no pidfd here (or already reaped): a slow poll instead
-        while _alive(pid):
+        while jobfile.process_alive(pid):
             await asyncio.sleep(0.1)
         return
     loop = asyncio.get_running_loop()
@@ -90,16 +90,6 @@ async def _exited(pid: int) -> None:
 def _set_once(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
