@@ -20,6 +20,11 @@ from deadpool.errors import MisuseError
 from deadpool.protocol.messages import Role
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine's loopback (where listening without the job's secret is allowed)."""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 def default_shm_dir() -> str:
     """``/dev/shm`` where it exists: snapshot slots there let a buddy on the same host map them, not copy them."""
     return "/dev/shm" if os.path.isdir("/dev/shm") else ""

@@ -29,7 +29,7 @@ from deadpool.actors.inbox import Bulk, Drain, Inbound, Outbound, Shutdown
 from deadpool.actors.membership import MembershipActor
 from deadpool.actors.snapshot_actor import CHUNK_BYTES, SnapshotActor
 from deadpool.chaos import Switch
-from deadpool.config import Config
+from deadpool.config import Config, is_loopback
 from deadpool.errors import MisuseError
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
@@ -128,7 +128,7 @@ class RuntimeThread:
 
     async def _run(self) -> None:
         host = self._bind_host
-        if not (host.startswith("127.") or host in ("localhost", "::1")) and not self._secret:
+        if not is_loopback(host) and not self._secret:
             raise MisuseError(f"refusing to listen on {host} (not loopback) without a shared secret: "
                               "set DEADPOOL_SECRET to the same value on every host")
         control_url = f"{self._scheme}://{host}:0" if self._scheme == "tcp" else f"{self._scheme}://"

@@ -35,7 +35,7 @@ from typing import Any
 from deadpool.agent import determinism, jobfile, progress
 from deadpool.chaos import SIGNALS, ChaosAction, ChaosSpec, unreachable
 from deadpool.chaos import parse as parse_chaos
-from deadpool.config import Config, raise_priority
+from deadpool.config import Config, is_loopback, raise_priority
 from deadpool.errors import MisuseError
 from deadpool.events import summary
 from deadpool.events.log import read_events
@@ -157,7 +157,7 @@ def validate(args: argparse.Namespace) -> None:
     if args.nproc + args.spares == 0:
         raise MisuseError("nothing to start: --nproc and --spares are both 0")
     bind = args.bind_host or args.master_addr or "127.0.0.1"
-    if not _is_loopback(bind) and not os.environ.get("DEADPOOL_SECRET"):
+    if not is_loopback(bind) and not os.environ.get("DEADPOOL_SECRET"):
         raise MisuseError(
             f"refusing to listen on {bind} (not loopback) without a shared secret: set DEADPOOL_SECRET to the same "
             "value on every host, so that no one else on the network can join, fence or stop the job"
@@ -220,10 +220,6 @@ def check_launch(world: int | None, spares: int, specs: list[ChaosSpec], script_
         if warning:
             warnings.append(warning)
     return refusals, warnings
-
-
-def _is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 async def _start_coordinator(args: argparse.Namespace, world: int, events: str, env: dict[str, str],
