@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from deadpool.actors.inbox import Drain
@@ -57,6 +57,7 @@ class PrepareReady:
     step: int  # last finished step of the live state
     local_steps: list[int]  # complete local snapshots held
     disk_steps: list[int]  # steps with a complete disk checkpoint for every seat
+    dirty_groups: list[str] = field(default_factory=list)  # mesh groups with a collective not completed here
 
 
 @dataclass

@@ -316,7 +316,7 @@ class SnapshotActor:
         our wards, as of now (a same-host ward confirms in place, so only the slot heads say which steps)."""
         ward_steps = self._wards.steps(self._view)
         ack = PrepareAck(self._member, ready.epoch, ready.step, list(ready.local_steps), ward_steps,
-                         list(ready.disk_steps))
+                         list(ready.disk_steps), list(ready.dirty_groups))
         self._to_membership(Outbound(ack))
 
     def _publish_holdings(self) -> None:

@@ -70,6 +70,7 @@ class Snapshots:
     local_steps: Sequence[int]  # complete local snapshots
     ward_steps: Mapping[int, Sequence[int]]  # seat -> complete buddy copies held
     disk_steps: Sequence[int] = ()  # steps with complete disk checkpoints of every seat
+    dirty_groups: Sequence[str] = ()  # mesh groups with a collective the survivor did not complete
 
 
 def silent_members(now: float, last_seen: Mapping[str, float], failure_timeout: float) -> list[tuple[str, str]]:
@@ -263,11 +264,13 @@ def next_view(
     rebuild: bool,
     from_disk: bool = False,
     sources: Mapping[int, str] | None = None,
+    dirty_groups: Sequence[str] = (),
 ) -> View:
     """The view after a change: replacements seated, spares updated, buddies re-placed.
 
     Seats in `sources` (default: the replaced seats) fetch from the named member; with
     `from_disk`, every seat restores from the disk checkpoint (``restore_from`` = DISK).
+    `dirty_groups` (mesh groups some survivor did not finish a collective on) are rebuilt.
     """
     seats = [replacements.get(seat, member) for seat, member in enumerate(view.seats)]
     members = set(seats) | set(spares)
@@ -291,6 +294,7 @@ def next_view(
         hosts={m: h for m, h in hosts.items() if m in members},
         buddies=buddies,
         restore_from=restore_from,
+        rebuild_groups=sorted(set(dirty_groups)) if rebuild else [],
     )
 
 

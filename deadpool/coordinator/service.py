@@ -237,7 +237,7 @@ class Coordinator:
                 self.events.emit(Event.REJECTED, reason="stale_ack", peer=message.sender, ack_epoch=message.epoch)
                 return
             rnd.acks[message.sender] = decisions.Snapshots(message.local_steps, message.ward_steps,
-                                                           message.disk_steps)
+                                                           message.disk_steps, message.dirty_groups)
             self._maybe_commit()
         elif isinstance(message, CollectiveFailed):
             self.events.emit(Event.COLLECTIVE_ERROR_REPORTED, member=message.sender, step=message.step,
@@ -518,7 +518,8 @@ class Coordinator:
             self.events.emit(Event.DISK_FALLBACK, resume_step=resume, reason=why)
         spares = [s for s in [*view.spares, *rnd.joined] if s not in rnd.replacements.values() and s not in self.fenced]
         new_view = decisions.next_view(view, rnd.epoch, rnd.replacements, spares, resume, self._hosts(),
-                                       self._bulk_addrs(), rebuild=True, from_disk=from_disk, sources=sources)
+                                       self._bulk_addrs(), rebuild=True, from_disk=from_disk, sources=sources,
+                                       dirty_groups=[g for ack in rnd.acks.values() for g in ack.dirty_groups])
         failed_at = {seat: self._failure_wall.get(member, self._wall()) for seat, member in rnd.failed.items()}
         for seat, member in rnd.failed.items():
             self._swaps.append(PendingSwap(seat, member, rnd.replacements[seat], failed_at[seat], rnd.epoch))
@@ -530,6 +531,7 @@ class Coordinator:
         self.events.epoch = view.epoch
         self.events.emit(Event.VIEW_COMMITTED, epoch=view.epoch, resume_step=view.resume_step, seats=view.seats,
                          spares=view.spares, store_prefix=view.store_prefix, reason=reason,
+                         rebuild_groups=view.rebuild_groups,
                          failed_seats=sorted(failed), buddies=view.buddies, trigger=trigger)
         self._broadcast([*view.seats, *view.spares], CommitView(view))
 

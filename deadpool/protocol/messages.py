@@ -90,6 +90,7 @@ class PrepareAck:
     local_steps: list[int]  # complete local snapshots held
     ward_steps: dict[int, list[int]]  # seat -> complete buddy copies held for that seat
     disk_steps: list[int] = field(default_factory=list)  # steps with a complete disk checkpoint for every seat
+    dirty_groups: list[str] = field(default_factory=list)  # mesh groups with a collective not completed here
 
 
 @dataclass(frozen=True, slots=True)

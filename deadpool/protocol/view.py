@@ -9,7 +9,7 @@ member adopts a view only if its epoch is newer than the one it holds.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # A `restore_from` value that names no member: the seat reads its state from the disk checkpoint of
 # `resume_step` (the fallback when a seat and the buddy holding its copy are lost together).
@@ -30,6 +30,9 @@ class View:
     hosts: dict[str, str]  # member id -> host (failure domain)
     buddies: list[int]  # seat -> the seat whose member keeps a copy of its snapshots
     restore_from: dict[int, str]  # seat -> member id serving its snapshot (seats that changed), or DISK_SOURCE
+    # Mesh groups (``rt.device_mesh``) that a seat reported with an unfinished collective: rebuilt with the
+    # groups that hold a replaced seat, which every seat works out itself.
+    rebuild_groups: list[str] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:

@@ -30,6 +30,7 @@ from deadpool.protocol.view import View
 from deadpool.worker.exit import GUARD
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.groups import install_default_group
+from deadpool.worker.mesh import Rebuilt, SeatMesh
 from deadpool.worker.step import StepState
 from deadpool.worker.zero import ZeroShard
 
@@ -95,6 +96,10 @@ def create_group(
     return result[0]
 
 
+POLL_FIRST_S = 0.0002  # a future-less work's completion is polled from this interval ...
+POLL_MAX_S = 0.005  # ... doubling up to this one
+
+
 class Waiter:
     """Wakes the compute thread when a collective completes or an interrupt arrives.
 
@@ -113,23 +118,34 @@ class Waiter:
             CollectiveAborted: the collective failed (peer died), was interrupted, or timed out.
         """
         finished = threading.Event()
-        future = work.get_future()
+        try:
+            future = work.get_future()
+        except RuntimeError:  # some gloo works (the coalesced ones) have no future: poll their completion
+            future = None
+        if future is not None:
 
-        def on_done(_: torch.futures.Future[object]) -> None:
-            finished.set()
-            with self._condition:
-                self._condition.notify_all()
+            def on_done(_: torch.futures.Future[object]) -> None:
+                finished.set()
+                with self._condition:
+                    self._condition.notify_all()
 
-        future.add_done_callback(on_done)
+            future.add_done_callback(on_done)
         deadline = time.monotonic() + bound
+        poll = POLL_FIRST_S
         with self._condition:
             while not finished.is_set():
+                if future is None and work.is_completed():
+                    break
                 if self._interrupted():
                     raise CollectiveAborted(what, "interrupted by the membership service", interrupted=True)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise CollectiveAborted(what, f"no completion within {bound:.1f}s")
-                self._condition.wait(min(remaining, 0.5))
+                if future is None:
+                    self._condition.wait(min(remaining, poll))
+                    poll = min(poll * 2, POLL_MAX_S)
+                else:
+                    self._condition.wait(min(remaining, 0.5))
         try:
             work.wait()
         except RuntimeError as err:
@@ -189,6 +205,9 @@ class GroupCollectives:
         self._timeout = timeout
         self._bind_host = bind_host
         self._waiter = Waiter(handoff.condition, lambda: handoff.interrupted(state.epoch))
+        self._bounded = Waiter(handoff.condition, lambda: False)  # mesh groups: done, failed or timed out
+        self.mesh: SeatMesh | None = None  # rt.device_mesh's groups, once the script asked for a mesh
+        self.last_rebuild = Rebuilt()  # what the newest view change did to the mesh groups
 
     # -- the group ----------------------------------------------------------------------------
 
@@ -204,12 +223,43 @@ class GroupCollectives:
         self.retire()
         store = connect_store(view.store_addr, self._timeout)
         GUARD.retire(store)
-        self.group = create_group(
-            store, view.store_prefix, seat, view.world_size, self._timeout,
-            lambda: self._handoff.interrupted(view.epoch), connect_timeout=self._timeout, hostname=self._bind_host,
-        )
+        build = self._builder(view)
+        self.group = build(store, view.store_prefix, seat, view.world_size)
         # torch's default group is the script's way onto this group: registered once seated, kept across views.
         install_default_group(self, seat, view.world_size, PrefixStore(f"{view.store_prefix}/default_pg", store))
+        if self.mesh is not None:
+            self.last_rebuild = self.mesh.rebuild(view, store, build)
+
+    def seat_mesh(self, shape: Sequence[int], names: Sequence[str], view: View, seat: int, first: bool) -> SeatMesh:
+        """This seat's mesh in `view`, with torch's default group (a DeviceMesh needs one) installed.
+
+        `first`: the job's first view, which the seat takes without a restore: its groups are built
+        now, for the collectives of the script's wrapping (``parallelize_module`` scatters).  A
+        seat that will restore (a spare) gets its groups when it adopts the view; until then its
+        collectives complete locally (what they compute is overwritten by the restore).
+
+        Raises:
+            MisuseError: the shape does not cover the view's seats.
+            CollectiveAborted: interrupted by a newer view, or a peer died meanwhile.
+            WaitTimeout: a group did not form in time.
+        """
+        store = connect_store(view.store_addr, self._timeout)
+        GUARD.retire(store)
+        install_default_group(self, seat, view.world_size, PrefixStore(f"{view.store_prefix}/default_pg", store))
+        self.mesh = SeatMesh(shape, names, seat, view.world_size, self)
+        if first:
+            self.last_rebuild = self.mesh.rebuild(view, store, self._builder(view))
+        return self.mesh
+
+    def _builder(self, view: View) -> Callable[[Store, str, int, int], ProcessGroupGloo]:
+        """`build(store, prefix, rank, size)`: one gloo group of `view`, given up on when a newer view comes."""
+
+        def build(store: Store, prefix: str, rank: int, size: int) -> ProcessGroupGloo:
+            return create_group(store, prefix, rank, size, self._timeout,
+                                lambda: self._handoff.interrupted(view.epoch),
+                                connect_timeout=self._timeout, hostname=self._bind_host)
+
+        return build
 
     def retire(self) -> None:
         """Set the current group aside without destroying it: destroying a group with an op in flight
@@ -281,6 +331,15 @@ class GroupCollectives:
         options = BroadcastOptions()
         options.rootRank = 0
         return self._run(lambda group: group.broadcast([flat], options), f"buffer broadcast of step {self._state.step}")
+
+    def wait_bounded(self, work: dist.Work, what: str) -> None:
+        """A mesh group's collective: waited on until it completes, fails or times out (not cut short by a
+        Prepare: the group's other seats issue it too, so it completes unless one of them failed).
+
+        Raises:
+            CollectiveAborted: it failed or timed out.
+        """
+        self._bounded.wait(work, f"{what} (step {self._state.step})", self._timeout)
 
     # -- the script's own collectives (torch's default group, groups.py) ------------------------
 

@@ -11,6 +11,7 @@ docs/architecture.md.
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -24,6 +25,8 @@ from torch._C._distributed_c10d import (
     AllreduceOptions,
     BarrierOptions,
     BroadcastOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
     Store,
     _unregister_process_group,
 )
@@ -84,35 +87,98 @@ class UserWork(dist.Work):
         return future
 
 
+class Works(dist.Work):
+    """Several gloo works as one: done when all are; its future completes with the last of theirs."""
+
+    def __init__(self, works: list[dist.Work]) -> None:
+        super().__init__()
+        self._works = works
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        for work in self._works:
+            work.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        if len(self._works) == 1:
+            return self._works[0].get_future()
+        return torch.futures.collect_all([work.get_future() for work in self._works])
+
+
 def _tensors(tensors: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
 
 
+class Op(enum.StrEnum):
+    """A collective a ``SeatGroup`` carries (the name torch.distributed gives it)."""
+
+    ALL_REDUCE = "all_reduce"
+    BROADCAST = "broadcast"
+    ALL_GATHER = "all_gather"
+    ALL_GATHER_INTO_TENSOR = "all_gather_into_tensor"
+    REDUCE_SCATTER = "reduce_scatter"
+    REDUCE_SCATTER_TENSOR = "reduce_scatter_tensor"
+    SCATTER = "scatter"
+    BARRIER = "barrier"
+
+
+GATHERS = frozenset({Op.ALL_GATHER, Op.ALL_GATHER_INTO_TENSOR})
+SCATTERS = frozenset({Op.REDUCE_SCATTER, Op.REDUCE_SCATTER_TENSOR})
+
+
 def _unsupported(what: str) -> MisuseError:
     return MisuseError(
-        f"torch.distributed.{what} on the default group is not supported under DeadPool: it carries "
-        "all_reduce, all_gather, all_gather_into_tensor, broadcast and barrier (see the README, "
-        "'Your own collectives')"
+        f"torch.distributed.{what} on a DeadPool group is not supported: it carries "
+        f"{', '.join(op.value for op in Op)} (see the README, 'Your own collectives')"
     )
 
 
-class DefaultGroup(dist.ProcessGroup):
-    """The default group: all_reduce, all_gather (into a list or a tensor), broadcast and barrier.
+def _rows(tensor: torch.Tensor, size: int) -> torch.Tensor:
+    """`tensor` as `size` equal rows (the layout of an all-gather's output and a reduce-scatter's input)."""
+    return tensor.reshape(size, -1)
+
+
+class SeatGroup(dist.ProcessGroup):
+    """A torch ``ProcessGroup`` whose collectives run on a gloo group the runtime replaces per view.
 
     Each collective works on staged copies (an abandoned collective may still complete
-    later, when a SIGSTOPped peer resumes, and must not write into the script's tensors
-    then) and copies the result back once it completed.  On a poisoned step a
+    later, when a SIGSTOPped peer resumes, and must not write into the caller's tensors
+    then) and copies the result back once it completed.  When the step is poisoned a
     collective completes locally: an all_reduce or broadcast leaves the tensor as it was,
-    an all_gather gives this seat's tensor in every place, as if every seat held the same.
-    Other collectives are not carried: they raise ``MisuseError``.
+    an all_gather gives this seat's tensor in every place, a reduce-scatter this seat's own
+    chunk, as if every seat held the same.  The values are lost with the step; what matters
+    is that the caller (the script, FSDP2, DTensor) runs to the step's end without an error.
+    Subclasses say where a collective is issued (`_issue`) and how it is waited on (`_await`).
     """
 
-    def __init__(self, collectives: UserCollectives, rank: int, size: int) -> None:
+    def __init__(self, rank: int, size: int, name: str) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]  # the stub lists only (store, rank, size)
-        self.collectives = collectives
+        self._name = name
 
-    def getBackendName(self) -> str:  # torch's name: C++ calls it through the ProcessGroup trampoline
+    def _issue(self, issue: Callable[[Any], dist.Work], op: Op) -> dist.Work | None:
+        """Run `issue(gloo_group)`; None when the collective must complete locally."""
+        raise NotImplementedError
+
+    def _await(self, work: dist.Work, op: Op) -> bool:
+        """Wait for `work`, interruptibly; False when it failed or was interrupted."""
+        raise NotImplementedError
+
+    # torch's names: C++ calls these through the ProcessGroup trampoline (DeviceMesh reads the group name).
+
+    def getBackendName(self) -> str:
         return BACKEND
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupDesc(self) -> str:
+        return self._name
 
     def allreduce(  # type: ignore[override]
         self, tensors: torch.Tensor | list[torch.Tensor], opts: AllreduceOptions | None = None,
@@ -120,7 +186,7 @@ class DefaultGroup(dist.ProcessGroup):
         live = _tensors(tensors)
         staged = [t.clone() for t in live]
         options = opts if opts is not None else AllreduceOptions()
-        return self._start("all_reduce", lambda group: group.allreduce(staged, options),
+        return self._start(Op.ALL_REDUCE, lambda group: group.allreduce(staged, options),
                            lambda: torch._foreach_copy_(live, staged), None, live)
 
     def broadcast(  # type: ignore[override]
@@ -129,7 +195,7 @@ class DefaultGroup(dist.ProcessGroup):
         live = _tensors(tensors)
         staged = [t.clone() for t in live]
         options = opts if opts is not None else BroadcastOptions()
-        return self._start("broadcast", lambda group: group.broadcast(staged, options),
+        return self._start(Op.BROADCAST, lambda group: group.broadcast(staged, options),
                            lambda: torch._foreach_copy_(live, staged), None, live)
 
     def allgather(  # type: ignore[override]
@@ -149,40 +215,94 @@ class DefaultGroup(dist.ProcessGroup):
                     output.copy_(tensor)
 
         flat = [t for outputs in output_lists for t in outputs]
-        return self._start("all_gather", lambda group: group.allgather(staged, inputs, options), done, local, flat)
+        return self._start(Op.ALL_GATHER, lambda group: group.allgather(staged, inputs, options), done, local, flat)
 
     def all_gather_single(  # type: ignore[override]
         self, output: torch.Tensor, tensor: torch.Tensor, opts: AllgatherOptions | None = None,
     ) -> dist.Work:
-        staged = torch.empty_like(output)
+        return self.allgather_into_tensor_coalesced([output], [tensor], opts)
+
+    _allgather_base = all_gather_single  # type: ignore[assignment]
+
+    def allgather_into_tensor_coalesced(  # type: ignore[override]
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: AllgatherOptions | None = None,
+    ) -> dist.Work:
+        staged = [torch.empty_like(t) for t in outputs]
         options = opts if opts is not None else AllgatherOptions()
+        size = self.size()
+
+        def issue(group: Any) -> dist.Work:  # gloo has no coalesced all-gather: one each
+            pairs = zip(staged, inputs, strict=True)
+            return Works([group._allgather_base(out, tensor, options) for out, tensor in pairs])
 
         def local() -> None:
-            output.view(self.size(), -1).copy_(tensor.reshape(1, -1).expand(self.size(), -1))
+            for output, tensor in zip(outputs, inputs, strict=True):
+                _rows(output, size).copy_(tensor.reshape(1, -1).expand(size, -1))
 
-        return self._start("all_gather_into_tensor", lambda group: group._allgather_base(staged, tensor, options),
-                           lambda: output.copy_(staged), local, [output])
+        return self._start(Op.ALL_GATHER_INTO_TENSOR, issue, lambda: torch._foreach_copy_(outputs, staged),
+                           local, outputs)
+
+    def reduce_scatter(  # type: ignore[override]
+        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+        opts: ReduceScatterOptions | None = None,
+    ) -> dist.Work:
+        return self.reduce_scatter_tensor_coalesced(
+            outputs, [torch.cat([t.reshape(-1) for t in inputs]) for inputs in input_lists], opts)
+
+    def reduce_scatter_single(  # type: ignore[override]
+        self, output: torch.Tensor, tensor: torch.Tensor, opts: ReduceScatterOptions | None = None,
+    ) -> dist.Work:
+        return self.reduce_scatter_tensor_coalesced([output], [tensor], opts)
+
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+
+    def reduce_scatter_tensor_coalesced(  # type: ignore[override]
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: ReduceScatterOptions | None = None,
+    ) -> dist.Work:
+        """As an all-reduce of a staged copy of each input, of which this seat keeps its chunk: gloo's own
+        reduce-scatter makes progress only inside ``wait()``, which cannot be given up on."""
+        staged = [t.detach().clone() for t in inputs]
+        options = AllreduceOptions()
+        options.reduceOp = (opts if opts is not None else ReduceScatterOptions()).reduceOp
+        rank, size = self.rank(), self.size()
+
+        def done() -> None:
+            for output, summed in zip(outputs, staged, strict=True):
+                output.copy_(_rows(summed, size)[rank].view_as(output))
+
+        def local() -> None:
+            for output, tensor in zip(outputs, inputs, strict=True):
+                output.copy_(_rows(tensor, size)[rank].view_as(output))
+
+        return self._start(Op.REDUCE_SCATTER_TENSOR,
+                           lambda group: Works([group.allreduce([t], options) for t in staged]), done, local, outputs)
+
+    def scatter(  # type: ignore[override]
+        self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+        opts: ScatterOptions | None = None,
+    ) -> dist.Work:
+        staged = [torch.empty_like(t) for t in outputs]
+        options = opts if opts is not None else ScatterOptions()
+        rank = self.rank()
+
+        def local() -> None:
+            for output, inputs in zip(outputs, input_lists, strict=False):  # only the root has inputs
+                output.copy_(inputs[rank])
+
+        return self._start(Op.SCATTER, lambda group: group.scatter(staged, input_lists, options),
+                           lambda: torch._foreach_copy_(outputs, staged), local, outputs)
 
     def barrier(self, opts: BarrierOptions | None = None) -> dist.Work:  # type: ignore[override]
         options = opts if opts is not None else BarrierOptions()
-        return self._start("barrier", lambda group: group.barrier(options), lambda: None, None, [])
+        return self._start(Op.BARRIER, lambda group: group.barrier(options), lambda: None, None, [])
 
     # What is not carried fails with a message that says so (torch's would be "No backend type ...").
 
     def reduce(self, *_: Any) -> dist.Work:  # type: ignore[override]
         raise _unsupported("reduce")
 
-    def reduce_scatter(self, *_: Any) -> dist.Work:  # type: ignore[override]
-        raise _unsupported("reduce_scatter")
-
-    def reduce_scatter_single(self, *_: Any) -> dist.Work:  # type: ignore[override]
-        raise _unsupported("reduce_scatter_tensor")
-
     def gather(self, *_: Any) -> dist.Work:  # type: ignore[override]
         raise _unsupported("gather")
-
-    def scatter(self, *_: Any) -> dist.Work:  # type: ignore[override]
-        raise _unsupported("scatter")
 
     def alltoall(self, *_: Any) -> dist.Work:  # type: ignore[override]
         raise _unsupported("all_to_all")
@@ -198,25 +318,39 @@ class DefaultGroup(dist.ProcessGroup):
 
     def _start(
         self,
-        what: str,
+        op: Op,
         issue: Callable[[Any], dist.Work],
         done: Callable[[], object],
         local: Callable[[], None] | None,
         result: list[torch.Tensor],
     ) -> dist.Work:
-        real = self.collectives.issue_user(issue)
+        real = self._issue(issue, op)
         if real is None:
             if local is not None:
                 local()
             return UserWork(None, None, result)
 
         def finish() -> None:
-            if self.collectives.await_user(real, what):
+            if self._await(real, op):
                 done()
             elif local is not None:
                 local()
 
         return UserWork(finish, real, result)
+
+
+class DefaultGroup(SeatGroup):
+    """torch's default group: the script's own collectives, on the current view's group of every seat."""
+
+    def __init__(self, collectives: UserCollectives, rank: int, size: int) -> None:
+        super().__init__(rank, size, GROUP_NAME)
+        self.collectives = collectives
+
+    def _issue(self, issue: Callable[[Any], dist.Work], op: Op) -> dist.Work | None:
+        return self.collectives.issue_user(issue)
+
+    def _await(self, work: dist.Work, op: Op) -> bool:
+        return self.collectives.await_user(work, op.value)
 
 
 def install_default_group(collectives: UserCollectives, rank: int, size: int, store: Store) -> DefaultGroup | None:
@@ -240,8 +374,6 @@ def install_default_group(collectives: UserCollectives, rank: int, size: int, st
         _unregister(current)
         GUARD.retire(current)
     group = DefaultGroup(collectives, rank, size)
-    group._set_group_name(GROUP_NAME)
-    group._set_group_desc("DeadPool's default group: the current view's seats")
     c10d._register_pg_in_world(group, BACKEND, store, GROUP_NAME, BACKEND,
                                rank_mapping={seat: seat for seat in range(size)})
     c10d._update_default_pg(group)

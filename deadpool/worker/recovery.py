@@ -72,6 +72,7 @@ class Recovery:
         self._zero_shards = zero_shards
         self._seat_samplers = seat_samplers  # (seat, world): DistributedSamplers take the adopted seat
         self._recovering_epoch = 0  # epoch whose first finished step is reported as Recovered
+        self._offer: CommitView | Stop | None = None  # the seating view rt.device_mesh waited for, not yet adopted
         self._fetch_s = 0.0
 
     def set_view(self, view: View) -> None:
@@ -101,6 +102,37 @@ class Recovery:
             JobStopped: the coordinator ended the job.
             WaitTimeout: an active member got no first view within ``startup_timeout``.
         """
+        offer, self._offer = self._offer or self._next_offer(), None
+        if isinstance(offer, Stop):
+            self._events.emit(Event.SPARE_RELEASED, reason=offer.reason)
+            return None
+        first = self._adopt_with_retry(offer.view)
+        # Seated but interrupted (another failure during this swap): answer the next Prepare like
+        # any survivor, from the snapshot the adoption already took.
+        return first if first is not None else self.recover()
+
+    def wait_for_offer(self) -> View | None:
+        """Block until a view seats this member, without adopting it (``rt.steps()`` does); None: released.
+
+        ``rt.device_mesh`` needs the seat before the script wraps its model, and the restore
+        after: the view waits here for ``wait_for_seat``.
+
+        Raises:
+            JobStopped: the coordinator ended the job.
+            WaitTimeout: an active member got no first view within ``startup_timeout``.
+        """
+        if self._offer is None:
+            self._offer = self._next_offer()
+        return self._offer.view if isinstance(self._offer, CommitView) else None
+
+    def is_first(self, view: View) -> bool:
+        """`view` is the job's first and this member takes its seat in it without a restore."""
+        seat = view.seat_of(self._env.member)
+        return self._state.view is None and view.resume_step == -1 and seat is not None and \
+            seat not in view.restore_from
+
+    def _next_offer(self) -> CommitView | Stop:
+        """The view that seats this member, or the Stop that releases a spare the job did not need."""
         started = time.monotonic()
         spare = self._env.role == Role.SPARE
         bound = SPARE_WAIT_S if spare else self._config.startup_timeout
@@ -118,16 +150,12 @@ class Recovery:
                 continue
             if isinstance(command, Stop):
                 if command.ok and self._state.rank < 0:
-                    self._events.emit(Event.SPARE_RELEASED, reason=command.reason)
-                    return None
+                    return command
                 raise JobStopped(command.reason)
             if isinstance(command, Fenced):
                 exit_fenced(self._events, self._env.member, command)
             if isinstance(command, CommitView) and command.view.seat_of(self._env.member) is not None:
-                first = self._adopt_with_retry(command.view)
-                # Seated but interrupted (another failure during this swap): answer the next Prepare like
-                # any survivor, from the snapshot the adoption already took.
-                return first if first is not None else self.recover()
+                return command
 
     def recover(self, pending: Command | None = None) -> int:
         """Pause at the boundary, answer Prepares, adopt the committed view; returns the next step.
@@ -156,8 +184,10 @@ class Recovery:
                 world = state.view.world_size if state.view else self._env.world_size
                 disk = complete_steps(self._disk.root, world) if self._disk.enabled else []
                 # The snapshot actor adds the ward copies it holds and sends the PrepareAck.
+                mesh = self._collectives.mesh
                 self._handoff.post(PrepareReady(command.epoch, self._progress.step,
-                                                self._snapshots.complete_steps(), disk))
+                                                self._snapshots.complete_steps(), disk,
+                                                mesh.dirty_groups() if mesh is not None else []))
             elif isinstance(command, CommitView) and command.view.epoch > state.epoch:
                 if command.view.seat_of(self._env.member) is None:
                     exit_fenced(self._events, self._env.member,
@@ -190,7 +220,7 @@ class Recovery:
         """
         seat = view.seat_of(self._env.member)
         assert seat is not None
-        first_view = self._state.view is None and view.resume_step == -1 and seat not in view.restore_from
+        first_view = self.is_first(view)
         started = time.perf_counter()
         if not first_view:
             # Keyed on the first step this member has not finished, not on the step in progress: a
@@ -237,8 +267,16 @@ class Recovery:
             self._recovering_epoch = view.epoch
             self._events.emit(Event.RESTORED, epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
                               bytes=nbytes, s=round(restore_s, 6), fetch_s=round(self._fetch_s, 6),
-                              group_s=round(group_s, 6))
+                              group_s=round(group_s, 6), **self._mesh_fields())
         return view.resume_step + 1
+
+    def _mesh_fields(self) -> dict[str, Any]:
+        """The ``restored`` event's account of the mesh groups (none without ``rt.device_mesh``)."""
+        if self._collectives.mesh is None:
+            return {}
+        rebuilt = self._collectives.last_rebuild
+        return {"groups_rebuilt": rebuilt.rebuilt, "groups_kept": rebuilt.kept,
+                "mesh_group_s": round(rebuilt.seconds, 6)}
 
     def _restore_local(self, step: int) -> Restored:
         slot = self._snapshots.find(step)

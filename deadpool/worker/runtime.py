@@ -14,10 +14,11 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 
 from deadpool.actors.handoff import Command, Handoff, LocalReady, Progress
 from deadpool.actors.runtime_thread import RuntimeThread
@@ -31,6 +32,7 @@ from deadpool.protocol.view import View
 from deadpool.snapshot.checkpoint import DiskCheckpointer
 from deadpool.snapshot.statetree import state_digest
 from deadpool.snapshot.store import Slot, SnapshotStore
+from deadpool.worker import dtensors
 from deadpool.worker import rng as rng_mod
 from deadpool.worker import zero as zero_mod
 from deadpool.worker.collective import GroupCollectives
@@ -97,6 +99,7 @@ class Runtime:
             member=self.member,
         )
         self._tracked: dict[str, Any] = {}
+        self._sharded = False  # the script has a mesh (rt.device_mesh): tracked state may hold DTensors
         self._optimizers: list[torch.optim.Optimizer] = []
         self._zero_shards: list[zero_mod.ZeroShard] = []
         self._replicated_params: list[torch.nn.Parameter] = []  # averaged by rt.ddp: the same on every seat
@@ -187,6 +190,33 @@ class Runtime:
         )
         self._data_seats.add(sampler)
         return sampler
+
+    def device_mesh(self, shape: Sequence[int], names: Sequence[str]) -> DeviceMesh:
+        """A torch ``DeviceMesh`` of the job's seats (row-major), for ``fully_shard`` and ``parallelize_module``.
+
+        Its groups keep their identity across swaps while DeadPool replaces the gloo groups behind
+        those that held a replaced seat.  On a spare this blocks until it is seated (its seat decides
+        which shards it holds), so that it wraps its model exactly as the seat's old member did; its
+        state is restored when it reaches ``rt.steps()``.  A spare released before it was needed
+        exits here (status 0).
+
+        Raises:
+            MisuseError: called twice or after the first step, or the shape does not cover the seats.
+        """
+        if self._collectives.mesh is not None:
+            raise MisuseError("rt.device_mesh(): this job has its mesh already (call it once)")
+        if self._state.step >= 0:
+            raise MisuseError("rt.device_mesh() must be called before the first step")
+        view = self._recovery.wait_for_offer()
+        if view is None:  # a spare the job finished without
+            self._recovery.wait_for_seat()
+            self._shutdown()
+            raise SystemExit(0)
+        seat = view.seat_of(self.member)
+        assert seat is not None
+        mesh = self._collectives.seat_mesh(shape, names, view, seat, first=self._recovery.is_first(view))
+        self._sharded = True
+        return mesh.device_mesh
 
     def zero_optimizer(
         self, params: Any, optimizer_class: type[torch.optim.Optimizer], **defaults: Any,
@@ -323,13 +353,15 @@ class Runtime:
 
     def _live_state(self) -> dict[str, Any]:
         state = {name: obj.state_dict() for name, obj in self._tracked.items()}
+        if self._sharded:
+            state = dtensors.localize(state)  # a seat holds the local shards of its DTensors
         state["__rng__"] = rng_mod.capture()
         return state
 
     def _load(self, state: dict[str, Any]) -> None:
         rng = state.pop("__rng__")
         for name, obj in self._tracked.items():
-            obj.load_state_dict(state[name])
+            obj.load_state_dict(dtensors.relayout(state[name], obj) if self._sharded else state[name])
         rng_mod.restore(rng)  # last: loading an object may draw from the RNGs (a loader's pass does)
 
     def _background_pointers(self) -> set[int]:
@@ -337,10 +369,10 @@ class Runtime:
         pointers: set[int] = set()
         for optimizer in self._optimizers:
             for group in optimizer.param_groups:
-                pointers.update(p.data_ptr() for p in group["params"])
+                pointers.update(dtensors.local(p).data_ptr() for p in group["params"])
             inner: torch.optim.Optimizer = getattr(optimizer, "optim", optimizer)  # ZeRO: the local shard's optimizer
             for state in inner.state.values():
-                pointers.update(v.data_ptr() for v in state.values() if isinstance(v, torch.Tensor))
+                pointers.update(dtensors.local(v).data_ptr() for v in state.values() if isinstance(v, torch.Tensor))
         return pointers
 
     def _replicated_pointers(self) -> set[int]:

@@ -24,7 +24,7 @@ def test_parse_forms() -> None:
         "kill:step=3",
         "kill:rank=1:spare=0:step=1",
         "kill:rank=x:step=1",
-        "kill:rank=1:step=1:at=forward",
+        "kill:rank=1:step=1:at=sideways",
         "kill:rank=1:step=1:step=2",
         "kill:spare=0",
         "kill:rank=1:bogus=2:step=1",

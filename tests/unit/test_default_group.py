@@ -76,6 +76,20 @@ class IdenticalPeers:
     def barrier(self, opts: Any) -> Done:
         return Done()
 
+    def _reduce_scatter_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> Done:
+        output.copy_(tensor.reshape(WORLD, -1)[1] * WORLD)  # seat 1's chunk, summed over identical seats
+        return Done()
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Done:
+        for output, chunks in zip(outputs, inputs, strict=True):
+            output.copy_(chunks[1] * WORLD)
+        return Done()
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Done:
+        for output in outputs:
+            output.fill_(5.0)  # the root's chunk for seat 1
+        return Done()
+
 
 class Runtime:
     """A ``UserCollectives``: `poisoned` refuses to issue, `fail` makes the wait fail."""
@@ -268,8 +282,30 @@ def test_the_usercollective_chaos_point_fires_after_the_issue(monkeypatch: pytes
     assert order == ["issued", "fired"], "the collective is in flight when the spec fires"
 
 
+def test_the_sharding_collectives_run_and_complete_locally_when_poisoned(runtime: Runtime) -> None:
+    """reduce_scatter(_tensor), all_gather_into_tensor and scatter (FSDP2's, DTensor's): each seat's own chunk."""
+    tensor = torch.arange(6.0)
+    out = torch.zeros(2)
+    dist.reduce_scatter_tensor(out, tensor)
+    assert out.tolist() == [6.0, 9.0]
+    listed = torch.zeros(2)
+    dist.reduce_scatter(listed, list(tensor.chunk(WORLD)))
+    assert listed.tolist() == [6.0, 9.0]
+    gathered = torch.zeros(6)
+    dist.all_gather_into_tensor(gathered, torch.tensor([1.0, 2.0]))
+    assert gathered.tolist() == [1.0, 2.0] * WORLD
+    scattered = torch.zeros(2)
+    dist.scatter(scattered, None, src=0)
+    assert scattered.tolist() == [5.0, 5.0]
+    runtime.poisoned = True
+    dist.reduce_scatter_tensor(out, tensor)
+    assert out.tolist() == [2.0, 3.0], "this seat's own chunk, unreduced"
+    dist.all_gather_into_tensor(gathered, torch.tensor([4.0, 5.0]))
+    assert gathered.tolist() == [4.0, 5.0] * WORLD
+
+
 def test_a_collective_that_is_not_carried_says_so(runtime: Runtime) -> None:
-    with pytest.raises(MisuseError, match="reduce_scatter on the default group is not supported"):
-        dist.reduce_scatter(torch.zeros(1), [torch.ones(1)] * WORLD)
+    with pytest.raises(MisuseError, match="gather on a DeadPool group is not supported"):
+        dist.gather(torch.zeros(1), [torch.ones(1)] * WORLD if dist.get_rank() == 0 else None)
     with pytest.raises(MisuseError, match="send"):
         dist.send(torch.ones(1), 0)

@@ -1,0 +1,67 @@
+"""Sharded state in snapshots: a seat's snapshot holds the local shards of its DTensors, nothing else.
+
+FSDP2 and tensor parallel make parameters and optimizer state ``DTensor``s.  A snapshot takes
+each one's local tensor (a view, no communication), so a seat holds only its own shards and
+its buddy a copy of them; a restore wraps the loaded local tensors back into DTensors laid out
+like the live object's (its parameters' mesh and placements), then loads them the usual way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor whose storage holds `tensor`'s values on this seat (its local shard for a DTensor)."""
+    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor  # type: ignore[attr-defined]
+
+
+def localize(tree: Any) -> Any:
+    """`tree` (a state dict) with every DTensor replaced by its local tensor; other values untouched."""
+    if isinstance(tree, DTensor):
+        return local(tree)
+    if isinstance(tree, dict):
+        return {key: localize(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)) and any(isinstance(v, (DTensor, dict, list, tuple)) for v in tree):
+        return type(tree)(localize(value) for value in tree)
+    return tree
+
+
+def _like(loaded: Any, live: DTensor) -> Any:
+    if not isinstance(loaded, torch.Tensor) or isinstance(loaded, DTensor) or loaded.shape != local(live).shape:
+        return loaded
+    return DTensor.from_local(loaded, live.device_mesh, live.placements, run_check=False,
+                              shape=live.shape, stride=live.stride())
+
+
+def _relayout(loaded: Any, live: Any) -> Any:
+    if isinstance(live, DTensor):
+        return _like(loaded, live)
+    if isinstance(loaded, dict) and isinstance(live, dict):
+        return {key: _relayout(value, live[key]) if key in live else value for key, value in loaded.items()}
+    if isinstance(loaded, (list, tuple)) and isinstance(live, (list, tuple)) and len(loaded) == len(live):
+        return type(loaded)(_relayout(value, ref) for value, ref in zip(loaded, live, strict=True))
+    return loaded
+
+
+def relayout(loaded: Any, obj: Any) -> Any:
+    """`loaded` (a localized state dict of `obj`) with DTensors where `obj`'s live state has them.
+
+    An optimizer that has not stepped yet (a spare's) has no state to copy the layout from: its
+    per-parameter state takes the layout of the parameter, by the index ``state_dict`` uses.
+    """
+    live = obj.state_dict()
+    if isinstance(obj, torch.optim.Optimizer) and isinstance(loaded, dict) and "state" in loaded:
+        params = [p for group in obj.param_groups for p in group["params"]]
+        state = {}
+        for index, entries in loaded["state"].items():
+            param = params[index] if isinstance(index, int) and index < len(params) else None
+            if isinstance(param, DTensor):
+                entries = {key: _like(value, param) for key, value in entries.items()}
+            state[index] = entries
+        return {**loaded, "state": state}
+    return _relayout(loaded, live)
+

@@ -1,0 +1,216 @@
+"""``rt.device_mesh``: a torch ``DeviceMesh`` whose groups keep their identity while DeadPool replaces their gloo.
+
+Every mesh dimension of a seat is a ``MeshGroup`` (a ``SeatGroup``) registered in torch's
+registry under a stable name, so ``fully_shard`` and ``parallelize_module`` take the mesh
+unchanged and FSDP2's cached group objects stay valid across swaps.  At a view change only the
+groups that hold a replaced seat, or that a seat reported unfinished (``dirty``), get a new gloo
+group; the others keep theirs.  A failed collective breaks only its own group: collectives on
+the others are still issued and waited on, so every healthy group stays in step on all its
+seats and can be kept (why, and the proof, in docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch._C._distributed_c10d import Store
+from torch.distributed.device_mesh import DeviceMesh
+
+from deadpool.chaos import ChaosPoint
+from deadpool.errors import CollectiveAborted, MisuseError
+from deadpool.protocol.view import View
+from deadpool.worker.exit import GUARD
+from deadpool.worker.groups import BACKEND, GATHERS, SCATTERS, Op, SeatGroup
+
+log = logging.getLogger("deadpool")
+
+
+class MeshCollectives(Protocol):
+    """What a mesh group needs from the runtime (``GroupCollectives`` is the runtime's)."""
+
+    def fault_point(self, point: ChaosPoint) -> None:
+        """A fault-injection point (returns at once when no chaos is declared)."""
+        ...
+
+    def poison(self, err: BaseException) -> None:
+        """The step is lost: report the failure (the step runs on to its end, then recovery)."""
+        ...
+
+    def wait_bounded(self, work: dist.Work, what: str) -> None:
+        """Wait for `work` until it completes or the group timeout; not cut short by a Prepare.
+
+        Raises:
+            CollectiveAborted: the collective failed or timed out.
+        """
+        ...
+
+
+def chaos_point(op: Op) -> ChaosPoint:
+    """Where a mesh collective's kill fires: ``allgather``, ``reducescatter``, ``backward`` or ``forward``."""
+    if op in GATHERS:
+        return ChaosPoint.ALLGATHER
+    if op in SCATTERS:
+        return ChaosPoint.REDUCESCATTER
+    return ChaosPoint.BACKWARD if torch._C._current_autograd_node() is not None else ChaosPoint.FORWARD
+
+
+@dataclass
+class MeshDim:
+    """One of this seat's mesh groups: its seats, and the gloo group it runs on now."""
+
+    dim: str  # the mesh dimension's name ("dp", "tp")
+    name: str  # the stable name torch's registry knows the group by
+    seats: tuple[int, ...]  # the global ranks in the group, in group-rank order
+    inner: Any = None  # the gloo group (None: none yet, the seat is not in a view)
+    members: tuple[str, ...] = ()  # the members of `seats` when `inner` was built
+    broken: bool = False  # a collective on it failed this step: the rest complete locally
+    dirty: bool = False  # a collective on it did not complete on this seat since it was built
+
+    def needs_rebuild(self, view: View) -> bool:
+        """A seat of the group has a new member, the view says so, or the seat has none yet."""
+        return self.inner is None or self.name in view.rebuild_groups or \
+            tuple(view.seats[seat] for seat in self.seats) != self.members
+
+
+class MeshGroup(SeatGroup):
+    """A mesh dimension's group: collectives issued on its gloo group, each waited on until done or timeout."""
+
+    def __init__(self, dim: MeshDim, collectives: MeshCollectives, rank: int) -> None:
+        super().__init__(dim.seats.index(rank), len(dim.seats), dim.name)
+        self.dim = dim
+        self._collectives = collectives
+
+    def _issue(self, issue: Callable[[Any], dist.Work], op: Op) -> dist.Work | None:
+        dim = self.dim
+        if dim.broken or dim.inner is None:
+            dim.dirty = dim.dirty or dim.inner is not None
+            return None
+        try:
+            work = issue(dim.inner)
+        except RuntimeError as err:
+            self._break(err)
+            return None
+        dim.dirty = True  # until the wait completes
+        self._collectives.fault_point(chaos_point(op))
+        return work
+
+    def _await(self, work: dist.Work, op: Op) -> bool:
+        try:
+            self._collectives.wait_bounded(work, f"{op.value} on mesh group {self.dim.name}")
+        except (CollectiveAborted, RuntimeError) as err:
+            self._break(err)
+            return False
+        self.dim.dirty = False
+        return True
+
+    def _break(self, err: BaseException) -> None:
+        self.dim.broken = True
+        self.dim.dirty = True
+        self._collectives.poison(err)
+
+
+def mesh_dims(shape: Sequence[int], names: Sequence[str], rank: int) -> list[MeshDim]:
+    """This seat's group along every dimension of a mesh of `shape` over ranks 0..N-1 (row-major)."""
+    layout = torch.arange(math.prod(shape)).view(*shape)
+    coords = [int(c) for c in (layout == rank).nonzero()[0]]
+    dims = []
+    for axis, dim in enumerate(names):
+        index = list(coords)
+        index[axis] = slice(None)  # type: ignore[call-overload]
+        seats = tuple(int(r) for r in layout[tuple(index)].tolist())
+        others = [c for a, c in enumerate(coords) if a != axis]
+        key = "-".join(str(c) for c in others) or "0"
+        dims.append(MeshDim(dim, f"deadpool:{dim}:{key}", seats))
+    return dims
+
+
+@dataclass
+class Rebuilt:
+    """What one view change did to this seat's mesh groups."""
+
+    rebuilt: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class SeatMesh:
+    """This seat's mesh: the torch ``DeviceMesh`` the script holds and the groups behind its dimensions.
+
+    Raises:
+        MisuseError: the shape does not cover the job's seats, or names and shape disagree.
+    """
+
+    def __init__(self, shape: Sequence[int], names: Sequence[str], rank: int, world: int,
+                 collectives: MeshCollectives) -> None:
+        shape, names = tuple(int(n) for n in shape), tuple(names)
+        if len(shape) != len(names) or not shape or min(shape) < 1:
+            raise MisuseError(f"rt.device_mesh({shape}, {names}): one name per dimension, every size >= 1")
+        if len(set(names)) != len(names):
+            raise MisuseError(f"rt.device_mesh(): dimension names must differ, got {names}")
+        if math.prod(shape) != world:
+            raise MisuseError(f"rt.device_mesh({shape}): the mesh has {math.prod(shape)} seats, "
+                              f"the job has {world} (--nproc)")
+        self.shape, self.names = shape, names
+        self.dims = mesh_dims(shape, names, rank)
+        self.groups = [MeshGroup(dim, collectives, rank) for dim in self.dims]
+        for group, dim in zip(self.groups, self.dims, strict=True):
+            c10d._register_pg_in_world(group, BACKEND, None, dim.name, BACKEND,  # type: ignore[arg-type]
+                                       rank_mapping={seat: i for i, seat in enumerate(dim.seats)})
+        self.device_mesh = DeviceMesh.from_group(
+            list[dist.ProcessGroup](self.groups), "cpu", mesh=torch.arange(world).view(*shape), mesh_dim_names=names,
+        )
+
+    def dirty_groups(self) -> list[str]:
+        """The groups with a collective this seat did not complete since their last build (the PrepareAck's)."""
+        return [dim.name for dim in self.dims if dim.dirty]
+
+    def rebuild(self, view: View, store: Store, build: Callable[[Store, str, int, int], Any]) -> Rebuilt:
+        """Give the groups that need it a new gloo group under `view`'s prefix, in parallel; keep the others.
+
+        `build(store, prefix, group_rank, group_size)` builds one (``collective.create_group``).
+
+        Raises:
+            CollectiveAborted: interrupted by a newer view, or a peer died meanwhile.
+            WaitTimeout: a group did not form in time.
+        """
+        started = time.perf_counter()
+        report = Rebuilt()
+        todo = [dim for dim in self.dims if dim.needs_rebuild(view)]
+        for dim in self.dims:
+            dim.broken = False
+            if dim not in todo:
+                if dim.dirty:
+                    log.warning("mesh group %s has an unfinished collective but the view keeps it", dim.name)
+                report.kept.append(dim.name)
+        if todo:
+            with concurrent.futures.ThreadPoolExecutor(len(todo), thread_name_prefix="deadpool-mesh") as pool:
+                futures = {dim.name: pool.submit(build, store, f"{view.store_prefix}/mesh/{dim.name}",
+                                                 self.groups[self.dims.index(dim)].rank(), len(dim.seats))
+                           for dim in todo}
+                built = {name: future.result() for name, future in futures.items()}
+            for dim in todo:
+                if dim.inner is not None:
+                    GUARD.retire(dim.inner)
+                dim.inner = built[dim.name]
+                dim.members = tuple(view.seats[seat] for seat in dim.seats)
+                dim.dirty = False
+                report.rebuilt.append(dim.name)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def retire(self) -> None:
+        """Set every gloo group aside (the seat left its views); never destroyed."""
+        for dim in self.dims:
+            if dim.inner is not None:
+                GUARD.retire(dim.inner)
+            dim.inner, dim.members = None, ()
+
