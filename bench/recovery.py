@@ -10,14 +10,16 @@ For the same model (demos/gpt.py 'small', 3.3M parameters), world size (4), step
   gloo restart fails here and the per-attempt store prefix that makes it work);
 - TorchFT (PyPI ``torchft``), its lighthouse on 127.0.0.1, the killed replica group restarted
   (bench/baselines/torchft_baseline.py), where it installs and runs; otherwise one line says why;
-- plain DDP without checkpoints, failure-free: the reference for the overhead ratio.
+- plain DDP without checkpoints, failure-free: the reference for the overhead ratio;
+- ``sharded``: DeadPool on the Llama demo (13M parameters) under FSDP2 x tensor parallel on a 2x2
+  mesh, the same kill (its overhead ratio is left out: another model than the DDP reference's).
 
 Columns: time from the kill to the first step every rank finished after recovery
 (``recovery_s``), steps recomputed, total wall time of the run with one failure, and the
 failure-free median step time as a ratio to plain DDP.  Medians over ``--repeat`` runs (3 by
 default).  ``--json`` prints the rows; ``--plot OUT.png`` draws every system's step timeline.
 
-    python bench/recovery.py [--repeat 3] [--json] [--plot recovery.png] [--systems deadpool,torchrun,torchft]
+    python bench/recovery.py [--repeat 3] [--json] [--plot recovery.png] [--systems deadpool,sharded,torchrun,torchft]
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from bench.baselines._common import read_events  # noqa: E402
 from bench.baselines.restart_baseline import run_restart_baseline  # noqa: E402
 
 STEPS, KILL_RANK, KILL_STEP, WORLD = 40, 2, 20, 4
+SHARDED = "DeadPool hot-swap, FSDP2 x TP (Llama 13M)"
 
 
 def _all_ranks_finished(events: list[dict[str, Any]]) -> list[tuple[float, int, int]]:
@@ -52,15 +55,18 @@ def _all_ranks_finished(events: list[dict[str, Any]]) -> list[tuple[float, int, 
     return sorted((max(ts), step, epoch) for (epoch, step), ts in finished.items() if len(ts) >= WORLD)
 
 
-def run_deadpool(kill: bool, workdir: Path) -> dict[str, Any]:
-    """One DeadPool job; the same numbers as the baselines' drivers report."""
+LLAMA = ("demos/train_llama.py", "--fsdp", "--tp", "2")  # the sharded row: FSDP2 x TP on a 2x2 mesh
+
+
+def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/train_gpt.py",)) -> dict[str, Any]:
+    """One DeadPool job of `demo` (script and arguments); the same numbers as the baselines' drivers report."""
     workdir.mkdir(parents=True, exist_ok=True)
     events_path = workdir / "events.jsonl"
     command = [sys.executable, "-m", "deadpool", "launch", "--no-progress", "--events", str(events_path),
                "--nproc", str(WORLD), "--spares", "1"]
     if kill:
         command += ["--chaos", f"kill:rank={KILL_RANK}:step={KILL_STEP}"]
-    command += [str(REPO / "demos" / "train_gpt.py"), "--steps", str(STEPS)]
+    command += [str(REPO / demo[0]), *demo[1:], "--steps", str(STEPS)]
     started = time.monotonic()
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     total = time.monotonic() - started
@@ -125,6 +131,9 @@ def measure(systems: set[str], repeat: int, root: Path) -> tuple[list[dict[str, 
     if "deadpool" in systems:
         plan.append(("DeadPool hot-swap", False, lambda w: run_deadpool(False, w)))
         plan.append(("DeadPool hot-swap", True, lambda w: run_deadpool(True, w)))
+    if "sharded" in systems:
+        plan.append((SHARDED, False, lambda w: run_deadpool(False, w, LLAMA)))
+        plan.append((SHARDED, True, lambda w: run_deadpool(True, w, LLAMA)))
     if "torchrun" in systems:
         for k in (1, 10):
             plan.append((f"torchrun restart, ckpt every {k}", False,
@@ -167,7 +176,8 @@ def measure(systems: set[str], repeat: int, root: Path) -> tuple[list[dict[str, 
             "recovery_s": med(kill_runs, "recovery_s"),
             "steps_recomputed": med(kill_runs, "steps_recomputed"),
             "total_s": med(kill_runs, "total_s"),
-            "overhead_ratio": round(step / ddp_step, 3) if step and ddp_step else None,
+            # The sharded row trains another model: its step is not comparable with the GPT's plain DDP.
+            "overhead_ratio": round(step / ddp_step, 3) if step and ddp_step and name != SHARDED else None,
             "failure_free_step_s": step,
             "runs_ok": f"{sum(1 for r in kill_runs if r.get('ok', r.get('finished')))}/{len(kill_runs)}",
         })
@@ -200,7 +210,7 @@ def plot(timelines: dict[str, Any], out: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--systems", default="deadpool,torchrun,torchft")
+    parser.add_argument("--systems", default="deadpool,sharded,torchrun,torchft")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", default="")
     parser.add_argument("--save", default="", help="also write the rows (the --json list) to this file")

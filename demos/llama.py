@@ -14,12 +14,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from gpt import count_parameters, get_batch, load_corpus, lr_lambda  # demos/ is on the path, as for train_gpt.py
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
-
-from demos.gpt import count_parameters, get_batch, load_corpus, lr_lambda
 
 __all__ = [
     "SIZES",

@@ -6,6 +6,8 @@ and the events, and never open a socket or sleep.
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 import pytest
@@ -152,6 +154,17 @@ def test_acks_commit_the_view_with_the_newest_common_step_and_the_spare_seated()
     committed = job.of(Event.VIEW_COMMITTED)[-1]
     assert committed["failed_seats"] == [1] and committed["trigger"] == Trigger.SEAT_LOST
     assert job.coordinator.round is None
+
+
+def test_the_mesh_groups_survivors_report_unfinished_are_rebuilt_by_the_next_view() -> None:
+    job = Job(seats=3, spares=1)
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    job.handle(dataclasses.replace(ack("m0", 2, [7, 8], {2: [7]}), dirty_groups=["deadpool:tp:0"]))
+    job.handle(dataclasses.replace(ack("m2", 2, [7, 8], {1: [6, 7]}), dirty_groups=["deadpool:tp:0", "deadpool:dp:1"]))
+    view = job.coordinator.view
+    assert view is not None and view.epoch == 2
+    assert view.rebuild_groups == ["deadpool:dp:1", "deadpool:tp:0"], "the union, once each"
+    assert job.of(Event.VIEW_COMMITTED)[-1]["rebuild_groups"] == ["deadpool:dp:1", "deadpool:tp:0"]
 
 
 def test_missed_heartbeats_start_a_round() -> None:

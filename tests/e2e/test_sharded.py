@@ -1,0 +1,100 @@
+"""End to end, sharded: the Llama demo under FSDP2 x tensor parallel (and FSDP2 alone) on rt.device_mesh.
+
+Real processes, real gloo groups, real SIGKILLs and SIGSTOPs inside FSDP2's all-gathers and
+reduce-scatters and tensor parallel's forward all-reduces; every run with failures must end with
+the failure-free run's digest, and only the mesh groups that held a replaced seat are rebuilt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from launch_util import REPO, LaunchResult, launch
+
+pytestmark = pytest.mark.e2e
+
+LLAMA = REPO / "demos" / "train_llama.py"
+STEPS = 16
+MESH_2X2 = ("--size", "tiny", "--fsdp", "--tp", "2")
+FSDP_4 = ("--size", "tiny", "--fsdp")
+# The 2x2 mesh [[0, 1], [2, 3]] (dp, tp): seat 2 sits in dp group {0, 2} and tp group {2, 3}.
+GROUPS_OF_SEAT_2 = {"deadpool:dp:0", "deadpool:tp:1"}
+
+
+def run(tmp_path: Path, script_args: tuple[str, ...], *chaos: str, spares: int = 1) -> LaunchResult:
+    args: list[str] = ["--nproc", "4", "--spares", str(spares)]
+    for spec in chaos:
+        args += ["--chaos", spec]
+    return launch(tmp_path, *args, steps=STEPS, script=LLAMA, script_args=script_args)
+
+
+@pytest.fixture(scope="module")
+def mesh_baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
+    result = run(tmp_path_factory.mktemp("mesh"), MESH_2X2)
+    assert result.returncode == 0 and result.digest, result.output[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def fsdp_baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
+    result = run(tmp_path_factory.mktemp("fsdp"), FSDP_4)
+    assert result.returncode == 0 and result.digest, result.output[-3000:]
+    return result
+
+
+def assert_recovered(result: LaunchResult, baseline: LaunchResult, seats: list[int]) -> None:
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.digest == baseline.digest, "a sharded run with failures must end bit-identical"
+    assert sorted(f["failed_rank"] for f in result.of("member_failed")) == seats
+    swapped = {r["rank"] for r in result.of("restored") if r["source"] == "buddy"}
+    assert swapped == set(seats), "each replaced seat restored its shards from its buddy"
+    assert "Traceback" not in result.output, "the user's loop never sees a traceback"
+
+
+def rebuilt_groups(result: LaunchResult) -> set[str]:
+    return {name for r in result.of("restored") for name in r.get("groups_rebuilt", [])}
+
+
+def test_a_kill_at_a_step_boundary_rebuilds_only_the_dead_seats_groups(
+    tmp_path: Path, mesh_baseline: LaunchResult,
+) -> None:
+    result = run(tmp_path, MESH_2X2, "kill:rank=2:step=9")
+    assert_recovered(result, mesh_baseline, [2])
+    assert rebuilt_groups(result) == GROUPS_OF_SEAT_2
+    kept = {name for r in result.of("restored") for name in r.get("groups_kept", [])}
+    assert kept == {"deadpool:dp:1", "deadpool:tp:0"}, "the two groups without seat 2 keep their communicators"
+    assert all("mesh_group_s" in r for r in result.of("restored"))
+
+
+def test_the_spare_holds_only_its_seats_shards(mesh_baseline: LaunchResult) -> None:
+    """Each seat's snapshot is about a quarter of the model and optimizer state (its local shards)."""
+    memory = {m["rank"]: m["snapshot_bytes"] for m in mesh_baseline.of("snapshot_memory")}
+    assert sorted(memory) == [0, 1, 2, 3]
+    total = sum(memory.values())
+    assert all(0.2 * total < size < 0.3 * total for size in memory.values()), memory
+
+
+@pytest.mark.parametrize("spec", [
+    "kill:rank=0:step=11:at=reducescatter",  # FSDP2's gradient reduce-scatter in flight
+    "kill:rank=3:step=7:at=forward",  # a tensor-parallel all-reduce in forward
+    "stop:rank=1:step=8",  # hung, then fenced
+])
+def test_a_failure_inside_a_sharded_collective_is_bit_identical(
+    tmp_path: Path, mesh_baseline: LaunchResult, spec: str,
+) -> None:
+    seat = int(spec.split("rank=")[1].split(":")[0])
+    assert_recovered(run(tmp_path, MESH_2X2, spec), mesh_baseline, [seat])
+
+
+def test_two_kills_at_once_one_in_each_tensor_parallel_group(tmp_path: Path, mesh_baseline: LaunchResult) -> None:
+    """Seats 0 and 2 (tp groups {0, 1} and {2, 3}); neither holds the other's copy (buddies: the next seat)."""
+    result = run(tmp_path, MESH_2X2, "kill:rank=0:step=9:at=allgather", "kill:rank=2:step=9:at=allgather", spares=2)
+    assert_recovered(result, mesh_baseline, [0, 2])
+    assert rebuilt_groups(result) == {"deadpool:dp:0", "deadpool:tp:0", "deadpool:tp:1"}
+
+
+def test_fsdp_alone_survives_a_kill_in_an_all_gather(tmp_path: Path, fsdp_baseline: LaunchResult) -> None:
+    result = run(tmp_path, FSDP_4, "kill:rank=1:step=9:at=allgather")
+    assert_recovered(result, fsdp_baseline, [1])
+    assert rebuilt_groups(result) == {"deadpool:dp:0", "deadpool:tp:1"}, "4-way dp group and seat 1's own tp group"

@@ -1,0 +1,97 @@
+"""rt.device_mesh's groups without a job: names, which groups a view rebuilds, and a broken group's collectives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from deadpool.chaos import ChaosPoint
+from deadpool.errors import CollectiveAborted
+from deadpool.protocol.view import View
+from deadpool.worker.groups import Op
+from deadpool.worker.mesh import MeshDim, MeshGroup, chaos_point, mesh_dims
+
+
+def view(seats: list[str], rebuild: list[str] | None = None) -> View:
+    return View(2, seats, [], 5, "epoch-2", "127.0.0.1:1", {}, {}, [1, 2, 3, 0], {}, rebuild or [])
+
+
+def test_a_seats_groups_are_the_slices_through_it_named_by_the_other_coordinates() -> None:
+    dims = mesh_dims((2, 2), ("dp", "tp"), 2)  # [[0, 1], [2, 3]]
+    assert [(d.dim, d.name, d.seats) for d in dims] == [("dp", "deadpool:dp:0", (0, 2)), ("tp", "deadpool:tp:1", (2, 3))]
+    dims = mesh_dims((2, 2, 2), ("pp", "dp", "tp"), 5)  # 5 = (1, 0, 1)
+    assert [(d.name, d.seats) for d in dims] == [("deadpool:pp:0-1", (1, 5)), ("deadpool:dp:1-1", (5, 7)),
+                                                ("deadpool:tp:1-0", (4, 5))]
+
+
+def test_a_group_is_rebuilt_when_a_seat_changed_member_or_the_view_names_it() -> None:
+    dim = MeshDim("tp", "deadpool:tp:0", (0, 1), inner=object(), members=("a", "b"))
+    assert not dim.needs_rebuild(view(["a", "b", "c", "d"]))
+    assert dim.needs_rebuild(view(["a", "spare", "c", "d"]))
+    assert dim.needs_rebuild(view(["a", "b", "c", "d"], rebuild=["deadpool:tp:0"]))
+    assert MeshDim("tp", "deadpool:tp:0", (0, 1)).needs_rebuild(view(["a", "b", "c", "d"])), "no gloo group yet"
+
+
+class Runtime:
+    def __init__(self) -> None:
+        self.poisoned: list[str] = []
+        self.points: list[ChaosPoint] = []
+        self.fail = False
+
+    def fault_point(self, point: ChaosPoint) -> None:
+        self.points.append(point)
+
+    def poison(self, err: BaseException) -> None:
+        self.poisoned.append(str(err))
+
+    def wait_bounded(self, work: Any, what: str) -> None:
+        if self.fail:
+            raise CollectiveAborted(what, "peer closed the connection")
+
+
+class Sums:
+    """A gloo stand-in for a group of two identical seats."""
+
+    def __init__(self) -> None:
+        self.issued = 0
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> object:
+        self.issued += 1
+        for tensor in tensors:
+            tensor.mul_(2)
+        return object()
+
+
+def test_a_failed_collective_breaks_only_its_group_and_marks_it_dirty() -> None:
+    runtime, inner = Runtime(), Sums()
+    dim = MeshDim("tp", "deadpool:tp:0", (0, 1), inner=inner, members=("a", "b"))
+    group = MeshGroup(dim, runtime, 0)
+    t = torch.ones(2)
+    group.allreduce([t]).wait()
+    assert t.tolist() == [2.0, 2.0] and not dim.dirty and runtime.points == [ChaosPoint.FORWARD]
+    runtime.fail = True
+    t = torch.ones(2)
+    group.allreduce([t]).wait()
+    assert t.tolist() == [1.0, 1.0], "completed locally, never raised"
+    assert dim.broken and dim.dirty and runtime.poisoned
+    runtime.fail = False
+    group.allreduce([t]).wait()
+    assert inner.issued == 2, "a broken group issues nothing more this step"
+
+
+@pytest.mark.parametrize(("op", "point"), [(Op.ALL_GATHER_INTO_TENSOR, ChaosPoint.ALLGATHER),
+                                           (Op.REDUCE_SCATTER_TENSOR, ChaosPoint.REDUCESCATTER),
+                                           (Op.ALL_REDUCE, ChaosPoint.FORWARD)])
+def test_chaos_points_follow_the_collective(op: Op, point: ChaosPoint) -> None:
+    assert chaos_point(op) == point
+
+
+def test_an_all_reduce_in_backward_is_the_backward_point() -> None:
+    seen: list[ChaosPoint] = []
+    x = torch.ones(1, requires_grad=True)
+    y = x * 2
+    y.register_hook(lambda grad: seen.append(chaos_point(Op.ALL_REDUCE)))
+    y.sum().backward()
+    assert seen == [ChaosPoint.BACKWARD]
