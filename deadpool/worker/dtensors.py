@@ -11,7 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch < 2.5 keeps it private; sharded training needs torch >= 2.6 anyway (README)
+    from torch.distributed._tensor import DTensor  # type: ignore[attr-defined,no-redef]
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
