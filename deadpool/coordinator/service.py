@@ -542,7 +542,8 @@ class Coordinator:
             recovery = message.ts - swap.failed_at
             self.events.emit(Event.SWAP_COMPLETED, rank=swap.seat, old_member=swap.old_member,
                              new_member=swap.new_member, recovery_s=round(recovery, 4), step=message.step,
-                             epoch=message.epoch, member=message.sender)
+                             epoch=message.epoch, member=message.sender, groups_rebuilt=message.groups_rebuilt,
+                             group_s=round(message.group_s, 6))
 
     def _on_finished(self, message: Finished) -> None:
         if self.view is None or self.view.seat_of(message.sender) != message.seat:

@@ -22,8 +22,10 @@ class Event(enum.StrEnum):
     VIEW_COMMITTED = "view_committed"  # resume_step, reason, seats refilled
     VIEW_ADOPTED = "view_adopted"  # a worker took a committed view
     PAUSED = "paused"  # a worker stopped at a step boundary for a Prepare
-    RESTORED = "restored"  # source (local | buddy | disk), bytes, s
-    SWAP_COMPLETED = "swap_completed"  # rank, old_member, new_member, recovery_s
+    # source (local | buddy | disk), bytes, s, group_s; with a mesh: groups_rebuilt, groups_kept, mesh_group_s
+    RESTORED = "restored"
+    # rank, old_member, new_member, recovery_s; groups_rebuilt and group_s: the new member's adoption
+    SWAP_COMPLETED = "swap_completed"
     ADOPT_FAILED = "adopt_failed"  # a spare could not take its seat (why)
     DISK_FALLBACK = "disk_fallback"  # every seat rolls back to a disk checkpoint
     COLLECTIVE_FAILED = "collective_failed"  # a worker's collective raised or was interrupted

@@ -111,6 +111,8 @@ class Recovered:
     epoch: int  # the view it is running under
     step: int  # the step it finished
     ts: float  # wall-clock time the step finished
+    groups_rebuilt: int = 0  # its mesh groups (rt.device_mesh) that got a new gloo group in the adoption
+    group_s: float = 0.0  # how long its adoption spent building groups
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,7 @@ class Recovery:
         self._recovering_epoch = 0  # epoch whose first finished step is reported as Recovered
         self._offer: CommitView | Stop | None = None  # the seating view rt.device_mesh waited for, not yet adopted
         self._fetch_s = 0.0
+        self._adopted_groups = (0, 0.0)  # (mesh groups rebuilt, seconds building groups) of the last adoption
 
     def set_view(self, view: View) -> None:
         """Sit in `view` without touching the group (a view that keeps the store prefix: spares changed)."""
@@ -89,7 +90,7 @@ class Recovery:
         epoch = self._state.epoch
         if self._recovering_epoch and self._recovering_epoch <= epoch:  # later spare-only views count too
             self._recovering_epoch = 0
-            self._handoff.post(Recovered(self._env.member, epoch, step, time.time()))
+            self._handoff.post(Recovered(self._env.member, epoch, step, time.time(), *self._adopted_groups))
 
     # -- waiting ------------------------------------------------------------------------------
 
@@ -242,6 +243,7 @@ class Recovery:
         fetched = time.perf_counter()
         self._collectives.rebuild(view, seat)
         group_s = time.perf_counter() - fetched
+        self._adopted_groups = (len(self._collectives.last_rebuild.rebuilt) if self._collectives.mesh else 0, group_s)
         nbytes = 0
         if restored is not None:
             # Loaded after the group is built: building one may draw from the global RNGs, and the

@@ -100,6 +100,7 @@ class Runtime:
         )
         self._tracked: dict[str, Any] = {}
         self._sharded = False  # the script has a mesh (rt.device_mesh): tracked state may hold DTensors
+        self._snapshots_on = True  # rt.set_snapshots
         self._optimizers: list[torch.optim.Optimizer] = []
         self._zero_shards: list[zero_mod.ZeroShard] = []
         self._replicated_params: list[torch.nn.Parameter] = []  # averaged by rt.ddp: the same on every seat
@@ -248,6 +249,16 @@ class Runtime:
         self._replicated_params.extend(p for bucket in wrapper.buckets for p in bucket.params)
         return wrapper
 
+    def set_snapshots(self, enabled: bool) -> None:
+        """Take the per-step snapshot (True, the default) or not, from the end of the current step on.
+
+        Steps run while it is off are not protected: a failure rolls the job back to the newest
+        snapshot taken and replays from there (more work lost, the same final state).  Call it at
+        the same step on every seat.  For phases that need no protection, and for measuring the
+        snapshots' cost inside one job (``bench/overhead_injob.py``).
+        """
+        self._snapshots_on = bool(enabled)
+
     def report(self, **metrics: float) -> None:
         """Attach metrics (e.g. ``loss=``, ``tokens=``) to the current step's ``step_finished`` event."""
         self._report.update({k: float(v) for k, v in metrics.items()})
@@ -317,7 +328,7 @@ class Runtime:
     def _end_step(self, step: int) -> Command | None:
         """Bookkeeping after a good step; returns a command that needs recovery, if one came."""
         elapsed = time.perf_counter() - self._step_started
-        if (step + 1) % self.config.snapshot_every == 0:
+        if self._snapshots_on and (step + 1) % self.config.snapshot_every == 0:
             self._capture(step)
         self._progress.step = step
         self._loader_watch.first_step_done()

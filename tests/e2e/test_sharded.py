@@ -65,6 +65,8 @@ def test_a_kill_at_a_step_boundary_rebuilds_only_the_dead_seats_groups(
     kept = {name for r in result.of("restored") for name in r.get("groups_kept", [])}
     assert kept == {"deadpool:dp:1", "deadpool:tp:0"}, "the two groups without seat 2 keep their communicators"
     assert all("mesh_group_s" in r for r in result.of("restored"))
+    swap = result.of("swap_completed")
+    assert len(swap) == 1 and swap[0]["groups_rebuilt"] == 2 and swap[0]["group_s"] > 0
 
 
 def test_the_spare_holds_only_its_seats_shards(mesh_baseline: LaunchResult) -> None:

@@ -7,7 +7,6 @@ and the events, and never open a socket or sleep.
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Any
 
 import pytest

@@ -20,7 +20,8 @@ def view(seats: list[str], rebuild: list[str] | None = None) -> View:
 
 def test_a_seats_groups_are_the_slices_through_it_named_by_the_other_coordinates() -> None:
     dims = mesh_dims((2, 2), ("dp", "tp"), 2)  # [[0, 1], [2, 3]]
-    assert [(d.dim, d.name, d.seats) for d in dims] == [("dp", "deadpool:dp:0", (0, 2)), ("tp", "deadpool:tp:1", (2, 3))]
+    assert [(d.dim, d.name, d.seats) for d in dims] == [("dp", "deadpool:dp:0", (0, 2)),
+                                                        ("tp", "deadpool:tp:1", (2, 3))]
     dims = mesh_dims((2, 2, 2), ("pp", "dp", "tp"), 5)  # 5 = (1, 0, 1)
     assert [(d.name, d.seats) for d in dims] == [("deadpool:pp:0-1", (1, 5)), ("deadpool:dp:1-1", (5, 7)),
                                                 ("deadpool:tp:1-0", (4, 5))]
