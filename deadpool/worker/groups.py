@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
@@ -106,6 +107,39 @@ class Works(dist.Work):
         if len(self._works) == 1:
             return self._works[0].get_future()
         return torch.futures.collect_all([work.get_future() for work in self._works])
+
+
+class WaitedWork(dist.Work):
+    """Works that progress only inside ``wait()`` (gloo's reduce-scatter), waited on by a helper thread.
+
+    Its future completes when the thread's waits return (or with their error), so a seat can wait
+    for it, or give up on it; an abandoned thread stays blocked until gloo's own timeout.
+    """
+
+    def __init__(self, works: list[dist.Work]) -> None:
+        super().__init__()
+        self._works = works
+        self._future: torch.futures.Future[None] = torch.futures.Future()
+        threading.Thread(target=self._wait_all, name="deadpool-rs-wait", daemon=True).start()
+
+    def _wait_all(self) -> None:
+        try:
+            for work in self._works:
+                work.wait()
+        except RuntimeError as err:
+            self._future.set_exception(err)  # type: ignore[arg-type]  # the stub types the argument as the result
+            return
+        self._future.set_result(None)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self._future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        return self._future
 
 
 def _tensors(tensors: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -259,23 +293,23 @@ class SeatGroup(dist.ProcessGroup):
     def reduce_scatter_tensor_coalesced(  # type: ignore[override]
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: ReduceScatterOptions | None = None,
     ) -> dist.Work:
-        """As an all-reduce of a staged copy of each input, of which this seat keeps its chunk: gloo's own
-        reduce-scatter makes progress only inside ``wait()``, which cannot be given up on."""
-        staged = [t.detach().clone() for t in inputs]
-        options = AllreduceOptions()
-        options.reduceOp = (opts if opts is not None else ReduceScatterOptions()).reduceOp
+        """gloo's reduce-scatter, on staged copies; it makes progress only inside ``wait()``, which cannot be
+        given up on, so a helper thread waits (``WaitedWork``) and the seat waits for it, interruptibly."""
+        staged_in = [t.detach().clone() for t in inputs]
+        staged_out = [torch.empty_like(t) for t in outputs]
+        options = opts if opts is not None else ReduceScatterOptions()
         rank, size = self.rank(), self.size()
 
-        def done() -> None:
-            for output, summed in zip(outputs, staged, strict=True):
-                output.copy_(_rows(summed, size)[rank].view_as(output))
+        def issue(group: Any) -> dist.Work:
+            pairs = zip(staged_out, staged_in, strict=True)
+            return WaitedWork([group._reduce_scatter_base(out, tensor, options) for out, tensor in pairs])
 
         def local() -> None:
             for output, tensor in zip(outputs, inputs, strict=True):
                 output.copy_(_rows(tensor, size)[rank].view_as(output))
 
-        return self._start(Op.REDUCE_SCATTER_TENSOR,
-                           lambda group: Works([group.allreduce([t], options) for t in staged]), done, local, outputs)
+        return self._start(Op.REDUCE_SCATTER_TENSOR, issue, lambda: torch._foreach_copy_(outputs, staged_out),
+                           local, outputs)
 
     def scatter(  # type: ignore[override]
         self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
