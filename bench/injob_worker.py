@@ -4,8 +4,9 @@ Run under ``deadpool launch --nproc 4 --spares 0``.  It builds the same model tw
 torch's own groups (``plain``: torch DDP, or FSDP2 / tensor parallel on a native gloo mesh),
 once on DeadPool's (``rt.ddp`` or ``rt.device_mesh``, tracked).  Then it alternates blocks of
 steps between three modes over the same data: ``plain``, ``deadpool`` (snapshot every step)
-and ``nosnap`` (DeadPool's path, ``rt.set_snapshots(False)``).  Rank 0 writes every step's wall
-time (from one step's start to the next one's) with its mode and block to ``--out``.
+and ``nosnap`` (DeadPool's path, ``rt.set_snapshots(False)``).  Every rank writes each step's
+wall time (from one step's start to the next one's) and its process's CPU time over the same
+interval (every thread: the snapshot copy thread too), with the mode and block, to ``--out.RANK``.
 """
 
 from __future__ import annotations
@@ -110,13 +111,13 @@ def main() -> None:
         for offset in range(len(MODES)):
             mode = MODES[(round_ + offset) % len(MODES)]
             schedule += [(mode, round_ * len(MODES) + offset)] * args.block_steps
-    times: list[tuple[str, int, float]] = []
-    started = None
+    times: list[tuple[str, int, float, float]] = []  # mode, block, wall seconds, CPU seconds of this process
+    started = cpu_started = None
     for step in rt.steps(len(schedule)):
-        now = time.perf_counter()
-        if started is not None:
-            times.append((schedule[step - 1][0], schedule[step - 1][1], now - started))
-        started = now
+        now, cpu = time.perf_counter(), time.process_time()
+        if started is not None and cpu_started is not None:
+            times.append((schedule[step - 1][0], schedule[step - 1][1], now - started, cpu - cpu_started))
+        started, cpu_started = now, cpu
         mode, _ = schedule[step]
         rt.set_snapshots(mode == "deadpool")
         inputs, targets = gpt.get_batch(corpus, step, dp_rank, batch, 64)
@@ -124,8 +125,8 @@ def main() -> None:
         loss.backward()
         optimizers[mode].step()
         optimizers[mode].zero_grad(set_to_none=True)
-    if rank == 0:
-        Path(args.out).write_text(json.dumps({"parallel": args.parallel, "size": args.size, "times": times}))
+    # Every rank's times: rank 0's wall clock is the job's step; the CPU of all four is what the host spent.
+    Path(f"{args.out}.{rank}").write_text(json.dumps({"parallel": args.parallel, "size": args.size, "times": times}))
     rt.finish()
 
 

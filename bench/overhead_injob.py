@@ -7,7 +7,8 @@ on torch's own groups (``plain``) and on DeadPool's (``deadpool``: snapshot ever
 ``nosnap``: DeadPool's path with snapshots off), alternating blocks of steps.  Each round gives
 one ratio per pair (the medians of the two blocks, the first step of each block left out: it
 carries the switch); the table shows the geometric mean over rounds with its 95% confidence
-interval (Student t over the rounds' log ratios).
+interval (Student t over the rounds' log ratios), of rank 0's wall time and of the CPU seconds
+all four ranks spent per step (every thread, the snapshot copy thread too).
 
 Rows, per parallelism (``ddp``: the GPT demo's model on ``rt.ddp`` against torch DDP; ``fsdp``:
 the Llama demo's under FSDP2 4-way; ``fsdp-tp``: FSDP2 x TP on a 2x2 mesh):
@@ -51,9 +52,12 @@ class Row:
     model: str
     system: str
     baseline: str
-    ratio: float
+    ratio: float  # wall time, rank 0
     ci_low: float
     ci_high: float
+    cpu_ratio: float  # CPU seconds of all ranks
+    cpu_ci_low: float
+    cpu_ci_high: float
     rounds: int
     step_s_median: float
     baseline_step_s_median: float
@@ -95,21 +99,25 @@ def free_port() -> int:
 
 
 def run(parallel: str, rounds: int, block_steps: int, work: Path) -> dict[str, Any]:
+    """One job; returns rank 0's wall times and, per step, the CPU seconds of all four ranks together."""
     out = work / f"{parallel}.json"
     command = [sys.executable, "-m", "deadpool", "launch", "--no-progress", "--events", str(work / f"{parallel}.jsonl"),
                "--nproc", "4", "--spares", "0", str(WORKER), "--parallel", parallel, "--rounds", str(rounds),
                "--block-steps", str(block_steps), "--port", str(free_port()), "--out", str(out)]
     print(f"{parallel}: {rounds} rounds of 3 blocks of {block_steps} steps ...", file=sys.stderr, flush=True)
     proc = subprocess.run(command, capture_output=True, text=True, timeout=3600, cwd=ROOT)
-    if proc.returncode != 0 or not out.exists():
+    ranks = [work / f"{parallel}.json.{rank}" for rank in range(4)]
+    if proc.returncode != 0 or not all(path.exists() for path in ranks):
         raise SystemExit(f"{parallel}: the job failed (exit {proc.returncode}):\n"
                          f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    data: dict[str, Any] = json.loads(out.read_text())
-    return data
+    per_rank = [json.loads(path.read_text())["times"] for path in ranks]
+    wall = [[mode, block, seconds] for mode, block, seconds, _ in per_rank[0]]
+    cpu = [[mode, block, sum(r[i][3] for r in per_rank)] for i, (mode, block, _, _) in enumerate(per_rank[0])]
+    return {"times": wall, "cpu": cpu}
 
 
 def rows_of(parallel: str, data: dict[str, Any]) -> list[Row]:
-    medians = block_medians(data["times"])
+    medians, cpu = block_medians(data["times"]), block_medians(data["cpu"])
     plain, mine = NAMES[parallel]
 
     def mode_median(mode: str) -> float:
@@ -123,18 +131,23 @@ def rows_of(parallel: str, data: dict[str, Any]) -> list[Row]:
     ):
         ratios = pair_ratios(medians, top, bottom)
         ratio, low, high = ratio_ci(ratios)
+        cpu_ratio, cpu_low, cpu_high = ratio_ci(pair_ratios(cpu, top, bottom))
         rows.append(Row(parallel, MODELS[parallel], system, baseline, round(ratio, 4), round(low, 4), round(high, 4),
+                        round(cpu_ratio, 4), round(cpu_low, 4), round(cpu_high, 4),
                         len(ratios), round(mode_median(top), 5), round(mode_median(bottom), 5)))
     return rows
 
 
 def render(rows: list[Row]) -> str:
-    lines = [f"{'system':<36} {'against':<30} {'ratio':>7} {'95% CI':>17} {'rounds':>6} {'step_s':>8}"]
+    lines = [f"{'system':<38} {'against':<32} {'ratio':>6} {'95% CI':>16} {'cpu':>6} {'95% CI':>16} "
+             f"{'rounds':>6} {'step_s':>7}"]
     for row in rows:
-        lines.append(f"{row.system:<36} {row.baseline:<30} {row.ratio:7.3f} "
-                     f"[{row.ci_low:6.3f}, {row.ci_high:6.3f}] {row.rounds:6d} {row.step_s_median:8.4f}")
-    lines.append("ratio: geometric mean over rounds of the two blocks' median step times (same job, same data); "
-                 "CI: Student t over the rounds' log ratios.")
+        lines.append(f"{row.system:<38} {row.baseline:<32} {row.ratio:6.3f} [{row.ci_low:5.3f}, {row.ci_high:5.3f}] "
+                     f"{row.cpu_ratio:6.3f} [{row.cpu_ci_low:5.3f}, {row.cpu_ci_high:5.3f}] {row.rounds:6d} "
+                     f"{row.step_s_median:7.4f}")
+    lines.append("ratio: geometric mean over rounds of the two blocks' median step times (rank 0's wall clock; same "
+                 "job, same data); cpu: the same of the CPU seconds of all ranks per step; CI: Student t over the "
+                 "rounds' log ratios.")
     return "\n".join(lines)
 
 
@@ -145,15 +158,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-steps", type=int, default=6)
     parser.add_argument("--quick", action="store_true", help="a few rounds each (a smoke check)")
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    parser.add_argument("--keep", default="", help="a folder to keep each job's step times and events in")
     args = parser.parse_args(argv)
     defaults = {"ddp": 20, "fsdp": 10, "fsdp-tp": 10}
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="deadpool-injob-") as tmp:
+        work = Path(args.keep or tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for parallel in args.parallel.split(","):
             if parallel not in NAMES:
                 parser.error(f"--parallel: unknown {parallel!r} (ddp, fsdp, fsdp-tp)")
             rounds = args.rounds or (3 if args.quick else defaults[parallel])
-            rows += rows_of(parallel, run(parallel, rounds, args.block_steps, Path(tmp)))
+            rows += rows_of(parallel, run(parallel, rounds, args.block_steps, work))
     print(json.dumps([asdict(r) for r in rows], indent=1) if args.json else render(rows))
     return 0
 

@@ -206,11 +206,3 @@ class SeatMesh:
                 report.rebuilt.append(dim.name)
         report.seconds = time.perf_counter() - started
         return report
-
-    def retire(self) -> None:
-        """Set every gloo group aside (the seat left its views); never destroyed."""
-        for dim in self.dims:
-            if dim.inner is not None:
-                GUARD.retire(dim.inner)
-            dim.inner, dim.members = None, ()
-
