@@ -15,7 +15,7 @@ import concurrent.futures
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +86,7 @@ class Handoff:
         self.condition = threading.Condition()
         self._commands: deque[Command] = deque()
         self._prepare_epoch = 0  # newest epoch a Prepare asked for
+        self._failed: deque[tuple[int, frozenset[int]]] = deque(maxlen=MAX_COMMANDS)  # (epoch, failed seats)
         self._terminal: Stop | Fenced | None = None  # a command after which nothing else matters
         self._confirmed: set[tuple[str, int]] = set()  # (generation, step) copies confirmed by the buddy
         self._post: Callable[[Any], None] | None = None
@@ -105,6 +106,7 @@ class Handoff:
                 self._terminal = command
             elif isinstance(command, Prepare):
                 self._prepare_epoch = max(self._prepare_epoch, command.epoch)
+                self._failed.append((command.epoch, frozenset(command.failed_seats)))
             if len(self._commands) >= MAX_COMMANDS:
                 self._commands.popleft()  # the newest view supersedes the oldest; terminal state is kept above
                 self.dropped_commands += 1
@@ -153,6 +155,13 @@ class Handoff:
     def interrupted(self, epoch: int) -> bool:
         """True when the compute thread must stop its step: a newer view is being prepared, or the end."""
         return self._prepare_epoch > epoch or self._terminal is not None
+
+    def lost_any(self, epoch: int, seats: Sequence[int]) -> bool:
+        """True when a Prepare newer than `epoch` declared one of `seats` dead (or named no seat: then any may
+        be), or the end came: a mesh group's collective with such a seat cannot complete."""
+        if self._terminal is not None:
+            return True
+        return any(newer > epoch and (not failed or not failed.isdisjoint(seats)) for newer, failed in self._failed)
 
     @property
     def terminal(self) -> Stop | Fenced | None:

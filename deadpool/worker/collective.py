@@ -205,7 +205,6 @@ class GroupCollectives:
         self._timeout = timeout
         self._bind_host = bind_host
         self._waiter = Waiter(handoff.condition, lambda: handoff.interrupted(state.epoch))
-        self._bounded = Waiter(handoff.condition, lambda: False)  # mesh groups: done, failed or timed out
         self.mesh: SeatMesh | None = None  # rt.device_mesh's groups, once the script asked for a mesh
         self.last_rebuild = Rebuilt()  # what the newest view change did to the mesh groups
 
@@ -332,14 +331,18 @@ class GroupCollectives:
         options.rootRank = 0
         return self._run(lambda group: group.broadcast([flat], options), f"buffer broadcast of step {self._state.step}")
 
-    def wait_bounded(self, work: dist.Work, what: str) -> None:
-        """A mesh group's collective: waited on until it completes, fails or times out (not cut short by a
-        Prepare: the group's other seats issue it too, so it completes unless one of them failed).
+    def wait_bounded(self, work: dist.Work, what: str, seats: Sequence[int]) -> None:
+        """A mesh group's collective: waited on until it completes, fails or times out, or a Prepare declares
+        one of the group's `seats` dead. A Prepare for other seats does not cut it short: the group's seats
+        all issue it, so it completes (a seat of the dead one's group may wait on it without a direct
+        connection, so gloo would not fail it before its timeout).
 
         Raises:
-            CollectiveAborted: it failed or timed out.
+            CollectiveAborted: it failed, timed out, or lost a seat.
         """
-        self._bounded.wait(work, f"{what} (step {self._state.step})", self._timeout)
+        epoch = self._state.epoch
+        waiter = Waiter(self._handoff.condition, lambda: self._handoff.lost_any(epoch, seats))
+        waiter.wait(work, f"{what} (step {self._state.step})", self._timeout)
 
     # -- the script's own collectives (torch's default group, groups.py) ------------------------
 

@@ -45,11 +45,11 @@ class MeshCollectives(Protocol):
         """The step is lost: report the failure (the step runs on to its end, then recovery)."""
         ...
 
-    def wait_bounded(self, work: dist.Work, what: str) -> None:
-        """Wait for `work` until it completes or the group timeout; not cut short by a Prepare.
+    def wait_bounded(self, work: dist.Work, what: str, seats: Sequence[int]) -> None:
+        """Wait for `work` until it completes, the group timeout, or a Prepare that declares one of `seats` dead.
 
         Raises:
-            CollectiveAborted: the collective failed or timed out.
+            CollectiveAborted: the collective failed, timed out or lost a seat.
         """
         ...
 
@@ -105,7 +105,7 @@ class MeshGroup(SeatGroup):
 
     def _await(self, work: dist.Work, op: Op) -> bool:
         try:
-            self._collectives.wait_bounded(work, f"{op.value} on mesh group {self.dim.name}")
+            self._collectives.wait_bounded(work, f"{op.value} on mesh group {self.dim.name}", self.dim.seats)
         except (CollectiveAborted, RuntimeError) as err:
             self._break(err)
             return False

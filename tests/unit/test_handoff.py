@@ -147,3 +147,14 @@ def test_wait_until_returns_when_the_condition_holds_or_false_when_interrupted(h
     assert handoff.wait_until(lambda: False, epoch=1, timeout=5.0, what="test") is False
     with pytest.raises(WaitTimeout, match="nothing: not done within"):
         handoff.wait_until(lambda: False, epoch=2, timeout=0.1, what="nothing")
+
+
+def test_a_mesh_group_loses_a_seat_only_to_a_prepare_that_names_it() -> None:
+    handoff = Handoff()
+    assert not handoff.lost_any(1, [0, 2])
+    handoff.deliver(Prepare(2, [3], "seat 3 lost"))
+    assert not handoff.lost_any(1, [0, 2]), "another group's seat"
+    assert handoff.lost_any(1, [2, 3])
+    assert not handoff.lost_any(2, [2, 3]), "not newer than the view the collective runs under"
+    handoff.deliver(Prepare(3, [], "a rebuild that names no seat"))
+    assert handoff.lost_any(2, [0, 2])

@@ -47,7 +47,7 @@ class Runtime:
     def poison(self, err: BaseException) -> None:
         self.poisoned.append(str(err))
 
-    def wait_bounded(self, work: Any, what: str) -> None:
+    def wait_bounded(self, work: Any, what: str, seats: Any) -> None:
         if self.fail:
             raise CollectiveAborted(what, "peer closed the connection")
 
