@@ -159,7 +159,6 @@ class SeatMesh:
         if math.prod(shape) != world:
             raise MisuseError(f"rt.device_mesh({shape}): the mesh has {math.prod(shape)} seats, "
                               f"the job has {world} (--nproc)")
-        self.shape, self.names = shape, names
         self.dims = mesh_dims(shape, names, rank)
         self.groups = [MeshGroup(dim, collectives, rank) for dim in self.dims]
         for group, dim in zip(self.groups, self.dims, strict=True):
