@@ -95,9 +95,14 @@ def order_spares(
 
 
 def pick_spares(
-    failed_seats: Sequence[int], view: View, spares: Sequence[str], hosts: Mapping[str, str]
+    failed_seats: Sequence[int], view: View, spares: Sequence[str], hosts: Mapping[str, str],
+    kept: Mapping[int, str] | None = None,
 ) -> tuple[dict[int, str] | None, str]:
     """Choose a spare for every failed seat, or None when there are too few.
+
+    `kept`: seats whose spare an earlier Prepare of the same swap already chose: they keep it
+    (that spare may be wrapping its model for the seat) while it stands in `spares`, unless
+    its host lost a seat and a spare elsewhere is left.
 
     Spares on a host that just lost a seat come last: when a whole host goes,
     its members' heartbeats expire one tick apart, and its spare, not yet
@@ -108,10 +113,12 @@ def pick_spares(
     """
     if len(spares) < len(failed_seats):
         return None, f"{len(failed_seats)} seat(s) lost but only {len(spares)} spare(s) left"
-    available = list(spares)
     failed_hosts = {hosts.get(view.seats[seat], "") for seat in failed_seats} - {""}
-    chosen: dict[int, str] = {}
-    for seat in sorted(failed_seats):
+    elsewhere = any(hosts.get(spare, "") not in failed_hosts for spare in spares)
+    chosen = {seat: spare for seat, spare in (kept or {}).items() if seat in failed_seats and spare in spares
+              and not (elsewhere and hosts.get(spare, "") in failed_hosts)}
+    available = [spare for spare in spares if spare not in chosen.values()]
+    for seat in sorted(set(failed_seats) - set(chosen)):
         buddy_host = hosts.get(view.buddy_member(seat), "")
         # min() keeps the first of equals: join order within a preference class.
         spare = min(available, key=lambda s: (hosts.get(s, "") in failed_hosts, hosts.get(s, "") == buddy_host))

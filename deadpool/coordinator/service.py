@@ -458,7 +458,7 @@ class Coordinator:
         failed = dict(previous.failed) if previous else {}
         failed.update(newly_failed)
         joined = list(previous.joined) if previous else []
-        replacements, why = self._pick_spares(failed, joined)
+        replacements, why = self._pick_spares(failed, joined, previous.replacements if previous else {})
         waiting_since = None
         if replacements is None:
             waiting_since = previous.waiting_since if previous and previous.waiting_since is not None else now
@@ -474,15 +474,19 @@ class Coordinator:
         survivors = self._survivors()
         self.events.emit(Event.VIEW_PREPARED, epoch=epoch, failed_seats=sorted(failed), reason=self.round.reason,
                          replacements={str(k): v for k, v in replacements.items()}, trigger=trigger)
-        self._broadcast(survivors, Prepare(epoch, sorted(failed), self.round.reason))
+        prepare = Prepare(epoch, sorted(failed), self.round.reason, dict(replacements))
+        # The chosen spares hear it too: one that wraps its model for its seat (rt.device_mesh) does it now,
+        # while the survivors finish their step, instead of after the commit.
+        self._broadcast([*survivors, *replacements.values()], prepare)
         self._maybe_commit()
 
-    def _pick_spares(self, failed: dict[int, str], joined: list[str]) -> tuple[dict[int, str] | None, str]:
+    def _pick_spares(self, failed: dict[int, str], joined: list[str],
+                     kept: dict[int, str] | None = None) -> tuple[dict[int, str] | None, str]:
         assert self.view is not None
         candidates = [*self.view.spares, *joined]
         pool, _ = decisions.order_spares(
             candidates, {s: self.members[s].last_seen for s in candidates if s in self.members}, self.fenced)
-        return decisions.pick_spares(sorted(failed), self.view, pool, self._hosts())
+        return decisions.pick_spares(sorted(failed), self.view, pool, self._hosts(), kept)
 
     def _no_spare(self, now: float, failed: dict[int, str], waiting_since: float, why: str) -> tuple[NoSpare, str]:
         lost = ", ".join(f"rank {seat} ({member})" for seat, member in sorted(failed.items()))

@@ -78,6 +78,7 @@ class Prepare:
     epoch: int  # the epoch being prepared (current + 1 or more)
     failed_seats: list[int]  # seats whose members were declared dead
     reason: str  # human-readable reason, logged by every member
+    replacements: dict[int, str] = field(default_factory=dict)  # seat -> the spare chosen for it (told too)
 
 
 @dataclass(frozen=True, slots=True)

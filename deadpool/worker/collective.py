@@ -10,6 +10,7 @@ one fails (the gloo facts behind this are in docs/architecture.md).
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -220,14 +221,24 @@ class GroupCollectives:
             WaitTimeout: the group did not form in time.
         """
         self.retire()
+        build = self._builder(view)
+        if self.mesh is None:
+            self.group = build(view.store_prefix, seat, view.world_size)
+        else:  # the job's group forms while the mesh groups do
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="deadpool-group") as pool:
+                group = pool.submit(build, view.store_prefix, seat, view.world_size)
+                try:
+                    self.last_rebuild = self.mesh.rebuild(view, build)
+                finally:
+                    self.group = group.result()
+        self._install_default_group(view, seat)
+
+    def _install_default_group(self, view: View, seat: int) -> None:
+        """torch's default group is the script's way onto the view's group: registered once seated, kept across
+        views; what changes is the store it names (a fresh connection of its own)."""
         store = connect_store(view.store_addr, self._timeout)
         GUARD.retire(store)
-        build = self._builder(view)
-        self.group = build(store, view.store_prefix, seat, view.world_size)
-        # torch's default group is the script's way onto this group: registered once seated, kept across views.
         install_default_group(self, seat, view.world_size, PrefixStore(f"{view.store_prefix}/default_pg", store))
-        if self.mesh is not None:
-            self.last_rebuild = self.mesh.rebuild(view, store, build)
 
     def seat_mesh(self, shape: Sequence[int], names: Sequence[str], view: View, seat: int, first: bool) -> SeatMesh:
         """This seat's mesh in `view`, with torch's default group (a DeviceMesh needs one) installed.
@@ -242,18 +253,23 @@ class GroupCollectives:
             CollectiveAborted: interrupted by a newer view, or a peer died meanwhile.
             WaitTimeout: a group did not form in time.
         """
-        store = connect_store(view.store_addr, self._timeout)
-        GUARD.retire(store)
-        install_default_group(self, seat, view.world_size, PrefixStore(f"{view.store_prefix}/default_pg", store))
+        self._install_default_group(view, seat)
         self.mesh = SeatMesh(shape, names, seat, view.world_size, self)
         if first:
-            self.last_rebuild = self.mesh.rebuild(view, store, self._builder(view))
+            self.last_rebuild = self.mesh.rebuild(view, self._builder(view))
         return self.mesh
 
-    def _builder(self, view: View) -> Callable[[Store, str, int, int], ProcessGroupGloo]:
-        """`build(store, prefix, rank, size)`: one gloo group of `view`, given up on when a newer view comes."""
+    def _builder(self, view: View) -> Callable[[str, int, int], ProcessGroupGloo]:
+        """`build(prefix, rank, size)`: one gloo group of `view`, given up on when a newer view comes.
 
-        def build(store: Store, prefix: str, rank: int, size: int) -> ProcessGroupGloo:
+        Each build has a store connection of its own: a TCPStore client runs one call at a time, so
+        groups forming at once on one connection would wait behind each other's store waits, across
+        processes too (a deadlock until the connect timeout).
+        """
+
+        def build(prefix: str, rank: int, size: int) -> ProcessGroupGloo:
+            store = connect_store(view.store_addr, self._timeout)
+            GUARD.retire(store)
             return create_group(store, prefix, rank, size, self._timeout,
                                 lambda: self._handoff.interrupted(view.epoch),
                                 connect_timeout=self._timeout, hostname=self._bind_host)

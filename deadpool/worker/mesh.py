@@ -22,7 +22,6 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from torch._C._distributed_c10d import Store
 from torch.distributed.device_mesh import DeviceMesh
 
 from deadpool.chaos import ChaosPoint
@@ -172,10 +171,10 @@ class SeatMesh:
         """The groups with a collective this seat did not complete since their last build (the PrepareAck's)."""
         return [dim.name for dim in self.dims if dim.dirty]
 
-    def rebuild(self, view: View, store: Store, build: Callable[[Store, str, int, int], Any]) -> Rebuilt:
+    def rebuild(self, view: View, build: Callable[[str, int, int], Any]) -> Rebuilt:
         """Give the groups that need it a new gloo group under `view`'s prefix, in parallel; keep the others.
 
-        `build(store, prefix, group_rank, group_size)` builds one (``collective.create_group``).
+        `build(prefix, group_rank, group_size)` builds one (on a store connection of its own).
 
         Raises:
             CollectiveAborted: interrupted by a newer view, or a peer died meanwhile.
@@ -192,7 +191,7 @@ class SeatMesh:
                 report.kept.append(dim.name)
         if todo:
             with concurrent.futures.ThreadPoolExecutor(len(todo), thread_name_prefix="deadpool-mesh") as pool:
-                futures = {dim.name: pool.submit(build, store, f"{view.store_prefix}/mesh/{dim.name}",
+                futures = {dim.name: pool.submit(build, f"{view.store_prefix}/mesh/{dim.name}",
                                                  self.groups[self.dims.index(dim)].rank(), len(dim.seats))
                            for dim in todo}
                 built = {name: future.result() for name, future in futures.items()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +37,24 @@ from deadpool.worker.zero import ZeroShard
 SPARE_WAIT_S = 7 * 24 * 3600.0  # a spare may wait this long for a seat (the job's life, in practice)
 
 Restored = tuple[Manifest, torch.Tensor]  # a seat's snapshot: its manifest and the arena it describes
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """A Prepare chose this spare for `seat`: its CommitView is still to come."""
+
+    epoch: int  # the epoch being prepared
+    seat: int
+    view: View  # the newest view the spare held (the job's shape and store)
+
+
+@dataclass(frozen=True)
+class Seating:
+    """The seat ``rt.device_mesh`` wraps the model for."""
+
+    view: View  # the view that seats this member, or the one held when a Prepare reserved the seat
+    seat: int
+    first: bool  # the job's first view, taken without a restore
 
 
 class Recovery:
@@ -72,7 +91,8 @@ class Recovery:
         self._zero_shards = zero_shards
         self._seat_samplers = seat_samplers  # (seat, world): DistributedSamplers take the adopted seat
         self._recovering_epoch = 0  # epoch whose first finished step is reported as Recovered
-        self._offer: CommitView | Stop | None = None  # the seating view rt.device_mesh waited for, not yet adopted
+        self._offer: CommitView | Reserved | Stop | None = None  # what rt.device_mesh waited for, not yet adopted
+        self._held: View | None = None  # the newest view a waiting spare was told of (it sits in its spares)
         self._fetch_s = 0.0
         self._adopted_groups = (0, 0.0)  # (mesh groups rebuilt, seconds building groups) of the last adoption
 
@@ -104,6 +124,8 @@ class Recovery:
             WaitTimeout: an active member got no first view within ``startup_timeout``.
         """
         offer, self._offer = self._offer or self._next_offer(), None
+        if isinstance(offer, Reserved):
+            offer = self._seated_as_reserved(offer)
         if isinstance(offer, Stop):
             self._events.emit(Event.SPARE_RELEASED, reason=offer.reason)
             return None
@@ -112,19 +134,40 @@ class Recovery:
         # any survivor, from the snapshot the adoption already took.
         return first if first is not None else self.recover()
 
-    def wait_for_offer(self) -> View | None:
-        """Block until a view seats this member, without adopting it (``rt.steps()`` does); None: released.
+    def wait_for_offer(self) -> Seating | None:
+        """Block until this member knows its seat, without adopting a view (``rt.steps()`` does); None: released.
 
         ``rt.device_mesh`` needs the seat before the script wraps its model, and the restore
-        after: the view waits here for ``wait_for_seat``.
+        after.  A spare learns its seat from the Prepare that chose it, so it wraps while the
+        survivors finish their step; the view that seats it comes later, to ``wait_for_seat``.
 
         Raises:
             JobStopped: the coordinator ended the job.
             WaitTimeout: an active member got no first view within ``startup_timeout``.
         """
         if self._offer is None:
-            self._offer = self._next_offer()
-        return self._offer.view if isinstance(self._offer, CommitView) else None
+            self._offer = self._next_offer(reservations=True)
+        offer = self._offer
+        if isinstance(offer, Reserved):
+            return Seating(offer.view, offer.seat, first=False)
+        if isinstance(offer, CommitView):
+            seat = offer.view.seat_of(self._env.member)
+            assert seat is not None
+            return Seating(offer.view, seat, self.is_first(offer.view))
+        return None
+
+    def _seated_as_reserved(self, reserved: Reserved) -> CommitView | Stop:
+        """The view that seats a reserved spare; one that seats it elsewhere fences it (its model is wrapped
+        for the reserved seat), and the coordinator chooses again."""
+        offer = self._next_offer()
+        assert not isinstance(offer, Reserved)  # asked for views only
+        if isinstance(offer, CommitView):
+            seat = offer.view.seat_of(self._env.member)
+            if seat != reserved.seat:
+                exit_fenced(self._events, self._env.member, Fenced(
+                    self._env.member, offer.view.epoch, f"seated at rank {seat}, but its model was wrapped for "
+                    f"rank {reserved.seat}, which the Prepare of epoch {reserved.epoch} chose it for"))
+        return offer
 
     def is_first(self, view: View) -> bool:
         """`view` is the job's first and this member takes its seat in it without a restore."""
@@ -132,8 +175,11 @@ class Recovery:
         return self._state.view is None and view.resume_step == -1 and seat is not None and \
             seat not in view.restore_from
 
-    def _next_offer(self) -> CommitView | Stop:
-        """The view that seats this member, or the Stop that releases a spare the job did not need."""
+    def _next_offer(self, reservations: bool = False) -> CommitView | Reserved | Stop:
+        """The view that seats this member, or the Stop that releases a spare the job did not need.
+
+        `reservations`: a Prepare that chooses this spare for a seat answers too.
+        """
         started = time.monotonic()
         spare = self._env.role == Role.SPARE
         bound = SPARE_WAIT_S if spare else self._config.startup_timeout
@@ -155,8 +201,14 @@ class Recovery:
                 raise JobStopped(command.reason)
             if isinstance(command, Fenced):
                 exit_fenced(self._events, self._env.member, command)
-            if isinstance(command, CommitView) and command.view.seat_of(self._env.member) is not None:
-                return command
+            if isinstance(command, CommitView):
+                if command.view.seat_of(self._env.member) is not None:
+                    return command
+                self._held = command.view
+            if reservations and isinstance(command, Prepare) and self._held is not None:
+                for seat, member in command.replacements.items():
+                    if member == self._env.member:
+                        return Reserved(command.epoch, seat, self._held)
 
     def recover(self, pending: Command | None = None) -> int:
         """Pause at the boundary, answer Prepares, adopt the committed view; returns the next step.

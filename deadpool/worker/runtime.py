@@ -10,6 +10,7 @@ of the process is ``exit.py``'s.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 import os
 import time
@@ -196,10 +197,11 @@ class Runtime:
         """A torch ``DeviceMesh`` of the job's seats (row-major), for ``fully_shard`` and ``parallelize_module``.
 
         Its groups keep their identity across swaps while DeadPool replaces the gloo groups behind
-        those that held a replaced seat.  On a spare this blocks until it is seated (its seat decides
-        which shards it holds), so that it wraps its model exactly as the seat's old member did; its
-        state is restored when it reaches ``rt.steps()``.  A spare released before it was needed
-        exits here (status 0).
+        those that held a replaced seat.  On a spare this blocks until the coordinator chooses it for
+        a seat (its seat decides which shards it holds; the Prepare of the swap says, so it wraps its
+        model while the survivors finish their step), so that it wraps its model exactly as the
+        seat's old member did; its state is restored when it reaches ``rt.steps()``.  A spare released
+        before it was needed exits here (status 0).
 
         Raises:
             MisuseError: called twice or after the first step, or the shape does not cover the seats.
@@ -208,14 +210,15 @@ class Runtime:
             raise MisuseError("rt.device_mesh(): this job has its mesh already (call it once)")
         if self._state.step >= 0:
             raise MisuseError("rt.device_mesh() must be called before the first step")
-        view = self._recovery.wait_for_offer()
-        if view is None:  # a spare the job finished without
+        # DTensor imports torch._dynamo on first use (about 1.5 s of CPU): a spare pays it while it waits
+        # for a seat, not while the survivors wait for it to wrap its model.
+        importlib.import_module("torch._dynamo")
+        seating = self._recovery.wait_for_offer()
+        if seating is None:  # a spare the job finished without
             self._recovery.wait_for_seat()
             self._shutdown()
             raise SystemExit(0)
-        seat = view.seat_of(self.member)
-        assert seat is not None
-        mesh = self._collectives.seat_mesh(shape, names, view, seat, first=self._recovery.is_first(view))
+        mesh = self._collectives.seat_mesh(shape, names, seating.view, seating.seat, first=seating.first)
         self._sharded = True
         return mesh.device_mesh
 

@@ -129,8 +129,9 @@ def test_an_exit_report_fences_the_member_and_prepares_the_survivors() -> None:
     assert job.to("inproc://m1", Fenced)
     assert not job.to("inproc://agent", FenceKill), "the process is gone: nothing to kill"
     prepares = {s.address: s.message for s in job.sent if isinstance(s.message, Prepare)}
-    assert set(prepares) == {"inproc://m0", "inproc://m2"}  # survivors only: not the dead seat, not the spare
-    assert all(p.epoch == 2 and p.failed_seats == [1] for p in prepares.values())
+    # The survivors and the spare chosen for the seat (it wraps its model meanwhile); never the dead seat.
+    assert set(prepares) == {"inproc://m0", "inproc://m2", "inproc://s0"}
+    assert all(p.epoch == 2 and p.failed_seats == [1] and p.replacements == {1: "s0"} for p in prepares.values())
     prepared = job.of(Event.VIEW_PREPARED)
     assert prepared[0]["trigger"] == Trigger.SEAT_LOST and prepared[0]["replacements"] == {"1": "s0"}
     assert job.coordinator.view is not None and job.coordinator.view.epoch == 1  # nothing committed yet
@@ -166,6 +167,20 @@ def test_the_mesh_groups_survivors_report_unfinished_are_rebuilt_by_the_next_vie
     assert job.of(Event.VIEW_COMMITTED)[-1]["rebuild_groups"] == ["deadpool:dp:1", "deadpool:tp:0"]
 
 
+def test_a_second_failure_in_the_round_keeps_the_spare_already_told_its_seat() -> None:
+    """The spare chosen for seat 2 heard the Prepare and may be wrapping its model for seat 2: when seat 0
+    fails too before the commit, seat 2 keeps it (the pure pick would move it to seat 0, the lower seat)."""
+    job = Job(seats=4, spares=2)
+    job.handle(ProcessExited(AGENT, "m2", -9))
+    first = job.to("inproc://s0", Prepare)
+    assert [p.replacements for p in first] == [{2: "s0"}]
+    job.sent.clear()
+    job.handle(ProcessExited(AGENT, "m0", -9))
+    again = {s.address: s.message for s in job.sent if isinstance(s.message, Prepare)}
+    assert set(again) == {"inproc://m1", "inproc://m3", "inproc://s0", "inproc://s1"}
+    assert [p.replacements for p in again.values()] == [{0: "s1", 2: "s0"}] * 4
+
+
 def test_missed_heartbeats_start_a_round() -> None:
     job = Job(seats=3, spares=1)
     job.advance(1.5, alive=["m0", "m1", "m2", "s0"])
@@ -175,7 +190,8 @@ def test_missed_heartbeats_start_a_round() -> None:
     failed = job.of(Event.MEMBER_FAILED)
     assert [f["failed_member"] for f in failed] == ["m1"] and failed[0]["detected_by"] == "heartbeat"
     assert [k.member for k in job.to("inproc://agent", FenceKill)] == ["m1"]  # a hang becomes a crash
-    assert {s.address for s in job.sent if isinstance(s.message, Prepare)} == {"inproc://m0", "inproc://m2"}
+    assert {s.address for s in job.sent if isinstance(s.message, Prepare)} == {
+        "inproc://m0", "inproc://m2", "inproc://s0"}  # the survivors and the spare chosen
 
 
 def test_stale_epoch_acks_and_unknown_senders_are_rejected() -> None:
