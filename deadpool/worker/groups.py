@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import enum
 import logging
+import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
@@ -96,8 +98,13 @@ class Works(dist.Work):
         self._works = works
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        """Wait for all; with `timeout`, raise RuntimeError if they are not done by then (like a gloo work)."""
+        deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
         for work in self._works:
-            work.wait()
+            if deadline is None:
+                work.wait()
+            else:
+                work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.0)))
         return True
 
     def is_completed(self) -> bool:
@@ -109,34 +116,64 @@ class Works(dist.Work):
         return torch.futures.collect_all([work.get_future() for work in self._works])
 
 
-class WaitedWork(dist.Work):
-    """Works that progress only inside ``wait()`` (gloo's reduce-scatter), waited on by a helper thread.
+class Progress:
+    """One gloo group's thread for works that progress only inside ``wait()`` (gloo's reduce-scatter).
 
-    Its future completes when the thread's waits return (or with their error), so a seat can wait
-    for it, or give up on it; an abandoned thread stays blocked until gloo's own timeout.
+    It waits on them in the order they were issued, which is the order gloo runs a group's
+    collectives in, so that the seat can wait for a ``WaitedWork`` interruptibly or give up on it.
+    `close` ends the thread once it is idle; one blocked in an abandoned collective ends when gloo
+    gives up on it (the group's timeout).
     """
 
-    def __init__(self, works: list[dist.Work]) -> None:
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[WaitedWork | None] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=f"deadpool-progress-{name}", daemon=True).start()
+
+    def submit(self, work: WaitedWork) -> None:
+        self._queue.put(work)
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while (work := self._queue.get()) is not None:
+            work.progress()
+
+
+class WaitedWork(dist.Work):
+    """Works that progress only inside ``wait()``, waited on by their group's ``Progress`` thread.
+
+    Its future completes when those waits return (or with their error).
+    """
+
+    def __init__(self, works: list[dist.Work], progress: Progress) -> None:
         super().__init__()
         self._works = works
         self._future: torch.futures.Future[None] = torch.futures.Future()
-        threading.Thread(target=self._wait_all, name="deadpool-rs-wait", daemon=True).start()
+        self._done = threading.Event()
+        progress.submit(self)
 
-    def _wait_all(self) -> None:
+    def progress(self) -> None:
+        """Wait for the works (on the progress thread)."""
         try:
             for work in self._works:
                 work.wait()
         except RuntimeError as err:
             self._future.set_exception(err)  # type: ignore[arg-type]  # the stub types the argument as the result
-            return
-        self._future.set_result(None)
+        else:
+            self._future.set_result(None)
+        finally:
+            self._done.set()
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        self._future.wait()
+        """Wait for the works; with `timeout`, raise RuntimeError if they are not done by then (like gloo)."""
+        if not self._done.wait(None if timeout is None else timeout.total_seconds()):
+            raise RuntimeError(f"not completed within {timeout}")
+        self._future.wait()  # raises the works' error
         return True
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self._done.is_set()
 
     def get_future(self) -> torch.futures.Future[Any]:
         return self._future
@@ -191,6 +228,7 @@ class SeatGroup(dist.ProcessGroup):
     def __init__(self, rank: int, size: int, name: str) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]  # the stub lists only (store, rank, size)
         self._name = name
+        self._progress: tuple[Any, Progress] | None = None  # (gloo group, its progress thread)
 
     def _issue(self, issue: Callable[[Any], dist.Work], op: Op) -> dist.Work | None:
         """Run `issue(gloo_group)`; None when the collective must complete locally."""
@@ -199,6 +237,14 @@ class SeatGroup(dist.ProcessGroup):
     def _await(self, work: dist.Work, op: Op) -> bool:
         """Wait for `work`, interruptibly; False when it failed or was interrupted."""
         raise NotImplementedError
+
+    def _progress_of(self, group: Any) -> Progress:
+        """The progress thread of `group` (the gloo group a collective is issued on): a new one per group."""
+        if self._progress is None or self._progress[0] is not group:
+            if self._progress is not None:
+                self._progress[1].close()
+            self._progress = (group, Progress(self._name))
+        return self._progress[1]
 
     # torch's names: C++ calls these through the ProcessGroup trampoline (DeviceMesh reads the group name).
 
@@ -294,7 +340,8 @@ class SeatGroup(dist.ProcessGroup):
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: ReduceScatterOptions | None = None,
     ) -> dist.Work:
         """gloo's reduce-scatter, on staged copies; it makes progress only inside ``wait()``, which cannot be
-        given up on, so a helper thread waits (``WaitedWork``) and the seat waits for it, interruptibly."""
+        given up on, so the group's progress thread waits (``WaitedWork``) and the seat waits for it,
+        interruptibly."""
         staged_in = [t.detach().clone() for t in inputs]
         staged_out = [torch.empty_like(t) for t in outputs]
         options = opts if opts is not None else ReduceScatterOptions()
@@ -302,7 +349,8 @@ class SeatGroup(dist.ProcessGroup):
 
         def issue(group: Any) -> dist.Work:
             pairs = zip(staged_out, staged_in, strict=True)
-            return WaitedWork([group._reduce_scatter_base(out, tensor, options) for out, tensor in pairs])
+            works = [group._reduce_scatter_base(out, tensor, options) for out, tensor in pairs]
+            return WaitedWork(works, self._progress_of(group))
 
         def local() -> None:
             for output, tensor in zip(outputs, inputs, strict=True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -43,7 +44,7 @@ class Done:
         future.set_result(None)
         return future
 
-    def wait(self) -> bool:
+    def wait(self, timeout: timedelta | None = None) -> bool:
         return True
 
     def is_completed(self) -> bool:
@@ -219,10 +220,17 @@ def test_a_changed_seat_gets_a_new_group_and_the_old_one_is_retired(monkeypatch:
 
 
 class Pending:
-    """A dist.Work that never completes (a SIGSTOPped peer)."""
+    """A dist.Work that never completes (a SIGSTOPped peer): a timed wait runs out, like gloo's."""
 
     def get_future(self) -> torch.futures.Future[object]:
         return torch.futures.Future()
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        assert timeout is not None, "an untimed wait would never return"
+        raise RuntimeError("Operation timed out!")
+
+    def is_completed(self) -> bool:
+        return False
 
 
 class Recorder:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -32,8 +33,12 @@ class Pending:
     def get_future(self) -> torch.futures.Future[object]:
         return torch.futures.Future()
 
-    def wait(self) -> bool:
-        raise AssertionError("never completes")
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        assert timeout is not None, "never completes: an untimed wait would never return"
+        raise RuntimeError("Operation timed out!")
+
+    def is_completed(self) -> bool:
+        return False
 
 
 class Group:
