@@ -25,6 +25,14 @@ run:
 - ``dcp.async_save every step``: ``torch.distributed.checkpoint.async_save``,
   each save first waiting for the previous one's future.
 
+Size ``llama`` is the sharded rows: the Llama demo's model (demos/llama.py, 13.2M parameters,
+batch 4 x block 64) under torch's own FSDP2 (4-way) and FSDP2 x tensor parallel (2x2) on a mesh
+from ``init_device_mesh`` (``plain FSDP2``, ``plain FSDP2+TP``), and the same on
+``rt.device_mesh`` with a snapshot every step (``deadpool FSDP2 ...``, ``deadpool FSDP2+TP
+...``); each ratio is to the plain row of the same parallelism.  Separate launches differ by
+up to 10% on this host; ``bench/overhead_injob.py`` measures the same pairs inside one job,
+with confidence intervals.
+
 Columns: ``step_s_median`` (rank 0's wall time from one step's start to the
 next one's, so work done between steps counts), ``ratio`` (to plain DDP of the
 same size), ``stall_p99_s`` (p99 over the measured steps of the time the loop
@@ -36,7 +44,7 @@ file, the DCP directory).
 
 Usage::
 
-    python bench/overhead.py               # both sizes; about 6-8 minutes on 2 cores
+    python bench/overhead.py               # all sizes; about 10-12 minutes on 2 cores
     python bench/overhead.py --quick       # small model only, fewer steps
     python bench/overhead.py --json        # the rows as a JSON list instead of the table
 
@@ -78,8 +86,13 @@ class System:
     mode: str
     snapshot_every: int | None = None
     launch_args: tuple[str, ...] = ()  # extra `deadpool launch` arguments
+    shard: str = "none"  # the worker's --shard (deadpool on rt.device_mesh)
+    baseline: str = "ddp"  # the key of the row its ratio is to
+    sizes: tuple[str, ...] = ("small", "large")  # the sizes it runs at
 
 
+GPT_SIZES = ("small", "large")
+SHARDED = ("llama",)  # the Llama demo's model, sharded
 SYSTEMS = (
     System("ddp", "plain DDP", "ddp"),
     System("deadpool", "deadpool snapshot every step", "deadpool", 1),
@@ -88,14 +101,20 @@ SYSTEMS = (
     System("torch_save", "torch.save every step", "torch_save"),
     System("dcp_save", "dcp.save every step", "dcp_save"),
     System("dcp_async_save", "dcp.async_save every step", "dcp_async_save"),
+    System("fsdp", "plain FSDP2", "fsdp", baseline="fsdp", sizes=SHARDED),
+    System("deadpool_fsdp", "deadpool FSDP2 snapshot every step", "deadpool", 1, shard="fsdp", baseline="fsdp",
+           sizes=SHARDED),
+    System("fsdp_tp", "plain FSDP2+TP", "fsdp_tp", baseline="fsdp_tp", sizes=SHARDED),
+    System("deadpool_fsdp_tp", "deadpool FSDP2+TP snapshot every step", "deadpool", 1, shard="fsdp_tp",
+           baseline="fsdp_tp", sizes=SHARDED),
 )
 
 # (measured steps, warmup steps, per-step bound in seconds for the timeout) by size
 # The large model's step is about 3.5-4 s with 4 ranks on 2 cores: 8 measured steps keep the whole
 # default run near 10 minutes there.  Its warm-up is 4 steps because DeadPool's first snapshots
 # (577 MB per seat) fault in fresh arena and buddy memory and stall 1-2 s; steady state starts after.
-DEFAULT_STEPS = {"small": (60, 10, 3.0), "large": (8, 4, 30.0)}
-QUICK_STEPS = {"small": (20, 5, 3.0), "large": (4, 3, 30.0)}
+DEFAULT_STEPS = {"small": (60, 10, 3.0), "large": (8, 4, 30.0), "llama": (30, 5, 8.0)}
+QUICK_STEPS = {"small": (20, 5, 3.0), "large": (4, 3, 30.0), "llama": (8, 3, 8.0)}
 STARTUP_BOUND_S = 120.0  # imports, rendezvous and process-group setup of 4 workers on a busy 2-core host
 
 
@@ -123,6 +142,7 @@ class Row:
     runs: list[float] = field(default_factory=list)  # step_s_median of each round
     round_ratios: list[float] = field(default_factory=list)  # each round's median over the baseline's, same round
     threads_cpu_s_per_step: dict[str, float] = field(default_factory=dict)  # all ranks, by thread name
+    baseline: str = ""  # the row its ratios are to
     device: str = "cpu"  # where the model trained (rank 0's device)
     gpu: str = ""  # the GPU's name on a --device cuda run
 
@@ -256,9 +276,11 @@ def run_system(system: System, size: str, steps: int, warmup: int, per_step_s: f
     run_dir = Path(tempfile.mkdtemp(prefix=f"{system.mode}-{size}-", dir=work))
     out = run_dir / "result.json"
     log = run_dir / "log.txt"
-    worker_args = [str(WORKER), "--mode", system.mode, "--size", size, "--steps", str(steps),
-                   "--warmup", str(warmup), "--out", str(out), "--ckpt-dir", str(run_dir / "ckpt"),
-                   "--device", device]
+    worker_args = [str(WORKER), "--mode", system.mode, "--size", "small" if size in SHARDED else size,
+                   "--steps", str(steps), "--warmup", str(warmup), "--out", str(out),
+                   "--ckpt-dir", str(run_dir / "ckpt"), "--device", device, "--shard", system.shard]
+    if size in SHARDED:
+        worker_args += ["--batch", "4"]
     if system.mode == "deadpool":
         launch = [sys.executable, "-m", "deadpool", "launch", "--nproc", str(WORLD), "--spares", "0",
                   "--events", str(run_dir / "events.jsonl"), "--snapshot-every", str(system.snapshot_every),
@@ -312,13 +334,16 @@ def measure(systems: list[System], sizes: list[str], table: dict[str, tuple[int,
     rows: list[Row] = []
     for size in sizes:
         steps, warmup, per_step = table[size]
-        collected: dict[str, list[tuple[dict[str, Any], float, float]]] = {s.name: [] for s in systems}
+        systems_here = [s for s in systems if size in s.sizes]
+        if not systems_here:
+            continue
+        collected: dict[str, list[tuple[dict[str, Any], float, float]]] = {s.name: [] for s in systems_here}
         for _ in range(repeat):
-            for system in systems:  # interleaved rounds: slow drifts of a shared host hit every row alike
+            for system in systems_here:  # interleaved rounds: slow drifts of a shared host hit every row alike
                 collected[system.name].append(run_system(system, size, steps, warmup, per_step, work, verbose,
                                                          quiet_wait_s, device))
         size_rows = []
-        for system in systems:
+        for system in systems_here:
             runs = collected[system.name]
             medians = [statistics.median(r["step_s"][warmup:]) for r, _, _ in runs]
             stalls = [s for r, _, _ in runs for s in r.get("stall_s", [])]
@@ -339,9 +364,12 @@ def measure(systems: list[System], sizes: list[str], table: dict[str, tuple[int,
                 wall_s=sum(w for _, w, _ in runs), runs=medians,
                 device=str(first.get("device", device)), gpu=str(first.get("gpu", "")),
             ))
-        # The ratio's baseline is plain DDP; a run without it (--systems) compares to its first row.
-        base_row = next((r for r in size_rows if r.mode == "ddp"), size_rows[0])
-        for row in size_rows:
+        # Each ratio is to the plain row of the same parallelism; a run without it (--systems) compares to the
+        # size's first row.
+        names = {s.key: s.name for s in SYSTEMS}
+        for system, row in zip(systems_here, size_rows, strict=True):
+            base_row = next((r for r in size_rows if r.system == names[system.baseline]), size_rows[0])
+            row.baseline = base_row.system
             row.ratio = row.step_s_median / base_row.step_s_median if base_row.step_s_median > 0 else float("nan")
             row.round_ratios = [round(mine / base, 4) for mine, base in zip(row.runs, base_row.runs, strict=True)]
             base_cpu = base_row.cpu_s_per_step
@@ -389,7 +417,8 @@ def render(rows: list[Row], elapsed: float, repeat: int) -> str:
         f"{gpu}.",
         f"  {steps}; medians after warm-up, {repeat} round(s); whole benchmark {elapsed:.0f} s.",
         "  step_s_median: rank 0, start of a step to start of the next (includes work between steps).",
-        "  ratio: to plain DDP of the same size in this run (to the first row when --systems leaves DDP out).",
+        "  ratio: to plain DDP of the same size in this run, the llama rows to the plain row of their parallelism",
+        "    (to the size's first row when --systems leaves the baseline out).",
         "  stall_p99_s: time the loop was blocked by the protection (DeadPool: optimizer pre-step wait for the",
         "    snapshot copy and the buddy's ack; torch.save/dcp.save: the save call; dcp.async_save: waiting for",
         "    the previous save plus the async_save call); with under 100 steps the p99 is the maximum.",
@@ -435,7 +464,8 @@ def _raise_on_terminate() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="small,large", help="comma-separated model sizes (small: 3.3M, large: 48M)")
+    parser.add_argument("--sizes", default="small,large,llama",
+                        help="comma-separated model sizes (small: 3.3M GPT, large: 48M GPT, llama: the sharded rows)")
     parser.add_argument("--quick", action="store_true", help="small model only, fewer steps (smoke check)")
     parser.add_argument("--steps", type=int, default=0, help="override the measured steps of every size")
     parser.add_argument("--warmup", type=int, default=-1, help="override the warm-up steps of every size")

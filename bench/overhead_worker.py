@@ -11,6 +11,9 @@ Modes:
 - ``dcp_save``: DDP, and every rank calls ``torch.distributed.checkpoint.save`` every step.
 - ``dcp_async_save``: DDP, and every rank calls ``torch.distributed.checkpoint.async_save`` every
   step, first waiting for the previous save's future.
+- ``fsdp`` / ``fsdp_tp``: the Llama demo's model (demos/llama.py) under torch's own FSDP2 (4-way) or
+  FSDP2 x tensor parallel (2x2), on a mesh from ``init_device_mesh`` over gloo.  ``deadpool`` with
+  ``--shard fsdp`` or ``--shard fsdp_tp`` is the same model on ``rt.device_mesh``.
 
 Non-DeadPool modes read the torchrun env contract (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``); rank 0 hosts the TCPStore on a socket bound to 127.0.0.1 only (a plain
@@ -42,9 +45,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "demos"))
 
+import llama  # noqa: E402
 from gpt import build_model, count_parameters, get_batch, load_corpus, lr_lambda, pick_device  # noqa: E402
 
-MODES = ("ddp", "deadpool", "torch_save", "dcp_save", "dcp_async_save")
+MODES = ("ddp", "deadpool", "torch_save", "dcp_save", "dcp_async_save", "fsdp", "fsdp_tp")
+SHARDS = ("none", "fsdp", "fsdp_tp")  # how the model is parallelized: rt.ddp / DDP, or a mesh
 PG_TIMEOUT_S = 120.0  # bounds every collective and the rendezvous of the non-DeadPool modes
 SAVE_TIMEOUT_S = 120.0  # bounds the wait for an async save's future
 
@@ -61,6 +66,8 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: GPU LOCAL_RANK %% device count (gloo still carries the all-reduce)")
+    parser.add_argument("--shard", choices=SHARDS, default="none",
+                        help="deadpool mode: the Llama model on rt.device_mesh (fsdp: 4-way; fsdp_tp: 2x2)")
     parser.add_argument("--ckpt-dir", default="", help="where checkpoints go (shared by all ranks; the caller removes it)")
     parser.add_argument("--out", required=True, help="JSON result file, written by rank 0")
     return parser.parse_args()
@@ -223,6 +230,23 @@ def _summary(args: argparse.Namespace, starts: list[float], bodies: list[float],
     }
 
 
+def _mesh_shape(shard: str, world: int) -> tuple[int, int]:
+    tp = 2 if shard == "fsdp_tp" else 1
+    return world // tp, tp
+
+
+def _sharded_llama(args: argparse.Namespace, mesh: Any, total: int) -> tuple[Any, Any, Any, int]:
+    """The Llama demo's model sharded over `mesh` (dims dp, tp): model, optimizer, scheduler, data rank."""
+    import logging
+
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    model = llama.build_model("small", seed=args.seed)
+    llama.shard(model, dp_mesh=mesh["dp"], tp_mesh=mesh["tp"] if mesh["tp"].size() > 1 else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup=10, total=total))
+    return model, optimizer, scheduler, mesh["dp"].get_local_rank()
+
+
 def run_deadpool(args: argparse.Namespace) -> None:
     """DeadPool mode: the demo's loop under ``rt.steps`` (snapshot cadence comes from the launcher)."""
     import deadpool
@@ -230,12 +254,17 @@ def run_deadpool(args: argparse.Namespace) -> None:
     total = args.warmup + args.steps + 1
     rt = deadpool.init()
     corpus = load_corpus()
-    model = build_model(args.size, seed=args.seed).to(args.torch_device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup=10, total=total))
+    if args.shard == "none":
+        model = build_model(args.size, seed=args.seed).to(args.torch_device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup=10, total=total))
+        data_rank = -1
+    else:
+        mesh = rt.device_mesh(_mesh_shape(args.shard, rt.world_size), ("dp", "tp"))
+        model, optimizer, scheduler, data_rank = _sharded_llama(args, mesh, total)
     torch.manual_seed(args.seed + 1000 + max(0, int(os.environ.get("RANK", "0"))))
     rt.track(model=model, optimizer=optimizer, sched=scheduler)
-    ddp = rt.ddp(model)
+    ddp = rt.ddp(model) if args.shard == "none" else model
     starts: list[float] = []
     bodies: list[float] = []
     losses: list[float] = []
@@ -244,7 +273,8 @@ def run_deadpool(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         starts.append(started)
         cpu.at(step)
-        losses.append(_train_step(step, rt.rank, args, corpus, ddp, optimizer, scheduler))
+        losses.append(_train_step(step, rt.rank if data_rank < 0 else data_rank, args, corpus, ddp, optimizer,
+                                  scheduler))
         bodies.append(time.perf_counter() - started)
     rank, world = rt.rank, rt.world_size
     cpu.write(rank)
@@ -270,14 +300,22 @@ def run_torch(args: argparse.Namespace) -> None:
                                          timeout=timedelta(seconds=PG_TIMEOUT_S))
     total = args.warmup + args.steps + 1
     corpus = load_corpus()
-    model = build_model(args.size, seed=args.seed).to(args.torch_device)
-    on_gpu = args.torch_device.type == "cuda"
-    ddp = DistributedDataParallel(model, device_ids=[args.torch_device.index] if on_gpu else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup=10, total=total))
+    data_rank = rank
+    if args.mode in ("fsdp", "fsdp_tp"):  # torch's own mesh over gloo: what a sharded script writes
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", _mesh_shape(args.mode, world), mesh_dim_names=("dp", "tp"))
+        model, optimizer, scheduler, data_rank = _sharded_llama(args, mesh, total)
+        ddp = model
+    else:
+        model = build_model(args.size, seed=args.seed).to(args.torch_device)
+        on_gpu = args.torch_device.type == "cuda"
+        ddp = DistributedDataParallel(model, device_ids=[args.torch_device.index] if on_gpu else None)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup=10, total=total))
     torch.manual_seed(args.seed + 1000 + rank)
     saver = None
-    if args.mode != "ddp":
+    if args.mode in ("torch_save", "dcp_save", "dcp_async_save"):
         if not args.ckpt_dir:
             raise SystemExit(f"--mode {args.mode} needs --ckpt-dir (one directory shared by every rank)")
         directory = Path(args.ckpt_dir) / args.mode
@@ -293,7 +331,7 @@ def run_torch(args: argparse.Namespace) -> None:
             started = time.perf_counter()
             starts.append(started)
             cpu.at(step)
-            losses.append(_train_step(step, rank, args, corpus, ddp, optimizer, scheduler))
+            losses.append(_train_step(step, data_rank, args, corpus, ddp, optimizer, scheduler))
             if saver is not None:
                 stalls.append(saver.save())
             bodies.append(time.perf_counter() - started)

@@ -16,8 +16,9 @@ For the same model (demos/gpt.py 'small', 3.3M parameters), world size (4), step
 
 Columns: time from the kill to the first step every rank finished after recovery
 (``recovery_s``), steps recomputed, total wall time of the run with one failure, and the
-failure-free median step time as a ratio to plain DDP.  Medians over ``--repeat`` runs (3 by
-default).  ``--json`` prints the rows; ``--plot OUT.png`` draws every system's step timeline.
+failure-free median step time as a ratio to plain DDP; for DeadPool's rows, where the recovery
+went (``detect_s``, ``pause_s``, ``commit_s``, ``restore_s``, ``first_step_s``: see ``phases``),
+printed under the table and in ``--json``.  Medians over ``--repeat`` runs (3 by default).  ``--json`` prints the rows; ``--plot OUT.png`` draws every system's step timeline.
 
     python bench/recovery.py [--repeat 3] [--json] [--plot recovery.png] [--systems deadpool,sharded,torchrun,torchft]
 """
@@ -25,6 +26,7 @@ default).  ``--json`` prints the rows; ``--plot OUT.png`` draws every system's s
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -56,6 +58,31 @@ def _all_ranks_finished(events: list[dict[str, Any]]) -> list[tuple[float, int, 
 
 
 LLAMA = ("demos/train_llama.py", "--fsdp", "--tp", "2")  # the sharded row: FSDP2 x TP on a 2x2 mesh
+PHASES = ("detect_s", "pause_s", "commit_s", "restore_s", "first_step_s")
+
+
+def phases(events: list[dict[str, Any]], kill_ts: float, kill_epoch: int) -> dict[str, float]:
+    """Where a swap's time went, each phase from the end of the one before (DeadPool's events):
+
+    ``detect_s`` the kill to ``member_failed``; ``pause_s`` to the last survivor ``paused`` (it ran on
+    until it noticed); ``commit_s`` to ``view_committed``; ``restore_s`` to the last seat ``restored``
+    (rollbacks, the spare's fetch, the group rebuild); ``first_step_s`` to the first step every seat
+    finished under the new view.
+    """
+    def first(kind: str) -> float | None:
+        return min((float(r["ts"]) for r in events if r.get("event") == kind and float(r["ts"]) >= kill_ts),
+                   default=None)
+
+    detected, committed = first("member_failed"), first("view_committed")
+    if detected is None or committed is None:
+        return {}
+    paused = [float(r["ts"]) for r in events if r.get("event") == "paused" and detected <= float(r["ts"]) <= committed]
+    restored = [float(r["ts"]) for r in events if r.get("event") == "restored" and float(r["ts"]) >= committed]
+    after = [s for s in _all_ranks_finished(events) if s[2] > kill_epoch]
+    if not restored or not after:
+        return {}
+    marks = [kill_ts, detected, max(paused, default=detected), committed, max(restored), after[0][0]]
+    return {name: round(b - a, 3) for name, (a, b) in zip(PHASES, itertools.pairwise(marks), strict=True)}
 
 
 def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/train_gpt.py",)) -> dict[str, Any]:
@@ -88,6 +115,7 @@ def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/trai
             result["steps_recomputed"] = max(0, last_before + 1 - after[0][1])
         swap = [r for r in events if r.get("event") == "swap_completed"]
         result["swap_recovery_s"] = swap[0]["recovery_s"] if swap else None
+        result.update(phases(events, kill_ts, kill_epoch))
     result["timeline"] = [(round(ts - steps[0][0], 3), step) for ts, step, _ in steps] if steps else []
     if kills and steps:
         result["kill_at_s"] = round(float(kills[0]["ts"]) - steps[0][0], 3)
@@ -179,6 +207,7 @@ def measure(systems: set[str], repeat: int, root: Path) -> tuple[list[dict[str, 
             # The sharded row trains another model: its step is not comparable with the GPT's plain DDP.
             "overhead_ratio": round(step / ddp_step, 3) if step and ddp_step and name != SHARDED else None,
             "failure_free_step_s": step,
+            **{phase: med(kill_runs, phase) for phase in PHASES if med(kill_runs, phase) is not None},
             "runs_ok": f"{sum(1 for r in kill_runs if r.get('ok', r.get('finished')))}/{len(kill_runs)}",
         })
         if kill_runs and kill_runs[0].get("timeline"):
@@ -231,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['total_s']!s:>8s} {row['overhead_ratio']!s:>8s} {row['runs_ok']:>5s}")
         print(f"(medians over {args.repeat} run(s); world 4, {STEPS} steps, SIGKILL rank {KILL_RANK} at step "
               f"{KILL_STEP}; load average {os.getloadavg()[0]:.1f})")
+        for row in rows:
+            if any(phase in row for phase in PHASES):
+                print(f"{row['system']}: " + ", ".join(f"{p} {row[p]}" for p in PHASES if p in row)
+                      + f" (failure-free step {row['failure_free_step_s']} s)")
         for note in notes:
             print(note)
     if args.plot:

@@ -1,0 +1,47 @@
+"""A spare's seat before its view: the Prepare that chooses it tells rt.device_mesh where it sits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deadpool.actors.handoff import Handoff, Progress
+from deadpool.config import WorkerEnv
+from deadpool.events.log import EventLog
+from deadpool.protocol.messages import CommitView, Prepare
+from deadpool.protocol.view import View
+from deadpool.worker.faults import FaultInjector
+from deadpool.worker.recovery import Recovery, Seating
+from deadpool.worker.step import StepState
+
+
+def view(epoch: int, seats: list[str], spares: list[str]) -> View:
+    return View(epoch, seats, spares, 7, f"epoch-{epoch}", "127.0.0.1:1", {}, {}, [1, 2, 3, 0], {})
+
+
+def spare() -> tuple[Recovery, Handoff]:
+    env = WorkerEnv.from_env({"DEADPOOL_COORDINATOR": "tcp://127.0.0.1:1", "DEADPOOL_MEMBER_ID": "s0",
+                              "DEADPOOL_ROLE": "spare"})
+    state, handoff = StepState(), Handoff()
+    events = EventLog(None, member="s0", source="worker")
+    faults = FaultInjector(env, state, handoff, events, partition=type("Switch", (), {"cut": False})())
+    unused: Any = None  # what seating never touches: snapshots, disk, collectives, the state callbacks
+    recovery = Recovery(env, state, handoff, Progress(), events, unused, unused, unused, faults, unused, unused,
+                        [], unused)
+    return recovery, handoff
+
+
+def test_the_prepare_that_chooses_a_spare_seats_it_before_the_view_commits() -> None:
+    recovery, handoff = spare()
+    held = view(1, ["m0", "m1", "m2", "m3"], ["s0", "s1"])
+    handoff.deliver(CommitView(held))  # a spare sits in the view's spares
+    handoff.deliver(Prepare(2, [3], "seat 3 lost", {3: "s1"}))  # another spare chosen: not ours
+    handoff.deliver(Prepare(3, [1, 3], "seat 1 lost too", {1: "s0", 3: "s1"}))
+    assert recovery.wait_for_offer() == Seating(held, 1, first=False)
+    assert recovery.wait_for_offer() == Seating(held, 1, first=False), "asked again: the same seat, nothing taken"
+
+
+def test_a_committed_view_that_seats_the_spare_is_its_offer_as_before() -> None:
+    recovery, handoff = spare()
+    seated = view(2, ["m0", "s0", "m2", "m3"], [])
+    handoff.deliver(CommitView(seated))
+    assert recovery.wait_for_offer() == Seating(seated, 1, first=False)
