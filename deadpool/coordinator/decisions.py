@@ -12,7 +12,7 @@ from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
 from deadpool.protocol.view import DISK_SOURCE as DISK  # restore_from value: read the seat's state from disk
-from deadpool.protocol.view import View, place_buddies
+from deadpool.protocol.view import View, crossing_offset, place_buddies
 
 MAX_BLIND_REBUILDS = 3  # rebuilds that fix nothing, in a row, before the job is failed with a reason
 
@@ -102,7 +102,10 @@ def pick_spares(
 
     `kept`: seats whose spare an earlier Prepare of the same swap already chose: they keep it
     (that spare may be wrapping its model for the seat) while it stands in `spares`, unless
-    its host lost a seat and a spare elsewhere is left.
+    its host lost a seat and a spare elsewhere is left, or keeping it leaves no buddy
+    placement with every copy on another host where choosing afresh has one (the copies'
+    failure domains come first; a moved spare of a mesh job fences itself, and the swap
+    chooses again).
 
     Spares on a host that just lost a seat come last: when a whole host goes,
     its members' heartbeats expire one tick apart, and its spare, not yet
@@ -115,8 +118,26 @@ def pick_spares(
         return None, f"{len(failed_seats)} seat(s) lost but only {len(spares)} spare(s) left"
     failed_hosts = {hosts.get(view.seats[seat], "") for seat in failed_seats} - {""}
     elsewhere = any(hosts.get(spare, "") not in failed_hosts for spare in spares)
-    chosen = {seat: spare for seat, spare in (kept or {}).items() if seat in failed_seats and spare in spares
-              and not (elsewhere and hosts.get(spare, "") in failed_hosts)}
+    held = {seat: spare for seat, spare in (kept or {}).items() if seat in failed_seats and spare in spares
+            and not (elsewhere and hosts.get(spare, "") in failed_hosts)}
+    chosen = _fill(failed_seats, view, spares, hosts, failed_hosts, held)
+    if held:
+        fresh = _fill(failed_seats, view, spares, hosts, failed_hosts, {})
+        if not _copies_cross_hosts(view, chosen, hosts) and _copies_cross_hosts(view, fresh, hosts):
+            chosen = fresh
+    reason = ", ".join(f"seat {seat} <- {spare}" for seat, spare in sorted(chosen.items()))
+    return chosen, reason
+
+
+def _copies_cross_hosts(view: View, pick: Mapping[int, str], hosts: Mapping[str, str]) -> bool:
+    """With `pick` seated, some buddy placement keeps every copy on another host than its seat."""
+    return crossing_offset([pick.get(seat, member) for seat, member in enumerate(view.seats)], hosts) is not None
+
+
+def _fill(failed_seats: Sequence[int], view: View, spares: Sequence[str], hosts: Mapping[str, str],
+          failed_hosts: set[str], held: Mapping[int, str]) -> dict[int, str]:
+    """`held`, and a spare for every other failed seat: away from failed hosts, then from the seat's buddy's host."""
+    chosen = dict(held)
     available = [spare for spare in spares if spare not in chosen.values()]
     for seat in sorted(set(failed_seats) - set(chosen)):
         buddy_host = hosts.get(view.buddy_member(seat), "")
@@ -124,8 +145,7 @@ def pick_spares(
         spare = min(available, key=lambda s: (hosts.get(s, "") in failed_hosts, hosts.get(s, "") == buddy_host))
         available.remove(spare)
         chosen[seat] = spare
-    reason = ", ".join(f"seat {seat} <- {spare}" for seat, spare in sorted(chosen.items()))
-    return chosen, reason
+    return chosen
 
 
 def plan_restore(

@@ -73,10 +73,17 @@ def place_buddies(seats: Sequence[str], hosts: Mapping[str, str]) -> tuple[list[
     world = len(seats)
     if world == 1:
         return [0], "one seat: no buddy, snapshots are local only"
+    offset = crossing_offset(seats, hosts)
+    if offset is not None:
+        return [(seat + offset) % world for seat in range(world)], f"ring offset {offset}: every copy on another host"
+    return [(seat + 1) % world for seat in range(world)], "ring offset 1: one host, copies on the next seat"
+
+
+def crossing_offset(seats: Sequence[str], hosts: Mapping[str, str]) -> int | None:
+    """The smallest ring offset that puts every seat's copy on another host than the seat; None if none does."""
+    world = len(seats)
     host_of = [hosts.get(member, "") for member in seats]
     for offset in range(1, world):
         if all(host_of[seat] != host_of[(seat + offset) % world] for seat in range(world)):
-            return [(seat + offset) % world for seat in range(world)], (
-                f"ring offset {offset}: every copy on another host"
-            )
-    return [(seat + 1) % world for seat in range(world)], "ring offset 1: one host, copies on the next seat"
+            return offset
+    return None

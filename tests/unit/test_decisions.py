@@ -49,6 +49,21 @@ def test_pick_spares_prefers_another_host_than_the_buddy() -> None:
     assert "seat 1" in reason
 
 
+def test_a_spare_already_told_its_seat_keeps_it_unless_copies_would_share_a_host() -> None:
+    """A host's seats fail one tick apart: seat 5's spare (chosen first, told by its Prepare) keeps seat 5
+    on one host; across hosts it gives way when keeping it leaves no placement with every copy elsewhere."""
+    one_host, _ = decisions.pick_spares([0, 2], make_view(spares=["s0", "s1"]), ["s0", "s1"], {}, kept={2: "s0"})
+    assert one_host == {0: "s1", 2: "s0"}, "kept (afresh, seat 0 would take s0)"
+    hosts = {f"m{i}": f"host{i // 2}" for i in range(6)} | {f"s{h}": f"host{h}" for h in range(3)}
+    view, _ = decisions.first_view({i: f"m{i}" for i in range(6)}, 6, ["s2", "s1", "s0"], "x:1", hosts, {})
+    assert view is not None
+    first, _ = decisions.pick_spares([5], view, ["s2", "s1", "s0"], hosts)
+    assert first == {5: "s1"}
+    # Keeping {5: s1} would seat s0 at 4: hosts [0, 0, 1, 1, 0, 1], which no ring offset crosses.
+    both, _ = decisions.pick_spares([4, 5], view, ["s2", "s1", "s0"], hosts, kept=first)
+    assert both == {4: "s1", 5: "s0"}
+
+
 def test_pick_spares_refuses_when_too_few() -> None:
     chosen, reason = decisions.pick_spares([0, 2], make_view(), ["s0"], {})
     assert chosen is None and "only 1 spare" in reason
