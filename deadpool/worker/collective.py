@@ -240,23 +240,18 @@ class GroupCollectives:
             WaitTimeout: the group did not form in time.
         """
         self.retire()
+        store = self._connect(view)  # the job's group and then the default group; mesh groups get their own
         build = self._builder(view)
         if self.mesh is None:
-            self.group = build(view.store_prefix, seat, view.world_size)
+            self.group = build(view.store_prefix, seat, view.world_size, store)
         else:  # the job's group forms while the mesh groups do
             with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="deadpool-group") as pool:
-                group = pool.submit(build, view.store_prefix, seat, view.world_size)
+                group = pool.submit(build, view.store_prefix, seat, view.world_size, store)
                 try:
                     self.last_rebuild = self.mesh.rebuild(view, build)
                 finally:
                     self.group = group.result()
-        self._install_default_group(view, seat)
-
-    def _install_default_group(self, view: View, seat: int) -> None:
-        """torch's default group is the script's way onto the view's group: registered once seated, kept across
-        views; what changes is the store it names (a fresh connection of its own)."""
-        store = connect_store(view.store_addr, self._timeout)
-        GUARD.retire(store)
+        # torch's default group is the script's way onto this group: registered once seated, kept across views.
         install_default_group(self, seat, view.world_size, PrefixStore(f"{view.store_prefix}/default_pg", store))
 
     def seat_mesh(self, shape: Sequence[int], names: Sequence[str], view: View, seat: int, first: bool) -> SeatMesh:
@@ -272,24 +267,29 @@ class GroupCollectives:
             CollectiveAborted: interrupted by a newer view, or a peer died meanwhile.
             WaitTimeout: a group did not form in time.
         """
-        self._install_default_group(view, seat)
+        install_default_group(self, seat, view.world_size,
+                              PrefixStore(f"{view.store_prefix}/default_pg", self._connect(view)))
         self.mesh = SeatMesh(shape, names, seat, view.world_size, self)
         if first:
             self.last_rebuild = self.mesh.rebuild(view, self._builder(view))
         return self.mesh
 
-    def _builder(self, view: View) -> Callable[[str, int, int], ProcessGroupGloo]:
-        """`build(prefix, rank, size)`: one gloo group of `view`, given up on when a newer view comes.
+    def _connect(self, view: View) -> TCPStore:
+        """A fresh connection to `view`'s store, kept alive (an abandoned build may still block in a call on it)."""
+        store = connect_store(view.store_addr, self._timeout)
+        GUARD.retire(store)
+        return store
 
-        Each build has a store connection of its own: a TCPStore client runs one call at a time, so
-        groups forming at once on one connection would wait behind each other's store waits, across
-        processes too (a deadlock until the connect timeout).
+    def _builder(self, view: View) -> Callable[..., ProcessGroupGloo]:
+        """`build(prefix, rank, size, store=None)`: one gloo group of `view`, given up on when a newer view comes.
+
+        Without `store`, the build has a store connection of its own: a TCPStore client runs one call
+        at a time, so groups forming at once on one connection would wait behind each other's store
+        waits, across processes too (a deadlock until the connect timeout).
         """
 
-        def build(prefix: str, rank: int, size: int) -> ProcessGroupGloo:
-            store = connect_store(view.store_addr, self._timeout)
-            GUARD.retire(store)
-            return create_group(store, prefix, rank, size, self._timeout,
+        def build(prefix: str, rank: int, size: int, store: Store | None = None) -> ProcessGroupGloo:
+            return create_group(store if store is not None else self._connect(view), prefix, rank, size, self._timeout,
                                 lambda: self._handoff.interrupted(view.epoch),
                                 connect_timeout=self._timeout, hostname=self._bind_host)
 
