@@ -10,9 +10,11 @@ next beat: training goes on without the coordinator.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from deadpool.actors.handoff import Progress
+from deadpool.actors.link import CoordinatorLink
 from deadpool.protocol import codec
 from deadpool.protocol.messages import Heartbeat
 from deadpool.protocol.transport import Transport, TransportClosed, TransportError
@@ -26,7 +28,7 @@ class HeartbeatActor:
     def __init__(
         self,
         member: str,
-        coordinator: str,
+        link: CoordinatorLink,
         transport: Transport,
         progress: Progress,
         interval: float,
@@ -35,7 +37,7 @@ class HeartbeatActor:
     ) -> None:
         self._member = member
         self._control_addr = control_addr
-        self._coordinator = coordinator
+        self._link = link
         self._transport = transport
         self._progress = progress
         self._interval = interval
@@ -67,7 +69,11 @@ class HeartbeatActor:
             if last is None or last[0] != fields:  # progress moves once per step; beats come several times a step
                 last = (fields, codec.encode(Heartbeat(self._member, *fields, self._control_addr), self._secret))
             try:
-                await self._transport.send(self._coordinator, [last[1]], self._interval)
+                standby = self._link.standby
+                await self._transport.send(self._link.active, [last[1]], self._interval)
+                if standby:  # the standby learns who is alive, and where, from the same beats
+                    with contextlib.suppress(TransportError):
+                        await self._transport.send(standby, [last[1]], self._interval)
                 self.sent += 1
                 if outage:
                     log.info("coordinator reachable again")

@@ -16,11 +16,13 @@ from collections.abc import Callable
 
 from deadpool.actors.handoff import Handoff
 from deadpool.actors.inbox import Drain, Inbound, Mailbox, Outbound, ViewChanged
+from deadpool.actors.link import CoordinatorLink
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.messages import (
     CommitView,
+    Coordinators,
     Fenced,
     Join,
     Message,
@@ -43,7 +45,7 @@ class MembershipActor:
     def __init__(
         self,
         member: str,
-        coordinator: str,
+        link: CoordinatorLink,
         transport: Transport,
         handoff: Handoff,
         events: EventLog,
@@ -57,7 +59,7 @@ class MembershipActor:
         # Local lane: the compute thread's messages and drain markers (through the SnapshotActor), in order.
         self.inbox: Mailbox[Outbound | Drain, Inbound] = Mailbox("membership actor", peer_size=256)
         self._member = member
-        self._coordinator = coordinator
+        self._link = link
         self._transport = transport
         self._handoff = handoff
         self._events = events
@@ -119,11 +121,25 @@ class MembershipActor:
         if self._fenced:
             return  # a fenced member changes nothing
         try:
-            await self._transport.send(self._coordinator, [codec.encode(message, self._secret)], self._send_timeout)
+            await self._transport.send(self._link.active, [codec.encode(message, self._secret)], self._send_timeout)
         except TransportClosed:
             log.info("%s not sent to the coordinator: shutting down", type(message).__name__)
         except TransportError as err:
             log.warning("could not send %s to the coordinator: %s", type(message).__name__, err)
+
+    async def _follow(self, message: Coordinators) -> None:
+        """A newer term (a standby took over) or a new standby: talk to that term's active coordinator.
+
+        A new active knows nobody yet: our Join makes it welcome us, and its Welcome makes us
+        report the view we hold, as for a restarted coordinator.
+        """
+        newer = message.term > self._link.term
+        if not self._link.follow(message.term, message.active, message.standby):
+            return
+        if newer:
+            self._events.emit(Event.TERM_FOLLOWED, term=message.term, active=message.active)
+        if self._join is not None:
+            await self._send(self._join)
 
     async def _rejoin_after_outages(self) -> None:
         """After the coordinator was unreachable, join again: it may be a restarted one that knows nobody."""
@@ -135,7 +151,14 @@ class MembershipActor:
 
     async def _on_message(self, message: Message) -> None:
         epoch = self.view.epoch if self.view else 0
-        if isinstance(message, CommitView):
+        term = getattr(message, "term", 0)
+        if self._link.stale(term):
+            self._events.emit(Event.REJECTED, reason="stale_term", kind=type(message).__name__,
+                              detail=f"term {term} < followed {self._link.term}")
+            return
+        if isinstance(message, Coordinators):
+            await self._follow(message)
+        elif isinstance(message, CommitView):
             view = message.view
             if view.epoch <= epoch:
                 self._events.emit(Event.REJECTED, reason="stale_view", detail=f"view {view.epoch} <= held {epoch}")
@@ -166,6 +189,8 @@ class MembershipActor:
                 await self._send(self._join)  # its Welcome then makes us report our view
         elif isinstance(message, Welcome):
             self._joined.set()
+            if message.term:
+                self._link.follow(message.term, self._link.active, message.standby)
             if self.view is not None and message.epoch < self.view.epoch:
                 # A restarted coordinator: tell it the view we hold (the highest epoch among members wins).
                 role, host, pid, control_addr, bulk_addr = self._identity

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from deadpool.actors.handoff import Fetch, Handoff, LocalReady, PrepareReady, Progress
 from deadpool.actors.heartbeat import HeartbeatActor
 from deadpool.actors.inbox import Bulk, Drain, Inbound, Outbound, Shutdown
+from deadpool.actors.link import CoordinatorLink
 from deadpool.actors.membership import MembershipActor
 from deadpool.actors.snapshot_actor import CHUNK_BYTES, SnapshotActor
 from deadpool.chaos import Switch
@@ -141,12 +142,13 @@ class RuntimeThread:
             self.member, bulk, self._handoff, self._progress, self._events, self._secret,
             send_timeout=max(30.0, config.send_timeout), shm_dir=config.shm_dir, to_membership=self._to_membership,
         )
+        link = CoordinatorLink(self._coordinator)  # shared: a newer term moves both actors to its coordinator
         heartbeat = HeartbeatActor(
-            self.member, self._coordinator, control, self._progress, config.heartbeat_interval, self._secret,
+            self.member, link, control, self._progress, config.heartbeat_interval, self._secret,
             control.address,
         )
         membership = MembershipActor(
-            self.member, self._coordinator, control, self._handoff, self._events, snapshots.inbox.post,
+            self.member, link, control, self._handoff, self._events, snapshots.inbox.post,
             self._secret, config.send_timeout, heartbeat.joined, heartbeat.reconnected,
             (*self.role_and_host, os.getpid(), control.address, bulk.address),
         )

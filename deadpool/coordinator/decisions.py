@@ -353,3 +353,57 @@ def first_view(
         restore_from={},
     )
     return view, f"all {world_size} seats joined; {reason}"
+
+
+def majority(hosts: int) -> int:
+    """Hosts needed for a majority of the job's `hosts` (any two majorities share a host)."""
+    return hosts // 2 + 1
+
+
+def holds_lease(now: float, agents_seen: Mapping[str, float], hosts: int, window: float) -> tuple[bool, str]:
+    """May an active coordinator that has a standby commit a view now? Only while it hears most hosts.
+
+    A standby takes over only when a majority of the hosts' agents no longer hear the
+    active; a coordinator that is cut off with a minority (its own host) therefore
+    cannot commit a view while the other side's new term does: the two majorities
+    would have to share a host that both hears and does not hear it.
+    """
+    heard = sum(1 for seen in agents_seen.values() if now - seen <= window)
+    need = majority(hosts)
+    if heard >= need:
+        return True, f"{heard} of {hosts} hosts heard within {window:.1f}s"
+    return False, f"only {heard} of {hosts} hosts heard within {window:.1f}s (a majority is {need})"
+
+
+def takeover(silent_s: float, bound: float, reports: Mapping[str, float], hosts: int) -> tuple[bool, str]:
+    """Should the standby take over? The active has been silent for `bound` AND most hosts confirm it.
+
+    `reports`: agent -> seconds since the active coordinator last answered that agent.  An
+    agent confirms when it, too, has not heard the active for `bound`/2 (agents hear it at least
+    once a second); one that still hears it, or does not answer, does not confirm.  A cut between
+    the standby and the active alone is thus no reason to take over.
+    """
+    if silent_s < bound:
+        return False, f"the active coordinator is silent for {silent_s:.1f}s, under the bound of {bound:.1f}s"
+    confirmed = sorted(agent for agent, silent in reports.items() if silent >= bound / 2)
+    need = majority(hosts)
+    if len(confirmed) < need:
+        return False, (f"the active coordinator is silent for {silent_s:.1f}s here, but only {len(confirmed)} of "
+                       f"{hosts} hosts confirm it ({need} needed): not taking over")
+    return True, (f"the active coordinator is silent for {silent_s:.1f}s and {len(confirmed)} of {hosts} hosts "
+                  f"confirm it: taking over")
+
+
+def standby_host(lost: str, active: str, agents: Mapping[str, str]) -> str | None:
+    """The agent asked to start a new standby: one on a host other than the active's and the lost standby's.
+
+    Hosts are told apart by the address part of their control addresses (an agent listens on its
+    host's address, as the coordinators do).  The lowest agent id wins, so repeated losses spread
+    no further than needed; None when no such host is left.
+    """
+    def host(addr: str) -> str:
+        return addr.split("://", 1)[-1].rsplit(":", 1)[0]
+
+    taken = {host(lost), host(active)}
+    free = sorted(agent for agent, addr in agents.items() if host(addr) not in taken)
+    return free[0] if free else None

@@ -56,6 +56,7 @@ class Round:
     trigger: Trigger = Trigger.SEAT_LOST  # the same, for readers that count (events' ``trigger``)
     joined: list[str] = field(default_factory=list)  # spares that joined during the round: pooled at the commit
     waiting_since: float | None = None  # no_spare_policy "wait": when the wait for a spare began
+    withheld: bool = False  # its commit waits for the lease (commit_withheld was emitted once)
 
 
 @dataclass
@@ -77,3 +78,4 @@ class Agent:
     host: str  # the host it runs on
     control_addr: str  # where it listens
     members: dict[str, int] = field(default_factory=dict)  # member -> pid, the processes it started
+    seen: float = 0.0  # when its last hello arrived (the lease counts the hosts heard recently)

@@ -18,20 +18,22 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from deadpool.chaos import OPERATOR_ACTIONS, ChaosAction
 from deadpool.config import Config
 from deadpool.coordinator import decisions
 from deadpool.coordinator.decisions import NoSpare, Raised, RaisedError, Suspicion, Trigger
+from deadpool.coordinator.operator_chaos import OperatorChaos
 from deadpool.coordinator.records import Agent, MemberRecord, PendingSwap, Round, Send
+from deadpool.coordinator.status import status_document
+from deadpool.coordinator.terms import Terms
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import (
     AgentHello,
     ChaosCommand,
     ChaosInjected,
-    ChaosResult,
     CollectiveFailed,
     CommitView,
+    Coordinators,
     Fenced,
     FenceKill,
     Finished,
@@ -45,7 +47,8 @@ from deadpool.protocol.messages import (
     Recovered,
     Rejoin,
     Role,
-    SignalMember,
+    StandbyHello,
+    StartStandby,
     StatusReply,
     StatusRequest,
     StepReport,
@@ -78,8 +81,9 @@ class Coordinator:
         started: float = 0.0,
         wall_clock: Callable[[], float] = time.time,
         recovering: bool = False,
+        terms: Terms | None = None,
     ) -> None:
-        self._wall = wall_clock  # injected: the simulator runs on a virtual clock
+        self.wall = wall_clock  # injected: the simulator runs on a virtual clock
         self._config = config
         self._world_size = world_size
         self._store_addr = store_addr
@@ -94,8 +98,7 @@ class Coordinator:
         self._failure_wall: dict[str, float] = {}
         self._suspect_since: float | None = None
         self._finished: dict[int, Finished] = {}
-        self._chaos_ts: dict[str, float] = {}
-        self._chaos_armed: list[tuple[ChaosCommand, str]] = []  # (command, target member) waiting for a step
+        self.chaos = OperatorChaos()
         self.outcome: tuple[bool, str] | None = None  # (ok, reason) once the job ended
         self._buckets: dict[str, tuple[float, float]] = {}  # member -> (tokens, last refill)
         self._blind_rebuilds = 0  # rebuilds with nobody dead since the last finished step (bounded)
@@ -105,6 +108,10 @@ class Coordinator:
         # A restarted coordinator knows nobody: it learns the view from the members (highest epoch wins)
         # instead of forming a first view, until this deadline passes with no member holding a view.
         self._recovering = recovering
+        self.terms = terms or Terms(1, "", store_addr, 0, config.failure_timeout)
+        self.stood_down = ""  # why this coordinator stopped acting (a newer term, or cut off from most hosts)
+        self._now = started
+        self._lease_lost_since: float | None = None
         self._recover_deadline = started + max(3.0, 2 * config.failure_timeout) if recovering else 0.0
         # The newest events, compacted, for `deadpool status` (bounded: a flood of rejections cannot grow it).
         self.recent_events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
@@ -114,11 +121,13 @@ class Coordinator:
 
     def handle(self, now: float, message: Message) -> list[Send]:
         """Apply one decoded message received at `now`; returns the messages to send because of it."""
+        self._now = now
         self._handle(now, message)
         return self._drain()
 
     def tick(self, now: float) -> list[Send]:
         """Periodic checks (silent members, round deadlines, unexplained collective failures, the spare wait)."""
+        self._now = now
         self._tick(now)
         return self._drain()
 
@@ -131,16 +140,25 @@ class Coordinator:
         sends, self._outbox = self._outbox, []
         return sends
 
+    def send(self, addr: str, message: Message) -> None:
+        """Queue `message` for `addr` (stamped with this term); handle() and tick() return the queue."""
+        self._send(addr, message)
+
     def _send(self, addr: str, message: Message) -> None:
         if addr:  # "": a member known only from a reported view has not re-joined yet
-            self._outbox.append(Send(addr, message))
+            self._outbox.append(Send(addr, self.terms.stamp(message)))
 
     def _broadcast(self, members: list[str], message: Message) -> None:
         """One message object for every recipient: the caller encodes it once (a CommitView grows with the job)."""
+        message = self.terms.stamp(message)
         for member in members:
             record = self.members.get(member)
             if record is not None:
                 self._send(record.control_addr, message)
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
 
     def _epoch(self) -> int:
         return self.view.epoch if self.view else 0
@@ -153,10 +171,19 @@ class Coordinator:
         elif isinstance(message, AgentHello):
             # Agents repeat their hello every second, so a restarted coordinator re-learns who owns which pid.
             self.agents[message.sender] = Agent(message.sender, message.host, message.control_addr,
-                                                dict(message.members))
-            self._send(message.control_addr, Welcome(self._epoch(), message.sender, self._world_size))
+                                                dict(message.members), now)
+            self._send(message.control_addr, Welcome(self._epoch(), message.sender, self._world_size,
+                                                     standby=self.terms.standby))
+        elif isinstance(message, StandbyHello):
+            if self.terms.standby_hello(now, message.sender):
+                self.events.emit(Event.STANDBY_JOINED, standby=message.sender, term=self.terms.term)
+                self._tell_coordinators()
+            self._send(message.sender, self.terms.coordinators())
+        elif isinstance(message, Coordinators):
+            if message.term > self.terms.term:
+                self._stand_down(f"the coordinator at {message.active} took over with term {message.term}")
         elif isinstance(message, ChaosCommand):
-            self._on_chaos(message)
+            self.chaos.command(self, message)
         elif isinstance(message, StatusRequest):
             self._send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status(now))))
         elif isinstance(message, ProcessExited):
@@ -230,7 +257,7 @@ class Coordinator:
             record.step, record.epoch = message.step, message.epoch
             record.snapshot_step, record.confirmed_step = message.snapshot_step, message.confirmed_step
             record.stall_p99_s = message.stall_p99_s
-            self._fire_armed_chaos(record)
+            self.chaos.fire_armed(self, record)
         elif isinstance(message, PrepareAck):
             rnd = self.round
             if rnd is None or message.epoch != rnd.epoch:
@@ -249,10 +276,10 @@ class Coordinator:
         elif isinstance(message, Finished):
             self._on_finished(message)
         elif isinstance(message, ChaosInjected):
-            self._chaos_ts[message.sender] = message.ts
+            self.chaos.injected_at[message.sender] = message.ts
         elif isinstance(message, StepReport):
             record.step = message.step
-            self._fire_armed_chaos(record)
+            self.chaos.fire_armed(self, record)
         elif isinstance(message, ViewReport):
             record.step = message.step
             self._adopt_reported_view(message, now)
@@ -297,7 +324,8 @@ class Coordinator:
             join.sender, join.role, join.host, join.pid, join.control_addr, join.bulk_addr, join.seat_hint,
             now, now,
         )
-        self._send(join.control_addr, Welcome(self._epoch(), join.sender, self._world_size))
+        self._send(join.control_addr, Welcome(self._epoch(), join.sender, self._world_size,
+                                              standby=self.terms.standby))
         if known:
             return
         self.events.emit(Event.MEMBER_JOINED, member=join.sender, role=join.role, host=join.host, pid=join.pid,
@@ -364,48 +392,6 @@ class Coordinator:
 
     # -- operator chaos -----------------------------------------------------------------------
 
-    def _on_chaos(self, command: ChaosCommand) -> None:
-        """An operator's kill/stop/cont: carried out by the target's host agent, logged as an event."""
-        view = self.view
-        target = command.member
-        if not target and view is not None and 0 <= command.seat < view.world_size:
-            target = view.seats[command.seat]
-        if command.action not in OPERATOR_ACTIONS:
-            detail = f"unknown action {command.action!r}: use kill, stop or cont"
-        elif not target or target not in self.members:
-            detail = f"no such member or seat (member={command.member!r}, rank={command.seat})"
-        elif not any(target in agent.members for agent in self.agents.values()):
-            detail = f"no agent owns {target}: it was not started by a `deadpool launch` this coordinator knows"
-        else:
-            detail = ""
-        if detail:
-            self._send(command.reply_to, ChaosResult(command.nonce, False, detail))
-            return
-        if command.at_step >= 0 and self.members[target].step < command.at_step:
-            self._chaos_armed.append((command, target))
-            self._send(command.reply_to, ChaosResult(
-                command.nonce, True, f"armed: {command.action} {target} when it finishes step {command.at_step}"))
-            return
-        self._signal(command, target)
-        self._send(command.reply_to, ChaosResult(command.nonce, True, f"{command.action} sent to {target}"))
-
-    def _fire_armed_chaos(self, record: MemberRecord) -> None:
-        for command, target in [item for item in self._chaos_armed if item[1] == record.member]:
-            if record.step >= command.at_step:
-                self._chaos_armed.remove((command, target))
-                self._signal(command, target)
-
-    def _signal(self, command: ChaosCommand, target: str) -> None:
-        seat = self.view.seat_of(target) if self.view else None
-        if command.action == ChaosAction.KILL:
-            self._chaos_ts[target] = self._wall()
-        self.events.emit(Event.CHAOS_INJECTED, action=command.action, target_member=target,
-                         target_rank=-1 if seat is None else seat, at_step=command.at_step,
-                         target_step=self.members[target].step, via="operator")
-        for agent in self.agents.values():
-            if target in agent.members:
-                self._send(agent.control_addr, SignalMember(target, command.action, "operator chaos"))
-
     # -- failures and rounds ------------------------------------------------------------------
 
     def _declare_dead(self, now: float, member: str, detected_by: str, detail: str) -> None:
@@ -414,10 +400,10 @@ class Coordinator:
         self.fenced[member] = f"{detected_by}: {detail}"
         record = self.members.get(member)
         seat = self.view.seat_of(member) if self.view else None
-        self._failure_wall[member] = min(self._wall(), self._chaos_ts.get(member, float("inf")))
-        injected = self._chaos_ts.get(member)  # detection time is known only for injected failures
+        self._failure_wall[member] = min(self.wall(), self.chaos.injected_at.get(member, float("inf")))
+        injected = self.chaos.injected_at.get(member)  # detection time is known only for injected failures
         self.events.emit(Event.MEMBER_FAILED, member=member, failed_member=member, rank=-1 if seat is None else seat,
-                         detection_s=None if injected is None else round(self._wall() - injected, 4),
+                         detection_s=None if injected is None else round(self.wall() - injected, 4),
                          failed_rank=-1 if seat is None else seat, detected_by=detected_by, reason=detail,
                          epoch=self._epoch())
         if record is not None:
@@ -509,6 +495,12 @@ class Coordinator:
         survivors = self._survivors()
         if any(member not in rnd.acks for member in survivors):
             return
+        held, why = self.terms.lease(self._now, {a.agent_id: a.seen for a in self.agents.values()})
+        if not held:
+            if not rnd.withheld:
+                rnd.withheld = True
+                self.events.emit(Event.COMMIT_WITHHELD, epoch=rnd.epoch, reason=why)
+            return  # tick retries while the lease comes back
         resume, sources, why = decisions.plan_restore(view, sorted(rnd.failed), rnd.acks)
         from_disk = False
         if resume is None:
@@ -524,7 +516,7 @@ class Coordinator:
         new_view = decisions.next_view(view, rnd.epoch, rnd.replacements, spares, resume, self._hosts(),
                                        self._bulk_addrs(), rebuild=True, from_disk=from_disk, sources=sources,
                                        dirty_groups=[g for ack in rnd.acks.values() for g in ack.dirty_groups])
-        failed_at = {seat: self._failure_wall.get(member, self._wall()) for seat, member in rnd.failed.items()}
+        failed_at = {seat: self._failure_wall.get(member, self.wall()) for seat, member in rnd.failed.items()}
         for seat, member in rnd.failed.items():
             self._swaps.append(PendingSwap(seat, member, rnd.replacements[seat], failed_at[seat], rnd.epoch))
         self.round = None
@@ -583,10 +575,52 @@ class Coordinator:
         self._broadcast(live, Stop(ok, reason))
         for agent in self.agents.values():
             self._send(agent.control_addr, Stop(ok, reason))
+        self._send(self.terms.standby, Stop(ok, reason))
+
+    def _stand_down(self, why: str) -> None:
+        """Stop acting for good: commit nothing, send nothing (the newer term's coordinator runs the job)."""
+        if self.outcome is not None:
+            return
+        self.stood_down = why
+        self.events.emit(Event.COORDINATOR_STOOD_DOWN, term=self.terms.term, reason=why)
+        log.warning("standing down: %s", why)
+        self.outcome = (False, why)
+
+    def _tell_coordinators(self) -> None:
+        """Every member and agent hears who coordinates this term (the standby changed)."""
+        self._broadcast(list(self.members), self.terms.coordinators())
+        for agent in self.agents.values():
+            self._send(agent.control_addr, self.terms.coordinators())
+
+    def _tick_terms(self, now: float) -> None:
+        """The standby's silence, the older coordinators still to tell, and the lease."""
+        silent = self.terms.standby_silent(now)
+        if silent is not None:
+            lost, self.terms.standby = self.terms.standby, ""
+            self.events.emit(Event.STANDBY_LOST, standby=lost, silent_s=round(silent, 3), term=self.terms.term)
+            self._tell_coordinators()
+            host = decisions.standby_host(lost, self.terms.address, {a.agent_id: a.control_addr
+                                                                     for a in self.agents.values()})
+            if host is not None:
+                self._send(self.agents[host].control_addr, StartStandby(self.terms.term, f"standby {lost} lost"))
+        for old in self.terms.due(now):
+            self._send(old, self.terms.coordinators())
+        held, why = self.terms.lease(now, {a.agent_id: a.seen for a in self.agents.values()})
+        if held:
+            self._lease_lost_since = None
+            self._maybe_commit()
+            return
+        self._lease_lost_since = self._lease_lost_since if self._lease_lost_since is not None else now
+        if now - self._lease_lost_since > self._config.view_timeout:
+            self._stand_down(f"cut off: {why} for {now - self._lease_lost_since:.0f}s (view timeout "
+                             f"{self._config.view_timeout:.0f}s); the hosts that still hear each other go on")
 
     # -- time ---------------------------------------------------------------------------------
 
     def _tick(self, now: float) -> None:
+        if self.outcome is not None:
+            return
+        self._tick_terms(now)
         if self.outcome is not None:
             return
         if self._recovering and now > self._recover_deadline:
@@ -637,29 +671,4 @@ class Coordinator:
 
     def status(self, now: float) -> dict[str, Any]:
         """The live state at `now` as a JSON-able document (``deadpool status``)."""
-        view = self.view
-        seats = []
-        if view is not None:
-            for seat, member in enumerate(view.seats):
-                r = self.members.get(member)
-                buddy = view.buddy_member(seat) if view.world_size > 1 else ""
-                seats.append({
-                    "rank": seat, "member": member, "host": r.host if r else "", "pid": r.pid if r else 0,
-                    "state": "dead" if member in self.fenced else "active",
-                    "step": r.step if r else -1, "snapshot_step": r.snapshot_step if r else -2,
-                    "confirmed_step": r.confirmed_step if r else -2, "copy_on": buddy,
-                    "heartbeat_age_s": round(now - r.last_seen, 3) if r else None,
-                    "stall_p99_s": r.stall_p99_s if r else 0.0,
-                })
-        spares = [{"member": m, "host": self.members[m].host, "pid": self.members[m].pid,
-                   "heartbeat_age_s": round(now - self.members[m].last_seen, 3)}
-                  for m in (view.spares if view else []) if m in self.members]
-        return {
-            "epoch": view.epoch if view else 0, "world_size": self._world_size,
-            "resume_step": view.resume_step if view else -1, "store_prefix": view.store_prefix if view else "",
-            "seats": seats, "spares": spares, "fenced": sorted(self.fenced),
-            "round": None if self.round is None else {"epoch": self.round.epoch,
-                                                       "failed_seats": sorted(self.round.failed)},
-            "outcome": None if self.outcome is None else {"ok": self.outcome[0], "reason": self.outcome[1]},
-            "recent_events": list(self.recent_events),
-        }
+        return status_document(self, now)

@@ -43,3 +43,11 @@ class Event(enum.StrEnum):
     JOB_FAILED = "job_failed"  # reason, what to do next (reason user_error: detail, exception, step, traceback)
     USER_EXCEPTION = "user_exception"  # the coordinator heard a script's exception: exception, step, verdict
     DATA_LOADER_UNTRACKED = "data_loader_untracked"  # loader: a data loader no snapshot holds is iterated (once)
+    # Coordinator failover (terms).
+    STANDBY_STARTED = "standby_started"  # a standby coordinator runs: address, store, active, term
+    STANDBY_JOINED = "standby_joined"  # the active coordinator heard its standby: standby, term
+    STANDBY_LOST = "standby_lost"  # the active coordinator stopped hearing its standby: standby, silent_s
+    TAKEOVER = "takeover"  # a standby became the active coordinator: term, old_active, silent_s, confirmed_by
+    COORDINATOR_STOOD_DOWN = "coordinator_stood_down"  # an older term's coordinator stops acting: term, why
+    COMMIT_WITHHELD = "commit_withheld"  # a view not committed: too few hosts heard (heard, hosts)
+    TERM_FOLLOWED = "term_followed"  # a member or agent follows a newer term: term, active

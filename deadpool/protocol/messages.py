@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from deadpool.protocol.view import View
 
-PROTOCOL_VERSION = 2  # 2: Heartbeat carries control_addr; Rejoin added
+PROTOCOL_VERSION = 2  # 2: Heartbeat carries control_addr; Rejoin added (terms are trailing fields: compatible)
 
 
 class Role(enum.StrEnum):
@@ -62,6 +62,8 @@ class Welcome:
     epoch: int  # the coordinator's current epoch (0 before the first view)
     member: str  # the member id this welcome is for
     world_size: int  # number of seats in the job
+    term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
+    standby: str = ""  # the standby coordinator's control address ("": none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,7 @@ class CommitView:
     """A committed view; members adopt it only if its epoch is newer than theirs."""
 
     view: View  # the whole view, self-contained
+    term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,7 @@ class Prepare:
     failed_seats: list[int]  # seats whose members were declared dead
     reason: str  # human-readable reason, logged by every member
     replacements: dict[int, str] = field(default_factory=dict)  # seat -> the spare chosen for it (told too)
+    term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,7 @@ class Stop:
 
     ok: bool  # True when training finished, False when the job failed
     reason: str  # what happened, what is safe, what to do next
+    term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +147,7 @@ class Fenced:
     member: str  # the fenced member id
     epoch: int  # the epoch in which it was removed
     reason: str  # why it was declared dead
+    term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +176,7 @@ class FenceKill:
     member: str  # member id to kill
     epoch: int  # epoch that declared it dead
     reason: str  # why
+    term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +295,7 @@ class SignalMember:
     member: str  # member id to signal
     action: str  # kill (SIGKILL), stop (SIGSTOP) or cont (SIGCONT)
     reason: str  # who asked, for the agent's log
+    term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,6 +337,7 @@ class Rejoin:
 
     epoch: int  # the coordinator's current epoch
     member: str  # the member asked to re-join
+    term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 
 TRACEBACK_LIMIT = 16 * 1024  # bytes of traceback text a UserException carries (the end of it: the raise is last)
@@ -349,6 +358,58 @@ class UserException:
     kind: str  # the exception's qualified type name, e.g. "ValueError" or "mylib.DataError"
     message: str  # str() of the exception, bounded
     traceback: str  # the formatted traceback, at most TRACEBACK_LIMIT bytes (its end)
+
+
+@dataclass(frozen=True, slots=True)
+class Coordinators:
+    """Who coordinates the job in a term: the active coordinator and its standby.
+
+    The active sends it when its standby changes and answers every StandbyHello
+    with it; a standby that took over sends it, with its new term, to every member,
+    agent and older coordinator it knows.  A receiver follows the highest term it
+    has seen (it sends to that term's active from then on and drops older terms'
+    messages); a coordinator that receives a higher term than its own stands down.
+    """
+
+    term: int  # only grows; the first coordinator's is 1
+    active: str  # control address of the term's active coordinator
+    standby: str  # control address of its standby ("": none)
+    store: str = ""  # host:port of the active's TCPStore (the next views rendezvous on it)
+
+
+@dataclass(frozen=True, slots=True)
+class StandbyHello:
+    """A standby coordinator tells the active one it is there (and listens for the answer: silence counts)."""
+
+    sender: str  # the standby's control address
+    term: int  # the newest term the standby knows
+
+
+@dataclass(frozen=True, slots=True)
+class SilenceQuery:
+    """The standby asks a host's agent whether it still hears the active coordinator (before a takeover)."""
+
+    reply_to: str  # the standby's control address
+    nonce: int  # matches the report to the query
+    term: int  # the term whose active coordinator the standby no longer hears
+
+
+@dataclass(frozen=True, slots=True)
+class SilenceReport:
+    """An agent's answer to SilenceQuery: how long since the active coordinator last answered it."""
+
+    sender: str  # agent id
+    nonce: int  # the query's nonce
+    silent_s: float  # seconds since this agent's last answer from the active coordinator
+    term: int  # the newest term this agent follows
+
+
+@dataclass(frozen=True, slots=True)
+class StartStandby:
+    """The active coordinator asks a host's agent to start a standby coordinator (the last one was lost)."""
+
+    term: int  # the active's term
+    reason: str  # why (for the agent's log)
 
 
 Message = (
@@ -381,6 +442,11 @@ Message = (
     | ViewReport
     | Rejoin
     | UserException
+    | Coordinators
+    | StandbyHello
+    | SilenceQuery
+    | SilenceReport
+    | StartStandby
 )
 
 # Append-only: a tag, once given, is never reused or renumbered.
@@ -414,5 +480,10 @@ REGISTRY: dict[int, type[Message]] = {
     27: ViewReport,
     28: Rejoin,
     29: UserException,
+    30: Coordinators,
+    31: StandbyHello,
+    32: SilenceQuery,
+    33: SilenceReport,
+    34: StartStandby,
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}

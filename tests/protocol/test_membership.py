@@ -12,6 +12,7 @@ import pytest_asyncio
 
 from deadpool.actors.handoff import Handoff
 from deadpool.actors.inbox import Drain, Inbound, Outbound, ViewChanged
+from deadpool.actors.link import CoordinatorLink
 from deadpool.actors.membership import MembershipActor
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
@@ -75,7 +76,7 @@ class Member:
             self.order.append(f"snapshots:{item.view.epoch}")
             self.to_snapshots.append(item)
 
-        self.actor = MembershipActor(ME, COORDINATOR, self.transport, self.handoff, self.events,  # type: ignore[arg-type]
+        self.actor = MembershipActor(ME, CoordinatorLink(COORDINATOR), self.transport, self.handoff, self.events,  # type: ignore[arg-type]
                                      to_snapshots, None, 1.0, asyncio.Event(), asyncio.Event(),
                                      (Role.ACTIVE, "h0", 101, "inproc://m1", "inproc://m1-bulk"))
         self.task: asyncio.Task[None] | None = None

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import pytest
 
 from deadpool.actors.handoff import Handoff
+from deadpool.actors.link import CoordinatorLink
 from deadpool.actors.membership import Inbound, MembershipActor, Outbound
 from deadpool.config import Config
 from deadpool.coordinator.records import Send
@@ -98,7 +99,7 @@ def test_a_restarted_coordinator_asks_members_it_cannot_reach_to_rejoin() -> Non
 
     # m1's heartbeats never failed, so it does not know to re-join: its heartbeat gets it asked.
     handle(beat("m1", "inproc://m1"))
-    assert sent_to_member("inproc://m1") == [Rejoin(1, "m1")]
+    assert sent_to_member("inproc://m1") == [Rejoin(1, "m1", term=1)]
     now[0] += 0.1
     handle(beat("m1", "inproc://m1"))
     assert len(sent_to_member("inproc://m1")) == 1, "asked again within a second: one ask per beat floods"
@@ -117,7 +118,7 @@ def test_a_restarted_coordinator_asks_members_it_cannot_reach_to_rejoin() -> Non
     # A member it has never heard of (not even in a reported view) is asked too; one with no address is not.
     handle(beat("m9", "inproc://m9"))
     handle(beat("m8", ""))
-    assert sent_to_member("inproc://m9") == [Rejoin(1, "m9")]
+    assert sent_to_member("inproc://m9") == [Rejoin(1, "m9", term=1)]
     assert [e["member"] for e in events.records if e["event"] == "rejoin_asked"] == ["m1", "m1", "m9"]
     assert sum(e.get("reason") == "unknown_peer" for e in events.records) == 2  # still logged as unknown
 
@@ -128,7 +129,7 @@ async def test_a_member_asked_to_rejoin_sends_its_join_and_then_its_view() -> No
     events = EventLog(None)
     events.records = []
     joined, reconnected = asyncio.Event(), asyncio.Event()
-    actor = MembershipActor("m1", "inproc://coordinator", transport, Handoff(), events,
+    actor = MembershipActor("m1", CoordinatorLink("inproc://coordinator"), transport, Handoff(), events,
                             asyncio.Queue(maxsize=8), None, 1.0, joined, reconnected,
                             ("active", "h0", 101, "inproc://m1", "tcp://h0:1"))
     view = View(4, ["m0", "m1"], [], 3, "epoch-4", "store:0", {}, {}, [1, 0], {})

@@ -200,7 +200,7 @@ def test_stale_epoch_acks_and_unknown_senders_are_rejected() -> None:
     job.handle(ack("m0", 1, [8], {}))  # answers an older epoch than the round's
     assert job.coordinator.round is not None and "m0" not in job.coordinator.round.acks
     sends = job.handle(Heartbeat("ghost", 1, 5, 5, 4, 0.0, "inproc://ghost"))
-    assert [s.message for s in sends] == [Rejoin(1, "ghost")]  # asked to join, not accepted
+    assert [s.message for s in sends] == [Rejoin(1, "ghost", term=1)]  # asked to join, not accepted
     assert "ghost" not in job.coordinator.members
     before = job.coordinator.members["m1"].last_seen
     job.now += 1.0

@@ -9,6 +9,7 @@ import pytest
 
 from deadpool.actors.handoff import Progress
 from deadpool.actors.heartbeat import HeartbeatActor
+from deadpool.actors.link import CoordinatorLink
 from deadpool.protocol import codec
 from deadpool.protocol.messages import Heartbeat
 from deadpool.protocol.transport import Frame, TransportClosed, TransportError
@@ -42,7 +43,7 @@ class ScriptedTransport:
 
 
 def _actor(transport: ScriptedTransport, progress: Progress) -> HeartbeatActor:
-    return HeartbeatActor("m1", "inproc://coordinator", transport, progress, INTERVAL, b"k",  # type: ignore[arg-type]
+    return HeartbeatActor("m1", CoordinatorLink("inproc://coordinator"), transport, progress, INTERVAL, b"k",  # type: ignore[arg-type]
                           "inproc://m1-control")
 
 

@@ -91,7 +91,7 @@ def raised(member: str, step: int = 5, kind: str = "ValueError") -> UserExceptio
 def test_a_first_report_fences_the_member_and_starts_a_swap() -> None:
     job = Job()
     sends = job.handle(raised("m1"))
-    assert Fenced("m1", 1, "exception: raised ValueError at step 5") in [s.message for s in sends]
+    assert Fenced("m1", 1, "exception: raised ValueError at step 5", term=1) in [s.message for s in sends]
     assert any(isinstance(s.message, FenceKill) for s in sends)
     assert any(isinstance(s.message, Prepare) for s in sends)
     [failure] = job.of(Event.MEMBER_FAILED)

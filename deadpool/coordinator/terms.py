@@ -1,0 +1,100 @@
+"""An active coordinator's term: its number, its standby, its lease, and the coordinators it superseded.
+
+The ``Coordinator`` owns one ``Terms`` and asks it three things: which term to stamp
+on what it sends, whether it may commit a view now (the lease: only while it hears
+a majority of the hosts, once the job has a standby that could take over), and
+whom to tell about the term (members and agents when the standby changes, older
+coordinators until they stand down).  Why this makes at most one committed view
+per epoch across terms is in docs/architecture.md ("Coordinator failover").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from deadpool.coordinator import decisions
+from deadpool.protocol.messages import (
+    CommitView,
+    Coordinators,
+    Fenced,
+    FenceKill,
+    Message,
+    Prepare,
+    Rejoin,
+    SignalMember,
+    Stop,
+    Welcome,
+)
+
+# The messages that carry their sender's term; receivers drop those of a term older than the one they follow.
+TERMED = (Welcome, CommitView, Prepare, Stop, Fenced, Rejoin, FenceKill, SignalMember)
+TELL_SUPERSEDED_EVERY_S = 1.0  # an older coordinator is told of the newer term this often until it is gone
+TELL_SUPERSEDED_FOR_S = 600.0  # ... for this long (a SIGSTOPped one may wake up late)
+
+
+def takeover_bound(failure_timeout: float) -> float:
+    """How long a standby must miss the active coordinator before it asks the hosts about a takeover."""
+    return max(3.0, 2 * failure_timeout)
+
+
+@dataclasses.dataclass
+class Terms:
+    """The term side of one active coordinator (no I/O: the Coordinator sends what this decides)."""
+
+    term: int  # this coordinator's term (1: the first coordinator of the job)
+    address: str  # its control address ("" in the simulator: no failover there)
+    store: str  # its TCPStore
+    hosts: int  # hosts in the job (the majority is counted over them); 0: unknown, no lease
+    failure_timeout: float
+    standby: str = ""  # the standby's control address ("": none now)
+    standby_seen: float = 0.0
+    had_standby: bool = False  # a standby registered once: from then on a commit needs the lease
+    superseded: dict[str, float] = dataclasses.field(default_factory=dict)  # older active -> when last told
+    superseded_since: float = 0.0
+
+    @property
+    def lease_window(self) -> float:
+        return takeover_bound(self.failure_timeout) / 2
+
+    def stamp(self, message: Message) -> Message:
+        """`message` with this term, if it is a kind that carries one."""
+        if isinstance(message, TERMED) and message.term != self.term:
+            return dataclasses.replace(message, term=self.term)
+        return message
+
+    def coordinators(self) -> Coordinators:
+        return Coordinators(self.term, self.address, self.standby, self.store)
+
+    def standby_hello(self, now: float, standby: str) -> bool:
+        """A StandbyHello from `standby`; True when it is a new standby (members and agents must hear of it)."""
+        new = standby != self.standby
+        self.standby, self.standby_seen, self.had_standby = standby, now, True
+        return new
+
+    def standby_silent(self, now: float) -> float | None:
+        """Seconds the standby has been silent, once past the failure timeout (it is lost); else None."""
+        if not self.standby or now - self.standby_seen <= self.failure_timeout:
+            return None
+        return now - self.standby_seen
+
+    def lease(self, now: float, agents_seen: Mapping[str, float]) -> tuple[bool, str]:
+        """May this coordinator commit a view now (``decisions.holds_lease``, once the job has a standby)?"""
+        if not self.had_standby or self.hosts < 3:
+            return True, "no standby: no other coordinator can commit"
+        return decisions.holds_lease(now, agents_seen, self.hosts, self.lease_window)
+
+    def supersede(self, now: float, old_active: str) -> None:
+        """This coordinator took over from `old_active`: tell it of the new term until it is gone."""
+        if old_active and old_active != self.address:
+            self.superseded[old_active] = 0.0
+            self.superseded_since = now
+
+    def due(self, now: float) -> list[str]:
+        """The older coordinators to tell of this term now."""
+        if now - self.superseded_since > TELL_SUPERSEDED_FOR_S:
+            return []
+        due = [addr for addr, told in self.superseded.items() if now - told >= TELL_SUPERSEDED_EVERY_S]
+        for addr in due:
+            self.superseded[addr] = now
+        return due
