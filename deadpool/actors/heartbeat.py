@@ -14,8 +14,8 @@ import contextlib
 import logging
 
 from deadpool.actors.handoff import Progress
-from deadpool.actors.link import CoordinatorLink
 from deadpool.protocol import codec
+from deadpool.protocol.link import CoordinatorLink
 from deadpool.protocol.messages import Heartbeat
 from deadpool.protocol.transport import Transport, TransportClosed, TransportError
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 from deadpool.actors.handoff import Handoff
 from deadpool.actors.inbox import Drain, Inbound, Mailbox, Outbound, ViewChanged
-from deadpool.actors.link import CoordinatorLink
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
+from deadpool.protocol.link import CoordinatorLink
 from deadpool.protocol.messages import (
     CommitView,
     Coordinators,

@@ -26,7 +26,6 @@ from collections.abc import Awaitable, Callable
 from deadpool.actors.handoff import Fetch, Handoff, LocalReady, PrepareReady, Progress
 from deadpool.actors.heartbeat import HeartbeatActor
 from deadpool.actors.inbox import Bulk, Drain, Inbound, Outbound, Shutdown
-from deadpool.actors.link import CoordinatorLink
 from deadpool.actors.membership import MembershipActor
 from deadpool.actors.snapshot_actor import CHUNK_BYTES, SnapshotActor
 from deadpool.chaos import Switch
@@ -35,6 +34,7 @@ from deadpool.errors import MisuseError
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
+from deadpool.protocol.link import CoordinatorLink
 from deadpool.protocol.messages import (
     Message,
     RestoreReply,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deadpool.agent import determinism, jobfile, progress
+from deadpool.agent import coordinators, determinism, jobfile, progress
 from deadpool.chaos import SIGNALS, ChaosAction, ChaosSpec, unreachable
 from deadpool.chaos import parse as parse_chaos
 from deadpool.config import Config, is_loopback, raise_priority
@@ -40,16 +40,26 @@ from deadpool.errors import MisuseError
 from deadpool.events import summary
 from deadpool.events.log import read_events
 from deadpool.protocol import codec
-from deadpool.protocol.messages import AgentHello, FenceKill, ProcessExited, SignalMember, Stop, Welcome
+from deadpool.protocol.link import CoordinatorLink, StandDown
+from deadpool.protocol.messages import (
+    AgentHello,
+    Coordinators,
+    FenceKill,
+    ProcessExited,
+    SignalMember,
+    SilenceQuery,
+    SilenceReport,
+    StartStandby,
+    Stop,
+    Welcome,
+)
 from deadpool.protocol.transport import CONTROL_LIMITS, Transport, TransportError, open_transport
 from deadpool.snapshot import shm
 
 log = logging.getLogger("deadpool.agent.launch")
 
-COORDINATOR_START_TIMEOUT = 60.0
 DROP_LOG_INTERVAL = 10.0  # seconds between two lines about dropped frames (each line counts the drops it covers)
 WORKER_EXIT_GRACE = 30.0
-MAX_COORDINATOR_RESTARTS = 5
 
 # glibc malloc settings for the workers: a training step allocates and frees the same activations every
 # step, and by default glibc gives the top of the heap back to the kernel whenever more than twice its
@@ -133,6 +143,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "maps them instead of receiving them over TCP (default: /dev/shm; \"\" turns it off)")
     parser.add_argument("--no-fence-kill", action="store_true",
                         help="do not kill members declared dead (testing zombies)")
+    parser.add_argument("--standby-coordinator", action="store_true",
+                        help="this host runs the standby coordinator (default: host 1 of a job of 3 hosts or more)")
+    parser.add_argument("--no-standby", action="store_true",
+                        help="no standby coordinator: losing host 0 then ends the job (give it to host 1's launch)")
     parser.add_argument("--host-name", default="", help="failure-domain name of this host (default: hostname)")
     parser.add_argument("--metrics-port", type=int, default=-1,
                         help="the coordinator serves Prometheus metrics on 127.0.0.1:PORT (0: any free port)")
@@ -222,31 +236,6 @@ def check_launch(world: int | None, spares: int, specs: list[ChaosSpec], script_
     return refusals, warnings
 
 
-async def _start_coordinator(args: argparse.Namespace, world: int, events: str, env: dict[str, str],
-                             bind: str = "", recover: bool = False) -> tuple[asyncio.subprocess.Process, str, str]:
-    """Start the coordinator process and read the addresses it bound from its first line."""
-    host = args.master_addr or "127.0.0.1"
-    command = [sys.executable, "-m", "deadpool.coordinator.main", "--world-size", str(world), "--events", events,
-               "--bind", bind or f"tcp://{host}:{args.coordinator_port}",
-               "--store-port", "0" if recover else str(args.master_port)]
-    if recover:
-        command.append("--recover")
-    if getattr(args, "metrics_port", -1) >= 0:
-        command += ["--metrics-port", str(args.metrics_port)]
-    proc = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, env=env)
-    assert proc.stdout is not None
-    try:
-        line = await asyncio.wait_for(proc.stdout.readline(), COORDINATOR_START_TIMEOUT)
-        ready = json.loads(line)
-        if ready.get("metrics"):
-            print(f"deadpool: Prometheus metrics at {ready['metrics']}", flush=True)
-        return proc, ready["control"], ready["store"]
-    except (TimeoutError, json.JSONDecodeError, KeyError):
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        raise MisuseError("the coordinator did not start (see its error above)") from None
-
-
 def _normal_priority(pid: int) -> None:
     """Workers run at the default priority even though the launcher raised its own."""
     with contextlib.suppress(OSError):
@@ -302,13 +291,15 @@ class Launcher:
         self.stop_event = asyncio.Event()
         self.transport: Transport | None = None
         self.secret = b""
-        self.coordinator_addr = ""
+        self.link = CoordinatorLink("")  # the active coordinator of the newest term heard, and its standby
         self.events_path = ""
         self.env: dict[str, str] = {}
         self.shm_dir = ""  # where this host's workers keep their snapshot slot files (removed after they exit)
         self.welcomed = False
-        self.coordinator_gone = False  # the local coordinator process ended the job (or gave up restarting)
+        self.coordinator_gone = False  # the job's outcome is known here: nobody needs this host's reports
         self.coordinator_proc: asyncio.subprocess.Process | None = None  # the local coordinator, if this agent runs it
+        self.standby_proc: asyncio.subprocess.Process | None = None  # the local standby coordinator, if any
+        self._outcome: asyncio.Future[int] | None = None  # this host's exit status, once known
         self.terminated = False  # SIGTERM arrived
         self.last_contact = time.monotonic()  # last answer from the coordinator (it answers every hello)
         self._drops = DropLog()  # frames the inbox could not use
@@ -349,15 +340,17 @@ class Launcher:
                   f"from {self.shm_dir}", file=sys.stderr, flush=True)
         coordinator_proc = None
         if args.node_rank == 0 and not args.coordinator:
-            coordinator_proc, self.coordinator_addr, store = await _start_coordinator(args, self.world, events, env)
+            coordinator_proc, self.link.active, store = await coordinators.start(args, self.world, events, env)
         else:
-            self.coordinator_addr = args.coordinator
+            self.link.active = args.coordinator
             store = f"{args.master_addr or args.coordinator.split('://')[-1].rsplit(':', 1)[0]}:{args.master_port}"
+        if coordinators.standby_wanted(args):
+            await self._start_standby()
         bind = args.bind_host or args.master_addr or "127.0.0.1"
         self.transport = open_transport(f"tcp://{bind}:0", CONTROL_LIMITS)
         store_host, store_port = store.rsplit(":", 1)
         spec = ",".join(args.chaos)
-        base = {**env, **steady_heap_env(env), "DEADPOOL_COORDINATOR": self.coordinator_addr, "DEADPOOL_EVENTS": events,
+        base = {**env, **steady_heap_env(env), "DEADPOOL_COORDINATOR": self.link.active, "DEADPOOL_EVENTS": events,
                 "DEADPOOL_CHAOS": spec, "DEADPOOL_HOST": self.host, "DEADPOOL_BIND_HOST": bind,
                 "WORLD_SIZE": str(self.world if args.nproc else 0),
                 "MASTER_ADDR": store_host, "MASTER_PORT": store_port,
@@ -377,10 +370,11 @@ class Launcher:
             _normal_priority(proc.pid)
             self.workers.append(Worker(label, member, "spare" if spare else "active", proc))
         job_file = None
-        if coordinator_proc is not None:
-            job_file = jobfile.write(jobfile.JobInfo(self.coordinator_addr, self.secret.decode(), events, os.getpid()),
+        if coordinator_proc is not None or self.standby_proc is not None:
+            job_file = jobfile.write(jobfile.JobInfo(self.link.active, self.secret.decode(), events, os.getpid()),
                                      self.agent_id)
-            print(f"deadpool: coordinator {self.coordinator_addr}; events {events}", flush=True)
+            if coordinator_proc is not None:
+                print(f"deadpool: coordinator {self.link.active}; events {events}", flush=True)
         self.coordinator_proc = coordinator_proc
         main = asyncio.current_task()
         assert main is not None
@@ -395,11 +389,12 @@ class Launcher:
         finally:
             loop.remove_signal_handler(signal.SIGTERM)
             await self._terminate_all()
-            if self.coordinator_proc is not None and self.coordinator_proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    self.coordinator_proc.terminate()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.coordinator_proc.wait(), 3.0)
+            for child in (self.coordinator_proc, self.standby_proc):
+                if child is not None and child.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        child.terminate()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(child.wait(), 3.0)
             for worker in self.workers:
                 self._remove_shm_files(worker)
             await self.transport.close()
@@ -423,11 +418,14 @@ class Launcher:
                                                                     self.args.spares)))
             forwards = [tasks.create_task(_forward(w)) for w in self.workers]
             watches = [tasks.create_task(self._watch(w)) for w in self.workers]
+            self._outcome = asyncio.get_running_loop().create_future()
+            background.append(tasks.create_task(self._stopped()))
             if coordinator_proc is not None:
-                code = await self._coordinator_lifetime(coordinator_proc)
-            else:
-                await self.stop_event.wait()
-                code = 0 if self.stop and self.stop.ok else 1
+                background.append(tasks.create_task(self._active_lifetime(coordinator_proc)))
+            if self.standby_proc is not None:
+                background.append(tasks.create_task(self._standby_lifetime(self.standby_proc)))
+            code = await self._outcome
+            self.coordinator_gone = True
             ok = code == 0
             grace = WORKER_EXIT_GRACE if ok else 2.0
             with contextlib.suppress(asyncio.TimeoutError):
@@ -438,25 +436,51 @@ class Launcher:
                 task.cancel()
         return 0 if ok else 1
 
-    async def _coordinator_lifetime(self, proc: asyncio.subprocess.Process) -> int:
-        """Wait for the coordinator's end; restart it (same address) if it died rather than ended.
+    def _decide(self, code: int) -> None:
+        """This host's exit status is known (the first source wins: a local coordinator's end or a Stop)."""
+        if self._outcome is not None and not self._outcome.done():
+            self._outcome.set_result(code)
 
-        Training does not need the coordinator while nothing fails; a restarted one
-        learns the current view from the members (highest epoch wins).
-        """
-        restarts = 0
-        while True:
-            code = await proc.wait()
-            if code in (0, 1) or self.stop is not None or restarts >= MAX_COORDINATOR_RESTARTS:
-                self.coordinator_gone = True
-                return code
-            restarts += 1
-            print(f"deadpool: the coordinator died ({'signal ' + str(-code) if code < 0 else 'exit ' + str(code)}); "
-                  f"restarting it on {self.coordinator_addr} (restart {restarts}); training goes on meanwhile",
+    async def _stopped(self) -> None:
+        await self.stop_event.wait()
+        self._decide(0 if self.stop and self.stop.ok else 1)
+
+    async def _active_lifetime(self, proc: asyncio.subprocess.Process) -> None:
+        """The local coordinator's end decides the job, unless a newer term took over (then a Stop will)."""
+        async def restart() -> asyncio.subprocess.Process:
+            started, _, _ = await coordinators.start(self.args, self.world, self.events_path, self.env,
+                                                     bind=self.link.active, recover=True)
+            self.coordinator_proc = started
+            return started
+
+        ended = await coordinators.active_lifetime(proc, restart, lambda: self.stop is not None)
+        if ended is StandDown.CUT_OFF:
+            reason = ("this host's coordinator heard too few hosts for the view timeout and stood down: this host "
+                      "is cut off; its members were replaced. Stopping this host's workers.")
+            print(f"deadpool: {reason}", file=sys.stderr, flush=True)
+            self.stop = Stop(False, reason)
+            self.stop_event.set()
+        elif ended is StandDown.SUPERSEDED:
+            print("deadpool: this host's coordinator stood down: a newer term's coordinator runs the job",
                   file=sys.stderr, flush=True)
-            proc, _, _ = await _start_coordinator(self.args, self.world, self.events_path, self.env,
-                                                  bind=self.coordinator_addr, recover=True)
-            self.coordinator_proc = proc
+        else:
+            self._decide(ended)
+
+    async def _standby_lifetime(self, proc: asyncio.subprocess.Process) -> None:
+        code = await coordinators.standby_lifetime(proc)
+        if code is not None:
+            self._decide(code)
+
+    async def _start_standby(self) -> None:
+        """Run the standby coordinator on this host (at start, or when the active asks after losing one)."""
+        if self.standby_proc is not None and self.standby_proc.returncode is None:
+            return
+        self.standby_proc, address, _ = await coordinators.start(self.args, self.world, self.events_path, self.env,
+                                                                 standby_of=self.link.active)
+        self.link.standby = address
+        print(f"deadpool: standby coordinator {address} (of {self.link.active})", flush=True)
+        if self._outcome is not None:  # started while the job runs: its end must be watched too
+            asyncio.get_running_loop().create_task(self._standby_lifetime(self.standby_proc))
 
     async def _watch_contact(self) -> None:
         """A host cut off from the coordinator stops its own workers after a bound.
@@ -470,7 +494,7 @@ class Launcher:
             await asyncio.sleep(1.0)
             silent = time.monotonic() - self.last_contact
             if silent > bound:
-                reason = (f"no answer from the coordinator at {self.coordinator_addr} for {silent:.0f}s "
+                reason = (f"no answer from the coordinator at {self.link.active} for {silent:.0f}s "
                           f"(view timeout {bound:.0f}s): this host is cut off; its members were replaced. "
                           "Stopping this host's workers.")
                 print(f"deadpool: {reason}", file=sys.stderr, flush=True)
@@ -484,8 +508,11 @@ class Launcher:
         hello = AgentHello(self.agent_id, self.host, self.transport.address,
                            {w.member: w.proc.pid for w in self.workers})
         while True:
-            with contextlib.suppress(TransportError):
-                await self.transport.send(self.coordinator_addr, [codec.encode(hello, self.secret)], 1.0)
+            frame = codec.encode(hello, self.secret)
+            for addr in dict.fromkeys([self.link.active, self.link.standby]):  # the standby learns agents so
+                if addr:
+                    with contextlib.suppress(TransportError):
+                        await self.transport.send(addr, [frame], 1.0)
             await asyncio.sleep(0.1 if not self.welcomed else 1.0)
 
     async def _inbox(self) -> None:
@@ -495,9 +522,23 @@ class Launcher:
             message = codec.decode(frames[0], self.secret)
             if isinstance(message, codec.DecodeError):
                 self._drops.note(f"{message.reason} ({message.detail})")
+            elif self.link.stale(getattr(message, "term", 0)):
+                self._drops.note(f"stale_term ({type(message).__name__} of term {getattr(message, 'term', 0)})")
             elif isinstance(message, Welcome):
                 self.welcomed = True
                 self.last_contact = time.monotonic()
+                if message.term:
+                    self.link.follow(message.term, self.link.active, message.standby)
+            elif isinstance(message, Coordinators):
+                self._follow(message)
+            elif isinstance(message, SilenceQuery):
+                report = SilenceReport(self.agent_id, message.nonce, time.monotonic() - self.last_contact,
+                                       self.link.term)
+                with contextlib.suppress(TransportError):
+                    await self.transport.send(message.reply_to, [codec.encode(report, self.secret)], 1.0)
+            elif isinstance(message, StartStandby):
+                print(f"deadpool: starting a standby coordinator here: {message.reason}", file=sys.stderr, flush=True)
+                await self._start_standby()
             elif isinstance(message, FenceKill):
                 self._fence_kill(message.member)
             elif isinstance(message, SignalMember):
@@ -509,6 +550,14 @@ class Launcher:
                     print(f"deadpool: job stopped: {message.reason}", file=sys.stderr, flush=True)
             else:
                 self._drops.note(f"unexpected {type(message).__name__}")
+
+    def _follow(self, message: Coordinators) -> None:
+        """A new standby, or a newer term whose coordinator took over: talk to it from now on."""
+        if self.link.follow(message.term, message.active, message.standby):
+            self.last_contact = time.monotonic()  # the new active has just spoken to us
+            self.welcomed = False  # hello at once: the new active learns this host's processes
+            print(f"deadpool: following the coordinator of term {message.term} at {message.active}",
+                  file=sys.stderr, flush=True)
 
     def _signal(self, member: str, action: str) -> None:
         """Operator chaos: a real signal to one of this host's workers."""
@@ -543,7 +592,7 @@ class Launcher:
             # would hold the launcher's exit for the whole send timeout.
             return
         with contextlib.suppress(TransportError):
-            await self.transport.send(self.coordinator_addr,
+            await self.transport.send(self.link.active,
                                       [codec.encode(ProcessExited(self.agent_id, worker.member, code), self.secret)],
                                       2.0)
 

@@ -19,14 +19,17 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from deadpool.config import Config, raise_priority
 from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import Coordinator
+from deadpool.coordinator.standby import Standby
+from deadpool.coordinator.terms import Terms
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
+from deadpool.protocol.link import EXIT_CODES, StandDown
 from deadpool.protocol.messages import Message
 from deadpool.protocol.transport import CONTROL_LIMITS, Transport, TransportError, new_event_loop, open_transport
 
@@ -38,8 +41,22 @@ if TYPE_CHECKING:
 log = logging.getLogger("deadpool.coordinator.main")
 
 
-async def serve(coordinator: Coordinator, transport: Transport, config: Config) -> tuple[bool, str]:
-    """Feed the coordinator messages and time until the job ends; each send is a task owned here.
+class Served(Protocol):
+    """What the serve loop drives: the active coordinator, or a standby until it takes over."""
+
+    events: EventLog
+
+    @property
+    def outcome(self) -> tuple[bool, str] | None: ...
+
+    def handle(self, now: float, message: Message) -> list[Send]: ...
+
+    def tick(self, now: float) -> list[Send]: ...
+
+
+async def serve(coordinator: Served, transport: Transport, config: Config,
+                first: Sequence[Send] = ()) -> tuple[bool, str]:
+    """Feed `coordinator` messages and time until its outcome; each send (`first` first) is a task owned here.
 
     A send never blocks the loop: it is handed to a task bounded by ``send_timeout``, so a
     dead peer costs a timed-out task, not a stall.
@@ -57,6 +74,7 @@ async def serve(coordinator: Coordinator, transport: Transport, config: Config) 
                     encoded = (send.message, codec.encode(send.message, secret))
                 senders.create_task(_deliver(transport, send, encoded[1], config.send_timeout))
 
+        dispatch(first)
         while coordinator.outcome is None:
             try:
                 frames: list[memoryview] | None = await asyncio.wait_for(transport.recv(), interval)
@@ -153,29 +171,55 @@ async def _amain(args: argparse.Namespace) -> int:
     if exporter is not None:
         events.listeners.append(exporter.on_event)
         metrics_url = exporter.url
-    events.emit(Event.COORDINATOR_STARTED, address=address, store=store_addr, pid=os.getpid(),
-                recovering=args.recover,
-                world_size=args.world_size, metrics=metrics_url)
+    if args.standby_of:
+        events.emit(Event.STANDBY_STARTED, address=address, store=store_addr, pid=os.getpid(),
+                    active=args.standby_of, hosts=args.hosts)
+    else:
+        events.emit(Event.COORDINATOR_STARTED, address=address, store=store_addr, pid=os.getpid(),
+                    recovering=args.recover, world_size=args.world_size, metrics=metrics_url, term=1)
     print(json.dumps({"control": address, "store": store_addr, "metrics": metrics_url}), flush=True)
     # Members' first messages wait in the bound control socket until serve() reads them.
     store = _start_store(store_bind, listener)
-    coordinator = Coordinator(config, args.world_size, store_addr, events, started=time.monotonic(),
-                              recovering=args.recover)
     try:
         async with asyncio.TaskGroup() as tasks:
             reader = tasks.create_task(transport.run())
-            refresher = tasks.create_task(exporter.refresh_forever(
-                lambda: coordinator.status(time.monotonic()))) if exporter else None
-            ok, _ = await serve(coordinator, transport, config)
+            code = await _coordinate(args, config, address, store_addr, events, transport, exporter)
             await transport.close(linger=config.send_timeout)  # returns once the Stops have left
             reader.cancel()
-            if refresher is not None:
-                refresher.cancel()
     finally:
         events.close()
         if exporter is not None:
             exporter.stop()
     del store
+    return code
+
+
+async def _coordinate(args: argparse.Namespace, config: Config, address: str, store_addr: str, events: EventLog,
+                      transport: Transport, exporter: CoordinatorMetrics | None) -> int:
+    """Stand by (``--standby-of``) until a takeover, then, or at once, coordinate; returns the exit status."""
+    first: list[Send] = []
+    if args.standby_of:
+        standby = Standby(config, address, store_addr, args.standby_of, args.hosts, events, time.monotonic())
+        await serve(standby, transport, config)
+        if not standby.took_over:
+            return EXIT_CODES[StandDown.SUPERSEDED]  # the job ended under the active coordinator
+        terms = standby.new_terms(time.monotonic())
+        first = standby.takeover_sends(terms)
+        print(f"deadpool coordinator: took over as the coordinator of term {terms.term} on {address}",
+              file=sys.stderr, flush=True)
+    else:
+        terms = Terms(1, address, store_addr, args.hosts, config.failure_timeout)
+    coordinator = Coordinator(config, args.world_size, store_addr, events, started=time.monotonic(),
+                              recovering=args.recover or bool(args.standby_of), terms=terms)
+    refresher = asyncio.create_task(exporter.refresh_forever(
+        lambda: coordinator.status(time.monotonic()))) if exporter else None
+    try:
+        ok, _ = await serve(coordinator, transport, config, first)
+    finally:
+        if refresher is not None:
+            refresher.cancel()
+    if coordinator.stood_down is not None:
+        return EXIT_CODES[coordinator.stood_down]
     return 0 if ok else 1
 
 
@@ -205,12 +249,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", default="", help="append JSON-lines events to this file")
     parser.add_argument("--recover", action="store_true",
                         help="a restart: learn the view from the members instead of forming a first one")
+    parser.add_argument("--standby-of", default="",
+                        help="run as the standby of the active coordinator at this address: take over (a higher "
+                             "term, this process's own store) when it is lost and most hosts confirm it")
+    parser.add_argument("--hosts", type=int, default=0,
+                        help="hosts in the job (a takeover, and a commit once there is a standby, need a majority)")
     parser.add_argument("--metrics-port", type=int, default=-1,
                         help="serve Prometheus metrics on this port (0: pick a free one; default: off)")
     parser.add_argument("--metrics-host", default="127.0.0.1", help="address the metrics endpoint binds")
     args = parser.parse_args(argv)
     if args.world_size < 1:
         parser.error("--world-size must be at least 1")
+    if args.standby_of and args.hosts < 3:
+        parser.error("--standby-of needs --hosts of at least 3 (a takeover needs a majority of hosts to confirm "
+                     "that the active coordinator is lost; with 2 hosts neither side can tell a cut from a loss)")
     logging.basicConfig(level=logging.WARNING, format="[coordinator] %(levelname)s %(message)s")
     raise_priority()
     loop = new_event_loop()

@@ -27,6 +27,7 @@ from deadpool.coordinator.status import status_document
 from deadpool.coordinator.terms import Terms
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
+from deadpool.protocol.link import StandDown
 from deadpool.protocol.messages import (
     AgentHello,
     ChaosCommand,
@@ -109,7 +110,7 @@ class Coordinator:
         # instead of forming a first view, until this deadline passes with no member holding a view.
         self._recovering = recovering
         self.terms = terms or Terms(1, "", store_addr, 0, config.failure_timeout)
-        self.stood_down = ""  # why this coordinator stopped acting (a newer term, or cut off from most hosts)
+        self.stood_down: StandDown | None = None  # it stopped acting: a newer term runs the job, or it is cut off
         self._now = started
         self._lease_lost_since: float | None = None
         self._recover_deadline = started + max(3.0, 2 * config.failure_timeout) if recovering else 0.0
@@ -181,7 +182,8 @@ class Coordinator:
             self._send(message.sender, self.terms.coordinators())
         elif isinstance(message, Coordinators):
             if message.term > self.terms.term:
-                self._stand_down(f"the coordinator at {message.active} took over with term {message.term}")
+                self._stand_down(StandDown.SUPERSEDED,
+                                 f"the coordinator at {message.active} took over with term {message.term}")
         elif isinstance(message, ChaosCommand):
             self.chaos.command(self, message)
         elif isinstance(message, StatusRequest):
@@ -577,12 +579,12 @@ class Coordinator:
             self._send(agent.control_addr, Stop(ok, reason))
         self._send(self.terms.standby, Stop(ok, reason))
 
-    def _stand_down(self, why: str) -> None:
+    def _stand_down(self, kind: StandDown, why: str) -> None:
         """Stop acting for good: commit nothing, send nothing (the newer term's coordinator runs the job)."""
         if self.outcome is not None:
             return
-        self.stood_down = why
-        self.events.emit(Event.COORDINATOR_STOOD_DOWN, term=self.terms.term, reason=why)
+        self.stood_down = kind
+        self.events.emit(Event.COORDINATOR_STOOD_DOWN, term=self.terms.term, kind=kind, reason=why)
         log.warning("standing down: %s", why)
         self.outcome = (False, why)
 
@@ -612,7 +614,7 @@ class Coordinator:
             return
         self._lease_lost_since = self._lease_lost_since if self._lease_lost_since is not None else now
         if now - self._lease_lost_since > self._config.view_timeout:
-            self._stand_down(f"cut off: {why} for {now - self._lease_lost_since:.0f}s (view timeout "
+            self._stand_down(StandDown.CUT_OFF, f"cut off: {why} for {now - self._lease_lost_since:.0f}s (view timeout "
                              f"{self._config.view_timeout:.0f}s); the hosts that still hear each other go on")
 
     # -- time ---------------------------------------------------------------------------------

@@ -12,10 +12,10 @@ import pytest_asyncio
 
 from deadpool.actors.handoff import Handoff
 from deadpool.actors.inbox import Drain, Inbound, Outbound, ViewChanged
-from deadpool.actors.link import CoordinatorLink
 from deadpool.actors.membership import MembershipActor
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
+from deadpool.protocol.link import CoordinatorLink
 from deadpool.protocol.messages import (
     CommitView,
     Fenced,

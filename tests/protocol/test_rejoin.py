@@ -16,13 +16,13 @@ from collections.abc import Sequence
 import pytest
 
 from deadpool.actors.handoff import Handoff
-from deadpool.actors.link import CoordinatorLink
 from deadpool.actors.membership import Inbound, MembershipActor, Outbound
 from deadpool.config import Config
 from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import REJOIN_ASK_INTERVAL_S, Coordinator
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
+from deadpool.protocol.link import CoordinatorLink
 from deadpool.protocol.messages import Heartbeat, Join, Message, Rejoin, ViewReport, Welcome
 from deadpool.protocol.transport import Frame, TransportError
 from deadpool.protocol.view import View

@@ -9,8 +9,8 @@ import pytest
 
 from deadpool.actors.handoff import Progress
 from deadpool.actors.heartbeat import HeartbeatActor
-from deadpool.actors.link import CoordinatorLink
 from deadpool.protocol import codec
+from deadpool.protocol.link import CoordinatorLink
 from deadpool.protocol.messages import Heartbeat
 from deadpool.protocol.transport import Frame, TransportClosed, TransportError
 
