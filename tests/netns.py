@@ -208,6 +208,16 @@ class Cluster:
     def heal_link(self, host: Host) -> None:
         _ip("-n", BRIDGE_NS, "link", "set", host.port, "up")
 
+    def cut_between(self, a: Host, b: Host) -> None:
+        """Cut only the path between two hosts (a blackhole route in each, for the other's address);
+        both still reach every other host."""
+        _ip("-n", a.ns, "route", "add", "blackhole", f"{b.addr}/32")
+        _ip("-n", b.ns, "route", "add", "blackhole", f"{a.addr}/32")
+
+    def find(self, host: Host, needle: str) -> list[int]:
+        """The pids of `host` whose command line contains `needle`."""
+        return sorted(pid for pid in self.pids(host) if needle in describe(pid))
+
     def teardown(self) -> None:
         """Kill whatever still runs in our namespaces (recorded for the report), then delete them."""
         for host in self.hosts:

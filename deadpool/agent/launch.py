@@ -296,6 +296,7 @@ class Launcher:
         self.env: dict[str, str] = {}
         self.shm_dir = ""  # where this host's workers keep their snapshot slot files (removed after they exit)
         self.welcomed = False
+        self.ever_welcomed = False  # the coordinator answered once: from then on, silence means a cut
         self.coordinator_gone = False  # the job's outcome is known here: nobody needs this host's reports
         self.coordinator_proc: asyncio.subprocess.Process | None = None  # the local coordinator, if this agent runs it
         self.standby_proc: asyncio.subprocess.Process | None = None  # the local standby coordinator, if any
@@ -487,15 +488,18 @@ class Launcher:
 
         Its actives were replaced long ago (missed heartbeats) and its spares can no
         longer be adopted; without this they would wait for a Stop that cannot
-        arrive.  The bound is the view timeout: far longer than a coordinator restart.
+        arrive.  The bound is the view timeout: far longer than a coordinator restart or
+        a takeover; before the coordinator first answered, the startup timeout (at start
+        every process of every host imports torch at once, the coordinator's store too).
         """
-        bound = Config.from_env(self.env).view_timeout
+        config = Config.from_env(self.env)
         while self.stop is None:
             await asyncio.sleep(1.0)
             silent = time.monotonic() - self.last_contact
+            bound, name = (config.view_timeout, "view") if self.ever_welcomed else (config.startup_timeout, "startup")
             if silent > bound:
                 reason = (f"no answer from the coordinator at {self.link.active} for {silent:.0f}s "
-                          f"(view timeout {bound:.0f}s): this host is cut off; its members were replaced. "
+                          f"({name} timeout {bound:.0f}s): this host is cut off; its members were replaced. "
                           "Stopping this host's workers.")
                 print(f"deadpool: {reason}", file=sys.stderr, flush=True)
                 self.stop = Stop(False, reason)
@@ -525,7 +529,7 @@ class Launcher:
             elif self.link.stale(getattr(message, "term", 0)):
                 self._drops.note(f"stale_term ({type(message).__name__} of term {getattr(message, 'term', 0)})")
             elif isinstance(message, Welcome):
-                self.welcomed = True
+                self.welcomed = self.ever_welcomed = True
                 self.last_contact = time.monotonic()
                 if message.term:
                     self.link.follow(message.term, self.link.active, message.standby)

@@ -530,7 +530,7 @@ class Coordinator:
         self.events.emit(Event.VIEW_COMMITTED, epoch=view.epoch, resume_step=view.resume_step, seats=view.seats,
                          spares=view.spares, store_prefix=view.store_prefix, reason=reason,
                          rebuild_groups=view.rebuild_groups,
-                         failed_seats=sorted(failed), buddies=view.buddies, trigger=trigger)
+                         failed_seats=sorted(failed), buddies=view.buddies, trigger=trigger, term=self.terms.term)
         self._broadcast([*view.seats, *view.spares], CommitView(view))
 
     def _on_recovered(self, message: Recovered) -> None:
@@ -598,13 +598,16 @@ class Coordinator:
         """The standby's silence, the older coordinators still to tell, and the lease."""
         silent = self.terms.standby_silent(now)
         if silent is not None:
-            lost, self.terms.standby = self.terms.standby, ""
-            self.events.emit(Event.STANDBY_LOST, standby=lost, silent_s=round(silent, 3), term=self.terms.term)
+            self.events.emit(Event.STANDBY_LOST, standby=self.terms.standby, silent_s=round(silent, 3),
+                             term=self.terms.term)
+            self.terms.lose_standby(now)
             self._tell_coordinators()
-            host = decisions.standby_host(lost, self.terms.address, {a.agent_id: a.control_addr
-                                                                     for a in self.agents.values()})
+        if self.terms.standby_due(now):
+            host = decisions.standby_host(self.terms.lost_standby, self.terms.address,
+                                          {a.agent_id: a.control_addr for a in self.agents.values()})
             if host is not None:
-                self._send(self.agents[host].control_addr, StartStandby(self.terms.term, f"standby {lost} lost"))
+                why = f"standby {self.terms.lost_standby} lost" if self.terms.lost_standby else "no standby"
+                self._send(self.agents[host].control_addr, StartStandby(self.terms.term, why))
         for old in self.terms.due(now):
             self._send(old, self.terms.coordinators())
         held, why = self.terms.lease(now, {a.agent_id: a.seen for a in self.agents.values()})

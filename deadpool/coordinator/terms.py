@@ -31,6 +31,7 @@ from deadpool.protocol.messages import (
 TERMED = (Welcome, CommitView, Prepare, Stop, Fenced, Rejoin, FenceKill, SignalMember)
 TELL_SUPERSEDED_EVERY_S = 1.0  # an older coordinator is told of the newer term this often until it is gone
 TELL_SUPERSEDED_FOR_S = 600.0  # ... for this long (a SIGSTOPped one may wake up late)
+ASK_STANDBY_EVERY_S = 10.0  # a job that should have a standby and has none asks a host for one this often
 
 
 def takeover_bound(failure_timeout: float) -> float:
@@ -52,6 +53,8 @@ class Terms:
     had_standby: bool = False  # a standby registered once: from then on a commit needs the lease
     superseded: dict[str, float] = dataclasses.field(default_factory=dict)  # older active -> when last told
     superseded_since: float = 0.0
+    lost_standby: str = ""  # the last standby lost (its host is not asked to start the next one)
+    standby_asked: float = 0.0  # when a host was last asked to start a standby
 
     @property
     def lease_window(self) -> float:
@@ -72,6 +75,18 @@ class Terms:
         self.standby, self.standby_seen, self.had_standby = standby, now, True
         return new
 
+    def lose_standby(self, now: float) -> None:
+        self.lost_standby, self.standby = self.standby, ""
+        self.standby_asked = now - ASK_STANDBY_EVERY_S  # ask for the next one at once
+
+    def standby_due(self, now: float) -> bool:
+        """Should a host be asked for a standby now? (none now, where the job had one, or after a takeover)"""
+        wanted = self.hosts >= 3 and (self.had_standby or self.term > 1)
+        if self.standby or not wanted or now - self.standby_asked < ASK_STANDBY_EVERY_S:
+            return False
+        self.standby_asked = now
+        return True
+
     def standby_silent(self, now: float) -> float | None:
         """Seconds the standby has been silent, once past the failure timeout (it is lost); else None."""
         if not self.standby or now - self.standby_seen <= self.failure_timeout:
@@ -88,7 +103,7 @@ class Terms:
         """This coordinator took over from `old_active`: tell it of the new term until it is gone."""
         if old_active and old_active != self.address:
             self.superseded[old_active] = 0.0
-            self.superseded_since = now
+            self.superseded_since = self.standby_asked = now  # the first standby of the term: once hosts re-joined
 
     def due(self, now: float) -> list[str]:
         """The older coordinators to tell of this term now."""

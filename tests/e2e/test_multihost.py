@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,9 @@ from typing import Any
 import netns
 import pytest
 
+from deadpool.config import Config
 from deadpool.coordinator import decisions
+from deadpool.coordinator.terms import takeover_bound
 
 STEPS = 12
 FAULT_AFTER_STEP = 4  # host 2 is lost when rank 0 has printed this step
@@ -39,6 +42,8 @@ LOST = 2  # the host that is lost
 VIEW_TIMEOUT = 15.0
 ENV = {"DEADPOOL_VIEW_TIMEOUT": str(VIEW_TIMEOUT)}
 JOB_TIMEOUT = 150.0
+HEAD_FAULT_AFTER_STEP = 6  # host 0 (the coordinator's) is lost when rank 0 has printed this step
+STOP_S = 3 * takeover_bound(Config().failure_timeout)  # the coordinator SIGSTOPped for 3x the takeover bound
 
 
 @dataclass
@@ -56,6 +61,7 @@ class Run:
     cut_host_exits: dict[str, float] = field(default_factory=dict)  # process -> seconds after the cut
     cut_host_left: list[str] = field(default_factory=list)  # still running at the deadline
     leftovers_killed: list[str] = field(default_factory=list)  # killed by the harness at teardown
+    digest_hosts: list[int] = field(default_factory=list)  # the hosts whose launcher printed the digest
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e.get("event") == kind]
@@ -71,8 +77,12 @@ def namespaces() -> None:
         pytest.skip(f"multi-host test needs network namespaces: {reason}")
 
 
-def _run(tmp: Path, name: str, fault: str = "") -> Run:
-    """One job on three fresh namespace hosts; `fault` is '', 'kill' or 'cut' (of host LOST)."""
+def _run(tmp: Path, name: str, fault: str = "", lost: int = LOST, at_step: int = FAULT_AFTER_STEP) -> Run:
+    """One job on three fresh namespace hosts.
+
+    `fault`: '' (none), 'kill' or 'cut' (of host `lost`), 'stop_coordinator' (host 0's coordinator
+    process SIGSTOPped for STOP_S, then SIGCONTed) or 'cut_0_1' (only hosts 0 and 1 lose each other).
+    """
     with netns.Cluster(3) as cluster:
         job = netns.Job(cluster, tmp, STEPS, env=ENV)
         run = Run(name, {}, [], [], None, job.started)
@@ -80,14 +90,21 @@ def _run(tmp: Path, name: str, fault: str = "") -> Run:
             _, line = job.wait_line(0, r"^deadpool: coordinator ", 90)
             assert f"tcp://{cluster.hosts[0].addr}:{netns.COORDINATOR_PORT}" in line, line
             if fault:
-                job.wait_line(0, rf"^\[rank0\] step +{FAULT_AFTER_STEP} ", 120)
+                job.wait_line(0, rf"^\[rank0\] step +{at_step} ", 120)
                 run.fault_at = time.time()
                 if fault == "kill":
-                    run.killed_pids = cluster.kill_host(cluster.hosts[LOST])
+                    run.killed_pids = cluster.kill_host(cluster.hosts[lost])
+                elif fault == "cut":
+                    cut_pids = {pid: netns.describe(pid) for pid in cluster.pids(cluster.hosts[lost])}
+                    cluster.cut_link(cluster.hosts[lost])
+                elif fault == "stop_coordinator":
+                    (pid,) = cluster.find(cluster.hosts[0], "deadpool.coordinator.main")
+                    os.kill(pid, signal.SIGSTOP)
+                    time.sleep(STOP_S)
+                    os.kill(pid, signal.SIGCONT)
                 else:
-                    cut_pids = {pid: netns.describe(pid) for pid in cluster.pids(cluster.hosts[LOST])}
-                    cluster.cut_link(cluster.hosts[LOST])
-            survivors = [h.index for h in cluster.hosts if not (fault and h.index == LOST)]
+                    cluster.cut_between(cluster.hosts[0], cluster.hosts[1])
+            survivors = [h.index for h in cluster.hosts if not (fault in ("kill", "cut") and h.index == lost)]
             run.codes = job.wait(survivors, JOB_TIMEOUT)
             if fault == "cut":
                 _watch_cut_host(cluster, run, cut_pids)
@@ -103,7 +120,8 @@ def _run(tmp: Path, name: str, fault: str = "") -> Run:
         for path in glob.glob(f"/dev/shm/deadpool-*-{pid}-slot*"):
             os.unlink(path)
     run.events = job.events()
-    run.digest = job.digest(0)
+    run.digest = next((d for d in (job.digest(h) for h in range(3)) if d), None)
+    run.digest_hosts = [h for h in range(3) if job.digest(h)]
     return run
 
 
@@ -250,3 +268,93 @@ def test_spare_lost_during_a_swap_keeps_the_pending_restores() -> None:
     assert swap.restore_from == {4: "m0", 5: "m1"}  # copies on host 0
     pool = decisions.next_view(swap, 3, {}, [], swap.resume_step, hosts, {}, rebuild=False)  # s2 lost
     assert pool.restore_from == swap.restore_from and pool.store_prefix == swap.store_prefix
+
+
+# -- the head host lost: the standby coordinator on host 1 takes over ------------------------------------
+
+@pytest.fixture(scope="module")
+def head_killed(tmp_path_factory: pytest.TempPathFactory, namespaces: None) -> Run:
+    return _run(tmp_path_factory.mktemp("head-kill"), "head-kill", "kill", lost=0, at_step=HEAD_FAULT_AFTER_STEP)
+
+
+@pytest.fixture(scope="module")
+def head_cut(tmp_path_factory: pytest.TempPathFactory, namespaces: None) -> Run:
+    return _run(tmp_path_factory.mktemp("head-cut"), "head-cut", "cut", lost=0, at_step=HEAD_FAULT_AFTER_STEP)
+
+
+def _assert_one_view_per_epoch(run: Run) -> None:
+    epochs = [v["epoch"] for v in run.of("view_committed")]
+    assert len(epochs) == len(set(epochs)), f"an epoch committed twice: {sorted(epochs)}"
+
+
+def _assert_head_replaced(run: Run, baseline: Run) -> dict[str, float]:
+    """Host 1's standby took over (term 2) and refilled host 0's seats from spares of hosts 1 and 2."""
+    assert run.codes == {1: 0, 2: 0}, run.tail()
+    assert run.digest == baseline.digest, f"a run that lost the head host must end bit-identical\n{run.tail()}"
+    assert run.digest_hosts == [1], "the agent of the host with the active coordinator prints the summary"
+    (takeover,) = run.of("takeover")
+    assert takeover["term"] == 2 and len(takeover["confirmed_by"]) >= 2, takeover
+    _assert_one_view_per_epoch(run)
+    swap = [v for v in run.of("view_committed") if v.get("failed_seats")]
+    assert len(swap) == 1 and swap[0]["failed_seats"] == [0, 1] and swap[0]["term"] == 2, swap
+    assert sorted(_host(swap[0]["seats"][s]) for s in (0, 1)) == ["host1", "host2"], swap[0]["seats"]
+    restored = {e["rank"]: e for e in run.of("restored") if e["source"] == "buddy"}
+    assert sorted(restored) == [0, 1]
+    _assert_copies_on_other_hosts(run)
+    assert run.of("training_finished")[0]["step"] == STEPS - 1
+    completed = run.of("swap_completed")
+    figures = {
+        "fault_to_takeover_s": round(takeover["ts"] - run.fault_at, 2),
+        "fault_to_recovered_s": round(max(e["ts"] for e in completed) - run.fault_at, 2),
+        "run_s": round(time.time() - run.started, 1),
+    }
+    print(f"\n{run.name}: {figures}")
+    return figures
+
+
+@pytest.mark.e2e
+def test_head_host_killed_standby_takes_over_bit_identical(head_killed: Run, baseline: Run) -> None:
+    assert len(head_killed.killed_pids) == 5, "the agent, the coordinator, 2 actives and the spare of host 0"
+    _assert_head_replaced(head_killed, baseline)
+    assert not head_killed.leftovers_killed, f"processes outlived the job: {head_killed.leftovers_killed}"
+
+
+@pytest.mark.e2e
+def test_head_host_link_cut_old_coordinator_commits_nothing_after_the_takeover(head_cut: Run, baseline: Run) -> None:
+    _assert_head_replaced(head_cut, baseline)
+    (takeover,) = head_cut.of("takeover")
+    late = [v for v in head_cut.of("view_committed") if v["term"] == 1 and v["ts"] >= takeover["ts"]]
+    assert not late, f"the superseded coordinator committed {late}"
+    stood = head_cut.of("coordinator_stood_down")
+    assert [e["kind"] for e in stood] == ["cut_off"], stood
+    actives = [what for what in head_cut.cut_host_exits if "train_gpt.py" in what]
+    assert len(actives) >= 2, f"the cut-off head host's workers did not exit: {head_cut.cut_host_left}"
+
+
+@pytest.mark.e2e
+def test_head_host_coordinator_sigstopped_stands_down_after_sigcont(tmp_path: Path, namespaces: None,
+                                                                    baseline: Run) -> None:
+    run = _run(tmp_path, "coordinator-stopped", "stop_coordinator", at_step=HEAD_FAULT_AFTER_STEP)
+    assert run.codes == {0: 0, 1: 0, 2: 0}, run.tail()
+    assert run.digest == baseline.digest, run.tail()
+    assert run.digest_hosts == [1], "the new active's host prints the summary"
+    (takeover,) = run.of("takeover")
+    assert takeover["term"] == 2 and len(takeover["confirmed_by"]) == 3, takeover
+    stood = run.of("coordinator_stood_down")
+    assert [(e["kind"], e["term"]) for e in stood] == [("superseded", 1)], stood
+    assert not [v for v in run.of("view_committed") if v["term"] == 1 and v["ts"] >= takeover["ts"]]
+    _assert_one_view_per_epoch(run)
+    assert not run.of("member_failed"), "no member was lost: only the coordinator paused"
+    stale = [e for e in run.of("rejected") if e.get("reason") == "stale_term"]
+    print(f"\ncoordinator stopped {STOP_S:.0f}s: takeover {takeover['ts'] - run.fault_at:.1f}s after the stop; "
+          f"{len(stale)} stale-term messages dropped")
+
+
+@pytest.mark.e2e
+def test_head_host_cut_from_host_1_only_no_takeover(tmp_path: Path, namespaces: None, baseline: Run) -> None:
+    run = _run(tmp_path, "cut-0-1", "cut_0_1", at_step=HEAD_FAULT_AFTER_STEP)
+    assert not run.of("takeover"), "host 2 still hears the active coordinator: no majority for a takeover"
+    assert run.codes[0] == 0 and run.codes[2] == 0, run.tail()
+    assert run.digest == baseline.digest and run.digest_hosts == [0], run.tail()
+    _assert_one_view_per_epoch(run)
+    assert {_host(e["failed_member"]) for e in run.of("member_failed")} == {"host1"}
