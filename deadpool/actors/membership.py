@@ -24,6 +24,7 @@ from deadpool.protocol.messages import (
     CommitView,
     Coordinators,
     Fenced,
+    Finished,
     Join,
     Message,
     Prepare,
@@ -121,7 +122,12 @@ class MembershipActor:
         if self._fenced:
             return  # a fenced member changes nothing
         try:
-            await self._transport.send(self._link.active, [codec.encode(message, self._secret)], self._send_timeout)
+            frame = codec.encode(message, self._secret)
+            await self._transport.send(self._link.active, [frame], self._send_timeout)
+            if isinstance(message, Finished) and self._link.standby:
+                # A seat's Finished is its last word (the process exits next): the standby keeps it for a
+                # coordinator of the next term, should the active one be lost before it counted every seat.
+                await self._transport.send(self._link.standby, [frame], self._send_timeout)
         except TransportClosed:
             log.info("%s not sent to the coordinator: shutting down", type(message).__name__)
         except TransportError as err:

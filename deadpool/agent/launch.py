@@ -536,8 +536,9 @@ class Launcher:
             elif isinstance(message, Coordinators):
                 self._follow(message)
             elif isinstance(message, SilenceQuery):
-                report = SilenceReport(self.agent_id, message.nonce, time.monotonic() - self.last_contact,
-                                       self.link.term)
+                # Never answered yet (the job is starting): no silence to confirm.
+                silent = time.monotonic() - self.last_contact if self.ever_welcomed else 0.0
+                report = SilenceReport(self.agent_id, message.nonce, silent, self.link.term)
                 with contextlib.suppress(TransportError):
                     await self.transport.send(message.reply_to, [codec.encode(report, self.secret)], 1.0)
             elif isinstance(message, StartStandby):

@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
 
 from deadpool.config import Config, raise_priority
-from deadpool.coordinator.records import Send
+from deadpool.coordinator.records import Agent, Send
 from deadpool.coordinator.service import Coordinator
 from deadpool.coordinator.standby import Standby
 from deadpool.coordinator.terms import Terms
@@ -211,6 +211,10 @@ async def _coordinate(args: argparse.Namespace, config: Config, address: str, st
         terms = Terms(1, address, store_addr, args.hosts, config.failure_timeout)
     coordinator = Coordinator(config, args.world_size, store_addr, events, started=time.monotonic(),
                               recovering=args.recover or bool(args.standby_of), terms=terms)
+    if args.standby_of:  # what the standby heard: the seats that finished, the agents to tell the job's end
+        coordinator.handed_finished = list(standby.finished.values())
+        coordinator.agents = {agent: Agent(agent, "", addr, seen=time.monotonic())
+                              for agent, addr in standby.agents.items()}
     refresher = asyncio.create_task(exporter.refresh_forever(
         lambda: coordinator.status(time.monotonic()))) if exporter else None
     try:

@@ -22,6 +22,7 @@ from deadpool.config import Config
 from deadpool.coordinator import decisions
 from deadpool.coordinator.decisions import NoSpare, Raised, RaisedError, Suspicion, Trigger
 from deadpool.coordinator.operator_chaos import OperatorChaos
+from deadpool.coordinator.ratelimit import RateLimit
 from deadpool.coordinator.records import Agent, MemberRecord, PendingSwap, Round, Send
 from deadpool.coordinator.status import status_document
 from deadpool.coordinator.terms import Terms
@@ -62,8 +63,6 @@ from deadpool.protocol.view import View
 
 log = logging.getLogger("deadpool.coordinator.service")
 
-RATE_PER_S = 200.0  # sustained messages per member per second (heartbeats are 4/s)
-RATE_BURST = 400.0  # short bursts allowed above that (a swap's acks and reports)
 
 REJOIN_ASK_INTERVAL_S = 1.0  # a member we cannot reach is asked for its Join at most this often
 MAX_REJOIN_ASKS = 4096  # members remembered as asked, before the memory is cleared
@@ -101,9 +100,8 @@ class Coordinator:
         self._finished: dict[int, Finished] = {}
         self.chaos = OperatorChaos()
         self.outcome: tuple[bool, str] | None = None  # (ok, reason) once the job ended
-        self._buckets: dict[str, tuple[float, float]] = {}  # member -> (tokens, last refill)
+        self._rate = RateLimit(events)
         self._blind_rebuilds = 0  # rebuilds with nobody dead since the last finished step (bounded)
-        self._rate_limited: dict[str, int] = {}
         self._rejoin_asked: dict[str, float] = {}  # member -> when we last sent it a Rejoin
         self._raised: list[RaisedError] = []  # the scripts' exceptions reported so far (one per member at most)
         # A restarted coordinator knows nobody: it learns the view from the members (highest epoch wins)
@@ -111,8 +109,9 @@ class Coordinator:
         self._recovering = recovering
         self.terms = terms or Terms(1, "", store_addr, 0, config.failure_timeout)
         self.stood_down: StandDown | None = None  # it stopped acting: a newer term runs the job, or it is cut off
-        self._now = started
+        self._now = self._ticked = started
         self._lease_lost_since: float | None = None
+        self.handed_finished: list[Finished] = []  # a takeover: the seats' Finished that the standby heard
         self._recover_deadline = started + max(3.0, 2 * config.failure_timeout) if recovering else 0.0
         # The newest events, compacted, for `deadpool status` (bounded: a flood of rejections cannot grow it).
         self.recent_events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
@@ -216,7 +215,7 @@ class Coordinator:
                 self.events.emit(Event.REJECTED, reason="fenced_peer", peer=sender, kind=type(message).__name__)
                 self._send(self.members[sender].control_addr, Fenced(sender, self._epoch(), self.fenced[sender]))
                 return
-            if not self._allow(sender, now):
+            if not self._rate.allow(sender, now):
                 return
             self.members[sender].last_seen = now
             self._on_member_message(message, sender, now)
@@ -235,21 +234,6 @@ class Coordinator:
         if message.member in self.members and not self._seat_finished(message.member):
             how = f"signal {-message.returncode}" if message.returncode < 0 else f"exit code {message.returncode}"
             self._declare_dead(now, message.member, "exit", f"process ended ({how})")
-
-    def _allow(self, sender: str, now: float) -> bool:
-        """Per-member rate limit (token bucket): a runaway or hostile member cannot flood the coordinator."""
-        tokens, last = self._buckets.get(sender, (RATE_BURST, now))
-        tokens = min(RATE_BURST, tokens + (now - last) * RATE_PER_S)
-        if tokens < 1.0:
-            self._buckets[sender] = (tokens, now)
-            self._rate_limited[sender] = self._rate_limited.get(sender, 0) + 1
-            count = self._rate_limited[sender]
-            if count <= 5 or count % 1000 == 0:
-                self.events.emit(Event.REJECTED, reason="rate_limited", peer=sender, count=count,
-                                 detail=f"more than {RATE_PER_S:.0f} messages/s sustained")
-            return False
-        self._buckets[sender] = (tokens - 1.0, now)
-        return True
 
     def _on_member_message(self, message: Message, sender: str, now: float) -> None:
         record = self.members[sender]
@@ -368,6 +352,8 @@ class Coordinator:
                     reported.bulk_addrs.get(member, ""), seat_hint, now, now)
         self.events.emit(Event.VIEW_ADOPTED, epoch=reported.epoch, seats=reported.seats, spares=reported.spares,
                          resume_step=reported.resume_step, reported_by=report.sender)
+        for finished in self.handed_finished:  # seats that finished while the old term's coordinator was lost
+            self._on_finished(finished)
 
     def _maybe_first_view(self) -> None:
         if len(self.members) < self._world_size:
@@ -561,7 +547,15 @@ class Coordinator:
         return any(f.sender == member for f in self._finished.values())
 
     def _fail_job(self, reason: str, cause: str = "", **fields: Any) -> None:
-        """End the job as failed; `reason` is the prose, `cause` (if any) the machine field (``user_error``)."""
+        """End the job as failed; `reason` is the prose, `cause` (if any) the machine field (``user_error``).
+
+        Not while the lease is lost: a coordinator that hears too few hosts cannot tell a failed job
+        from its own host being cut off (the other side may run the job on), so it stands down instead.
+        """
+        held, why = self.terms.lease(self._now, {a.agent_id: a.seen for a in self.agents.values()})
+        if not held:
+            self._stand_down(StandDown.CUT_OFF, f"{why}; the job may go on without this host ({reason})")
+            return
         if cause:
             self.events.emit(Event.JOB_FAILED, reason=cause, detail=reason, **fields)
         else:
@@ -625,11 +619,26 @@ class Coordinator:
     def _tick(self, now: float) -> None:
         if self.outcome is not None:
             return
+        if now - self._ticked > self._config.failure_timeout:  # this process did not run (SIGSTOP, starved):
+            log.warning("no tick for %.1fs: silence is judged from now on", now - self._ticked)
+            for record in self.members.values():  # nobody's silence is known
+                record.last_seen = now
+            for agent in self.agents.values():
+                agent.seen = now
+        self._ticked = now
         self._tick_terms(now)
         if self.outcome is not None:
             return
         if self._recovering and now > self._recover_deadline:
-            self._recovering = False  # nobody held a view: the job had not started; form the first view
+            self._recovering = False  # nobody reported a view: every seat finished, or the job had not started
+            done = {f.seat: f for f in self.handed_finished}
+            if len(done) == self._world_size:
+                self.view = View(max(f.epoch for f in done.values()), [f.sender for _, f in sorted(done.items())],
+                                 [], -1, "", "", {}, {}, [], {})  # the finished seats, only to count them
+                self._finished.clear()
+                for finished in done.values():
+                    self._on_finished(finished)
+                return
             self._maybe_first_view()
         watched = {m: r.last_seen for m, r in self.members.items()
                    if m not in self.fenced and not self._seat_finished(m)}

@@ -24,6 +24,7 @@ from deadpool.events.log import EventLog
 from deadpool.protocol.messages import (
     AgentHello,
     Coordinators,
+    Finished,
     Heartbeat,
     Message,
     SilenceQuery,
@@ -53,11 +54,13 @@ class Standby:
         self.term = 0  # the active's term, learned from its first answer (0: never heard it)
         self.members: dict[str, str] = {}  # member -> control address (from its heartbeats)
         self.agents: dict[str, str] = {}  # agent -> control address (from its hellos)
+        self.finished: dict[str, Finished] = {}  # member -> its seat's Finished (it may exit before a takeover)
         self.active_seen = started
         self._hello_at = -1e9
         self._nonce = 0
         self._query_at: float | None = None
         self._reports: dict[str, float] = {}
+        self._declined = False  # this silence's takeover_declined was emitted
         self.took_over = ""  # why it takes over ("" while it stands by)
         self.ended: tuple[bool, str] | None = None  # the job's end, told by the active (Stop)
         self._outbox: list[Send] = []
@@ -75,6 +78,8 @@ class Standby:
         elif isinstance(message, Heartbeat):
             if message.control_addr:
                 self.members[message.sender] = message.control_addr
+        elif isinstance(message, Finished):
+            self.finished[message.sender] = message  # handed to the next term's coordinator
         elif isinstance(message, AgentHello):
             self.agents[message.sender] = message.control_addr
         elif isinstance(message, SilenceReport):
@@ -95,7 +100,7 @@ class Standby:
             self._send(self.active, StandbyHello(self.address, self.term))
         silent = now - self.active_seen
         if silent < self.bound or not self.term:
-            self._query_at = None  # never heard the active: no term to follow, nothing to take over
+            self._query_at, self._declined = None, False  # not silent, or never heard: nothing to take over
             return self._drain()
         if self._query_at is None or now - self._query_at >= QUERY_EVERY_S:
             self._nonce += 1
@@ -109,7 +114,10 @@ class Standby:
                 self.events.emit(Event.TAKEOVER, term=self.term + 1, old_active=self.active,
                                  silent_s=round(silent, 3), confirmed_by=sorted(self._reports), reason=why)
             else:
-                log.info("%s", why)
+                if not self._declined:  # once per silence: it may last long (a cut between two hosts only)
+                    self._declined = True
+                    self.events.emit(Event.TAKEOVER_DECLINED, term=self.term, silent_s=round(silent, 3),
+                                     reports={a: round(s, 3) for a, s in self._reports.items()}, reason=why)
                 self._query_at = now - QUERY_EVERY_S + QUERY_WAIT_S  # ask again soon
         return self._drain()
 

@@ -48,6 +48,7 @@ class Event(enum.StrEnum):
     STANDBY_JOINED = "standby_joined"  # the active coordinator heard its standby: standby, term
     STANDBY_LOST = "standby_lost"  # the active coordinator stopped hearing its standby: standby, silent_s
     TAKEOVER = "takeover"  # a standby became the active coordinator: term, old_active, silent_s, confirmed_by
+    TAKEOVER_DECLINED = "takeover_declined"  # the active is silent but too few hosts confirm it: reason (once)
     COORDINATOR_STOOD_DOWN = "coordinator_stood_down"  # an older term's coordinator stops acting: term, why
     COMMIT_WITHHELD = "commit_withheld"  # a view not committed: too few hosts heard (heard, hosts)
     TERM_FOLLOWED = "term_followed"  # a member or agent follows a newer term: term, active

@@ -29,6 +29,7 @@ from typing import Any
 
 import netns
 import pytest
+from launch_util import read_events
 
 from deadpool.config import Config
 from deadpool.coordinator import decisions
@@ -89,8 +90,15 @@ def _run(tmp: Path, name: str, fault: str = "", lost: int = LOST, at_step: int =
         try:
             _, line = job.wait_line(0, r"^deadpool: coordinator ", 90)
             assert f"tcp://{cluster.hosts[0].addr}:{netns.COORDINATOR_PORT}" in line, line
-            if fault:
+            if fault and at_step < 0:  # once the standby registered (training has not begun)
+                deadline = time.monotonic() + 120
+                while not any(e["event"] == "standby_joined" for e in read_events(job.event_files[0])):
+                    assert time.monotonic() < deadline, f"no standby within 120 s\n{job.output(0)[-2000:]}"
+                    time.sleep(0.05)
+                time.sleep(1.0)  # its answer on the way: a standby that never heard the active cannot take over
+            elif fault:
                 job.wait_line(0, rf"^\[rank0\] step +{at_step} ", 120)
+            if fault:
                 run.fault_at = time.time()
                 if fault == "kill":
                     run.killed_pids = cluster.kill_host(cluster.hosts[lost])
@@ -326,7 +334,7 @@ def test_head_host_link_cut_old_coordinator_commits_nothing_after_the_takeover(h
     late = [v for v in head_cut.of("view_committed") if v["term"] == 1 and v["ts"] >= takeover["ts"]]
     assert not late, f"the superseded coordinator committed {late}"
     stood = head_cut.of("coordinator_stood_down")
-    assert [e["kind"] for e in stood] == ["cut_off"], stood
+    assert [e["kind"] for e in stood] == ["cut_off"], f"{stood}\n{head_cut.outputs[0][-3000:]}"
     actives = [what for what in head_cut.cut_host_exits if "train_gpt.py" in what]
     assert len(actives) >= 2, f"the cut-off head host's workers did not exit: {head_cut.cut_host_left}"
 
@@ -334,10 +342,11 @@ def test_head_host_link_cut_old_coordinator_commits_nothing_after_the_takeover(h
 @pytest.mark.e2e
 def test_head_host_coordinator_sigstopped_stands_down_after_sigcont(tmp_path: Path, namespaces: None,
                                                                     baseline: Run) -> None:
-    run = _run(tmp_path, "coordinator-stopped", "stop_coordinator", at_step=HEAD_FAULT_AFTER_STEP)
+    # Before training begins, so that training (which needs no coordinator while nothing fails) outlasts the stop.
+    run = _run(tmp_path, "coordinator-stopped", "stop_coordinator", at_step=-1)
     assert run.codes == {0: 0, 1: 0, 2: 0}, run.tail()
     assert run.digest == baseline.digest, run.tail()
-    assert run.digest_hosts == [1], "the new active's host prints the summary"
+    assert run.digest_hosts == [1], f"the new active's host prints the summary\n{run.tail()}"
     (takeover,) = run.of("takeover")
     assert takeover["term"] == 2 and len(takeover["confirmed_by"]) == 3, takeover
     stood = run.of("coordinator_stood_down")
