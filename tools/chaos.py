@@ -22,7 +22,7 @@ from deadpool.chaos import OPERATOR_ACTIONS, ChaosAction
 from deadpool.errors import MisuseError, PeerFailure, WaitTimeout
 from deadpool.protocol.messages import ChaosCommand, ChaosResult
 
-from .request import DEFAULT_TIMEOUT, add_connection_arguments, exchange, fetch_status, job_of
+from .request import DEFAULT_TIMEOUT, add_connection_arguments, exchange, fetch_status, job_of, locate
 
 RANDOM_ACTIONS = (ChaosAction.KILL, ChaosAction.STOP)  # cont undoes a stop; alone it injects nothing
 SETTLE_TIMEOUT = 120.0  # chaos random waits this long for the job to be ready for the next failure
@@ -41,6 +41,8 @@ async def send_chaos(job: jobfile.JobInfo, action: str, rank: int = -1, member: 
     if (rank >= 0) == bool(member):
         raise MisuseError("name the target: --rank R (a seat) or --member ID (see `deadpool status`), not both")
     command = ChaosAction(action)
+    if job.coordinators:  # a job with a standby: the active coordinator of the newest term carries it out
+        job, _ = await locate(job, timeout, bind_host)
     reply = await exchange(job, lambda addr, nonce: ChaosCommand(command, rank, member, at_step, addr, nonce),
                            ChaosResult, timeout, bind_host)
     assert isinstance(reply, ChaosResult)

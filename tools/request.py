@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
@@ -98,12 +99,53 @@ async def exchange(job: jobfile.JobInfo, build: Callable[[str, int], Message], e
 
 
 async def fetch_status(job: jobfile.JobInfo, timeout: float = DEFAULT_TIMEOUT, bind_host: str = "") -> dict[str, Any]:
-    """The coordinator's live state (``Coordinator.status()``) as a dict.
+    """The live state (``Coordinator.status()``) of the job's active coordinator, as a dict.
+
+    The job's coordinators are asked in turn: the job file's address, then the others it lists.
+    A standby answers with the address of the active coordinator it watches, which is asked
+    next; when only a standby answers (the active is lost and not yet taken over from), its own
+    state is returned (``role``: ``standby``).
 
     Raises:
-        WaitTimeout: no answer within `timeout`.
-        PeerFailure: the answer is not a JSON object.
+        WaitTimeout: no coordinator answered within `timeout` each.
+        PeerFailure: an answer is not a JSON object.
     """
+    return (await locate(job, timeout, bind_host))[1]
+
+
+async def locate(job: jobfile.JobInfo, timeout: float = DEFAULT_TIMEOUT,
+                 bind_host: str = "") -> tuple[jobfile.JobInfo, dict[str, Any]]:
+    """The job as reached at its active coordinator, and that coordinator's status (see `fetch_status`).
+
+    Raises:
+        WaitTimeout: no coordinator answered.
+        PeerFailure: an answer is not a JSON object.
+    """
+    queue, tried = [job.coordinator, *job.coordinators], set()
+    standby: tuple[jobfile.JobInfo, dict[str, Any]] | None = None
+    failure: WaitTimeout | None = None
+    while queue:
+        address = queue.pop(0)
+        if not address or address in tried:
+            continue
+        tried.add(address)
+        candidate = dataclasses.replace(job, coordinator=address)
+        try:
+            document = await _status_of(candidate, timeout, bind_host)
+        except WaitTimeout as err:
+            failure = failure or err
+            continue
+        if document.get("role") != "standby":
+            return candidate, document
+        standby = standby or (candidate, document)
+        queue.insert(0, str(document.get("active", "")))
+    if standby is not None:
+        return standby
+    assert failure is not None
+    raise failure
+
+
+async def _status_of(job: jobfile.JobInfo, timeout: float, bind_host: str) -> dict[str, Any]:
     reply = await exchange(job, lambda addr, nonce: StatusRequest(addr, nonce), StatusReply, timeout, bind_host)
     assert isinstance(reply, StatusReply)
     try:

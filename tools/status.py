@@ -53,12 +53,19 @@ def render_status(status: dict[str, Any], events: int = 8) -> Any:
 
     seats = [s for s in status.get("seats", []) if isinstance(s, dict)]
     rank_of = {str(s.get("member")): s.get("rank") for s in seats}
+    if status.get("role") == "standby":  # only the standby answered: the active is lost or unreachable
+        return Text(f"DeadPool standby coordinator {status.get('standby')} (term {status.get('term')}): the active "
+                    f"coordinator {status.get('active')} has been silent for {status.get('active_silent_s')} s "
+                    f"(takeover after {status.get('takeover_bound_s')} s, once most hosts confirm); it hears "
+                    f"{status.get('members_heard')} members and {status.get('agents_heard')} hosts", style="yellow")
     head = Text.assemble(
         ("DeadPool job", "bold"),
         f"  epoch {status.get('epoch')}  world size {status.get('world_size')}  "
         f"resume step {status.get('resume_step')}  store prefix {status.get('store_prefix') or '-'}",
     )
     parts: list[Any] = [head]
+    if "term" in status:
+        parts.append(Text(f"coordinator term {status['term']}; standby {status.get('standby') or 'none'}"))
     if status.get("round"):
         rnd = status["round"]
         parts.append(Text(f"view change in progress: epoch {rnd.get('epoch')}, seats {rnd.get('failed_seats')} "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from deadpool.errors import MisuseError
@@ -28,6 +28,7 @@ class JobInfo:
     secret: str  # shared secret ("" when the job runs open on loopback)
     events: str  # events file of this host
     launcher_pid: int  # the agent that wrote this file
+    coordinators: list[str] = field(default_factory=list)  # the job's other coordinators (its standby), asked next
 
 
 def jobs_dir() -> Path:

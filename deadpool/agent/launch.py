@@ -33,12 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from deadpool.agent import coordinators, determinism, jobfile, progress
+from deadpool.agent.closing import summarize
 from deadpool.chaos import SIGNALS, ChaosAction, ChaosSpec, unreachable
 from deadpool.chaos import parse as parse_chaos
 from deadpool.config import Config, is_loopback, raise_priority
 from deadpool.errors import MisuseError
-from deadpool.events import summary
-from deadpool.events.log import read_events
 from deadpool.protocol import codec
 from deadpool.protocol.link import CoordinatorLink, StandDown
 from deadpool.protocol.messages import (
@@ -301,6 +300,7 @@ class Launcher:
         self.coordinator_proc: asyncio.subprocess.Process | None = None  # the local coordinator, if this agent runs it
         self.standby_proc: asyncio.subprocess.Process | None = None  # the local standby coordinator, if any
         self._outcome: asyncio.Future[int] | None = None  # this host's exit status, once known
+        self.job_file: Path | None = None  # where operator tools on this host find the job (coordinator hosts)
         self.terminated = False  # SIGTERM arrived
         self.last_contact = time.monotonic()  # last answer from the coordinator (it answers every hello)
         self._drops = DropLog()  # frames the inbox could not use
@@ -370,10 +370,8 @@ class Launcher:
             )
             _normal_priority(proc.pid)
             self.workers.append(Worker(label, member, "spare" if spare else "active", proc))
-        job_file = None
         if coordinator_proc is not None or self.standby_proc is not None:
-            job_file = jobfile.write(jobfile.JobInfo(self.link.active, self.secret.decode(), events, os.getpid()),
-                                     self.agent_id)
+            self._write_job_file()
             if coordinator_proc is not None:
                 print(f"deadpool: coordinator {self.link.active}; events {events}", flush=True)
         self.coordinator_proc = coordinator_proc
@@ -399,8 +397,8 @@ class Launcher:
             for worker in self.workers:
                 self._remove_shm_files(worker)
             await self.transport.close()
-            if job_file is not None:
-                jobfile.remove(job_file)
+            if self.job_file is not None:
+                jobfile.remove(self.job_file)
 
     def _on_sigterm(self, main: asyncio.Task[int]) -> None:
         """SIGTERM (SLURM, Kubernetes, kill): stop every worker and the coordinator, remove their files."""
@@ -556,9 +554,18 @@ class Launcher:
             else:
                 self._drops.note(f"unexpected {type(message).__name__}")
 
+    def _write_job_file(self) -> None:
+        info = jobfile.JobInfo(self.link.active, self.secret.decode(), self.events_path, os.getpid(),
+                               [self.link.standby] if self.link.standby else [])
+        self.job_file = jobfile.write(info, self.agent_id)
+
     def _follow(self, message: Coordinators) -> None:
         """A new standby, or a newer term whose coordinator took over: talk to it from now on."""
-        if self.link.follow(message.term, message.active, message.standby):
+        known = (self.link.active, self.link.standby)
+        moved = self.link.follow(message.term, message.active, message.standby)
+        if self.job_file is not None and (self.link.active, self.link.standby) != known:
+            self._write_job_file()
+        if moved:
             self.last_contact = time.monotonic()  # the new active has just spoken to us
             self.welcomed = False  # hello at once: the new active learns this host's processes
             print(f"deadpool: following the coordinator of term {message.term} at {message.active}",
@@ -623,45 +630,6 @@ class Launcher:
                     worker.proc.kill()
                     os.kill(worker.proc.pid, signal.SIGCONT)
                 await worker.proc.wait()
-
-
-def summarize(events_path: str) -> list[str]:
-    """The closing lines: failures, refilled seats, buddy restores, swaps with their recovery time, the digest."""
-    lines: list[str] = []
-    digest: str | None = None
-    records = read_events(events_path) if Path(events_path).exists() else iter(())
-    for record in records:
-        match summary.parse(record):
-            case summary.Failure() as f:
-                lines.append(f"  failure: rank {-1 if f.rank is None else f.rank} ({f.member}) "
-                             f"detected by {f.detected_by}: {f.reason}")
-            case summary.ViewCommit(refilled=refilled) as view if refilled:
-                lines.append(f"  view {view.epoch}: seats {list(refilled)} refilled, "
-                             f"resume after step {view.resume_step}")
-            case summary.Restore(source="buddy") as restore:
-                lines.append(f"  restored rank {restore.rank} from its buddy: {(restore.bytes or 0) / 1e6:.1f} MB "
-                             f"in {restore.s or 0:.3f} s")
-            case summary.Swap() as swap:
-                lines.append(f"  swap: rank {swap.rank} back in {swap.recovery_s} s "
-                             f"(failure to first finished step; {swap.old_member} -> {swap.new_member})")
-            case summary.JobFailed() as failed:
-                lines.extend(_failure_lines(failed))
-            case summary.JobFinished() as finished:
-                digest = finished.digest
-    if digest is not None:
-        lines.append(f"final state digest: {digest}")
-    return lines
-
-
-def _failure_lines(failed: summary.JobFailed) -> list[str]:
-    """The summary's lines for a job_failed event: the reason; for a script's error, its traceback too."""
-    if not failed.cause:
-        return [f"  job failed: {failed.reason}"]
-    lines = [f"  job failed ({failed.cause}): {failed.reason}"]
-    if failed.traceback:
-        lines.append(f"  traceback of {failed.raised_by or '?'} (rank {-1 if failed.rank is None else failed.rank}):")
-        lines.extend(f"    {line}" for line in failed.traceback.rstrip("\n").splitlines())
-    return lines
 
 
 def run(args: argparse.Namespace) -> int:

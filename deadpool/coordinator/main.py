@@ -212,7 +212,7 @@ async def _coordinate(args: argparse.Namespace, config: Config, address: str, st
     coordinator = Coordinator(config, args.world_size, store_addr, events, started=time.monotonic(),
                               recovering=args.recover or bool(args.standby_of), terms=terms)
     if args.standby_of:  # what the standby heard: the seats that finished, the agents to tell the job's end
-        coordinator.handed_finished = list(standby.finished.values())
+        coordinator.handed_finished, coordinator.handed_seen = list(standby.finished.values()), dict(standby.seen)
         coordinator.agents = {agent: Agent(agent, "", addr, seen=time.monotonic())
                               for agent, addr in standby.agents.items()}
     refresher = asyncio.create_task(exporter.refresh_forever(

@@ -112,6 +112,7 @@ class Coordinator:
         self._now = self._ticked = started
         self._lease_lost_since: float | None = None
         self.handed_finished: list[Finished] = []  # a takeover: the seats' Finished that the standby heard
+        self.handed_seen: dict[str, float] = {}  # ... and when it last heard each member
         self._recover_deadline = started + max(3.0, 2 * config.failure_timeout) if recovering else 0.0
         # The newest events, compacted, for `deadpool status` (bounded: a flood of rejections cannot grow it).
         self.recent_events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
@@ -346,10 +347,11 @@ class Coordinator:
         self._recovering = False
         for seat_hint, member in [*enumerate(reported.seats), *((-1, m) for m in reported.spares)]:
             if member not in self.members:
-                # Placeholder until the member re-joins; one that never does is found silent and swapped.
+                # Placeholder until the member re-joins; one that never does is found silent and swapped (after
+                # a takeover, silent since the standby last heard it).
                 self.members[member] = MemberRecord(
                     member, Role.ACTIVE if seat_hint >= 0 else Role.SPARE, reported.hosts.get(member, ""), 0, "",
-                    reported.bulk_addrs.get(member, ""), seat_hint, now, now)
+                    reported.bulk_addrs.get(member, ""), seat_hint, now, self.handed_seen.get(member, now))
         self.events.emit(Event.VIEW_ADOPTED, epoch=reported.epoch, seats=reported.seats, spares=reported.spares,
                          resume_step=reported.resume_step, reported_by=report.sender)
         for finished in self.handed_finished:  # seats that finished while the old term's coordinator was lost
@@ -483,7 +485,7 @@ class Coordinator:
         survivors = self._survivors()
         if any(member not in rnd.acks for member in survivors):
             return
-        held, why = self.terms.lease(self._now, {a.agent_id: a.seen for a in self.agents.values()})
+        held, why = self.terms.lease(self._now, self.agents)
         if not held:
             if not rnd.withheld:
                 rnd.withheld = True
@@ -552,7 +554,7 @@ class Coordinator:
         Not while the lease is lost: a coordinator that hears too few hosts cannot tell a failed job
         from its own host being cut off (the other side may run the job on), so it stands down instead.
         """
-        held, why = self.terms.lease(self._now, {a.agent_id: a.seen for a in self.agents.values()})
+        held, why = self.terms.lease(self._now, self.agents)
         if not held:
             self._stand_down(StandDown.CUT_OFF, f"{why}; the job may go on without this host ({reason})")
             return
@@ -604,7 +606,7 @@ class Coordinator:
                 self._send(self.agents[host].control_addr, StartStandby(self.terms.term, why))
         for old in self.terms.due(now):
             self._send(old, self.terms.coordinators())
-        held, why = self.terms.lease(now, {a.agent_id: a.seen for a in self.agents.values()})
+        held, why = self.terms.lease(now, self.agents)
         if held:
             self._lease_lost_since = None
             self._maybe_commit()

@@ -53,6 +53,7 @@ class Standby:
         self.bound = takeover_bound(config.failure_timeout)
         self.term = 0  # the active's term, learned from its first answer (0: never heard it)
         self.members: dict[str, str] = {}  # member -> control address (from its heartbeats)
+        self.seen: dict[str, float] = {}  # member -> when its newest heartbeat arrived
         self.agents: dict[str, str] = {}  # agent -> control address (from its hellos)
         self.finished: dict[str, Finished] = {}  # member -> its seat's Finished (it may exit before a takeover)
         self.active_seen = started
@@ -78,6 +79,7 @@ class Standby:
         elif isinstance(message, Heartbeat):
             if message.control_addr:
                 self.members[message.sender] = message.control_addr
+                self.seen[message.sender] = now
         elif isinstance(message, Finished):
             self.finished[message.sender] = message  # handed to the next term's coordinator
         elif isinstance(message, AgentHello):

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from deadpool.coordinator import decisions
+from deadpool.coordinator.records import Agent
 from deadpool.protocol.messages import (
     CommitView,
     Coordinators,
@@ -93,11 +94,11 @@ class Terms:
             return None
         return now - self.standby_seen
 
-    def lease(self, now: float, agents_seen: Mapping[str, float]) -> tuple[bool, str]:
+    def lease(self, now: float, agents: Mapping[str, Agent]) -> tuple[bool, str]:
         """May this coordinator commit a view now (``decisions.holds_lease``, once the job has a standby)?"""
         if not self.had_standby or self.hosts < 3:
             return True, "no standby: no other coordinator can commit"
-        return decisions.holds_lease(now, agents_seen, self.hosts, self.lease_window)
+        return decisions.holds_lease(now, {a: r.seen for a, r in agents.items()}, self.hosts, self.lease_window)
 
     def supersede(self, now: float, old_active: str) -> None:
         """This coordinator took over from `old_active`: tell it of the new term until it is gone."""

@@ -96,11 +96,11 @@ def test_a_coordinator_that_hears_a_newer_term_stands_down_and_commits_nothing()
 
 def test_the_lease_holds_only_while_most_hosts_are_heard_once_there_is_a_standby() -> None:
     coordinator = _active()
-    agents = {a: r.seen for a, r in coordinator.agents.items()}
-    assert coordinator.terms.lease(100.0, agents)[0], "no standby yet: no other coordinator could commit"
+    assert coordinator.terms.lease(100.0, coordinator.agents)[0], "no standby yet: no other coordinator could commit"
     coordinator.handle(0.1, StandbyHello(STANDBY, 1))
-    assert coordinator.terms.lease(0.5, agents)[0]
-    held, why = coordinator.terms.lease(0.5 + BOUND, {"agent0": 0.5 + BOUND, "agent1": 0.0, "agent2": 0.0})
+    assert coordinator.terms.lease(0.5, coordinator.agents)[0]
+    coordinator.agents["agent0"].seen = 0.5 + BOUND
+    held, why = coordinator.terms.lease(0.5 + BOUND, coordinator.agents)
     assert not held and "only 1 of 3 hosts" in why
 
 
