@@ -182,6 +182,11 @@ def validate(args: argparse.Namespace) -> None:
                           f"--master-port {args.master_port}")
     if not -1 <= getattr(args, "metrics_port", -1) <= 65535:
         raise MisuseError(f"--metrics-port must be in 0..65535, got {args.metrics_port}")
+    if getattr(args, "standby_coordinator", False) and (args.nnodes < coordinators.MIN_STANDBY_HOSTS
+                                                        or getattr(args, "no_standby", False)):
+        raise MisuseError(f"--standby-coordinator needs --nnodes {coordinators.MIN_STANDBY_HOSTS} or more (and no "
+                          "--no-standby): a takeover needs a majority of the hosts to confirm that the active "
+                          "coordinator is lost, and with 2 hosts neither can tell a cut from the other's loss")
     if args.node_rank > 0 and not args.coordinator:
         raise MisuseError("hosts other than --node-rank 0 need --coordinator tcp://HOST:PORT of host 0's coordinator")
     shm_dir = getattr(args, "shm_dir", None)

@@ -367,3 +367,7 @@ def test_head_host_cut_from_host_1_only_no_takeover(tmp_path: Path, namespaces: 
     assert run.digest == baseline.digest and run.digest_hosts == [0], run.tail()
     _assert_one_view_per_epoch(run)
     assert {_host(e["failed_member"]) for e in run.of("member_failed")} == {"host1"}
+    # The active lost its standby (host 1) and asked the next host that is neither its own nor host 1.
+    assert [e["standby"] for e in run.of("standby_lost")] == [run.of("standby_started")[0]["address"]]
+    replacement = [e for e in run.of("standby_started") if e["address"].startswith(f"tcp://{netns.SUBNET}.12:")]
+    assert replacement, [e["address"] for e in run.of("standby_started")]
