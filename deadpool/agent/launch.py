@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -306,6 +306,7 @@ class Launcher:
         self.standby_proc: asyncio.subprocess.Process | None = None  # the local standby coordinator, if any
         self._outcome: asyncio.Future[int] | None = None  # this host's exit status, once known
         self.job_file: Path | None = None  # where operator tools on this host find the job (coordinator hosts)
+        self._kept: set[asyncio.Task[None]] = set()  # tasks started from the inbox (a standby asked for)
         self.terminated = False  # SIGTERM arrived
         self.last_contact = time.monotonic()  # last answer from the coordinator (it answers every hello)
         self._drops = DropLog()  # frames the inbox could not use
@@ -484,7 +485,13 @@ class Launcher:
         self.link.standby = address
         print(f"deadpool: standby coordinator {address} (of {self.link.active})", flush=True)
         if self._outcome is not None:  # started while the job runs: its end must be watched too
-            asyncio.get_running_loop().create_task(self._standby_lifetime(self.standby_proc))
+            self._keep(self._standby_lifetime(self.standby_proc))
+
+    def _keep(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` beside the inbox, holding its task until it ends (the loop keeps only weak references)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._kept.add(task)
+        task.add_done_callback(self._kept.discard)
 
     async def _watch_contact(self) -> None:
         """A host cut off from the coordinator stops its own workers after a bound.
@@ -516,7 +523,7 @@ class Launcher:
                            {w.member: w.proc.pid for w in self.workers})
         while True:
             frame = codec.encode(hello, self.secret)
-            for addr in dict.fromkeys([self.link.active, self.link.standby]):  # the standby learns agents so
+            for addr in dict.fromkeys([self.link.active, self.link.standby]):  # the standby learns the hosts so
                 if addr:
                     with contextlib.suppress(TransportError):
                         await self.transport.send(addr, [frame], 1.0)
@@ -546,7 +553,7 @@ class Launcher:
                     await self.transport.send(message.reply_to, [codec.encode(report, self.secret)], 1.0)
             elif isinstance(message, StartStandby):
                 print(f"deadpool: starting a standby coordinator here: {message.reason}", file=sys.stderr, flush=True)
-                await self._start_standby()
+                self._keep(self._start_standby())
             elif isinstance(message, FenceKill):
                 self._fence_kill(message.member)
             elif isinstance(message, SignalMember):

@@ -63,7 +63,6 @@ from deadpool.protocol.view import View
 
 log = logging.getLogger("deadpool.coordinator.service")
 
-
 REJOIN_ASK_INTERVAL_S = 1.0  # a member we cannot reach is asked for its Join at most this often
 MAX_REJOIN_ASKS = 4096  # members remembered as asked, before the memory is cleared
 RECENT_EVENTS = 20  # events kept for `deadpool status`
@@ -379,8 +378,6 @@ class Coordinator:
         view = decisions.next_view(self.view, self.view.epoch + 1, {}, [*self.view.spares, member],
                                    self.view.resume_step, self._hosts(), self._bulk_addrs(), rebuild=False)
         self._commit(view, f"spare {member} joined the pool", failed={}, trigger=Trigger.SPARE_JOINED)
-
-    # -- operator chaos -----------------------------------------------------------------------
 
     # -- failures and rounds ------------------------------------------------------------------
 
