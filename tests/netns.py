@@ -248,7 +248,8 @@ class Job:
     """
 
     def __init__(self, cluster: Cluster, workdir: Path, steps: int, nproc: int = 2, spares: int = 1,
-                 extra: Sequence[str] = (), secret: str = "", env: dict[str, str] | None = None) -> None:
+                 extra: Sequence[str] = (), secret: str = "", env: dict[str, str] | None = None,
+                 script_args: Sequence[str] = ()) -> None:
         self.cluster = cluster
         self.workdir = workdir
         self.lines: list[list[tuple[float, str]]] = [[] for _ in cluster.hosts]
@@ -269,7 +270,7 @@ class Job:
                 argv += ["--coordinator-port", str(COORDINATOR_PORT)]
             else:
                 argv += ["--coordinator", f"tcp://{head.addr}:{COORDINATOR_PORT}"]
-            argv += [str(DEMO), "--steps", str(steps)]
+            argv += [str(DEMO), "--steps", str(steps), *script_args]
             proc = cluster.popen(host, argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  cwd=REPO, env=env)
             self.procs.append(proc)

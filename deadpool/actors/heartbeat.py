@@ -70,12 +70,12 @@ class HeartbeatActor:
             fields = (p.epoch, p.step, p.snapshot_step, p.confirmed_step, p.stall_p99_s)
             if last is None or last[0] != fields:  # progress moves once per step; beats come several times a step
                 last = (fields, codec.encode(Heartbeat(self._member, *fields, self._control_addr), self._secret))
+            standby = self._link.standby
+            if standby:  # the standby learns who is alive, and where, from the same beats, whatever the active does
+                with contextlib.suppress(TransportError):
+                    await self._transport.send(standby, [last[1]], STANDBY_SEND_TIMEOUT_S)
             try:
-                standby = self._link.standby
                 await self._transport.send(self._link.active, [last[1]], self._interval)
-                if standby:  # the standby learns who is alive, and where, from the same beats (never delaying them)
-                    with contextlib.suppress(TransportError):
-                        await self._transport.send(standby, [last[1]], STANDBY_SEND_TIMEOUT_S)
                 self.sent += 1
                 if outage:
                     log.info("coordinator reachable again")

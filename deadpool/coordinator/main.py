@@ -55,7 +55,7 @@ class Served(Protocol):
 
 
 async def serve(coordinator: Served, transport: Transport, config: Config,
-                first: Sequence[Send] = ()) -> tuple[bool, str]:
+                first: Sequence[Send] = (), drain: bool = True) -> tuple[bool, str]:
     """Feed `coordinator` messages and time until its outcome; each send (`first` first) is a task owned here.
 
     A send never blocks the loop: it is handed to a task bounded by ``send_timeout``, so a
@@ -65,6 +65,7 @@ async def serve(coordinator: Served, transport: Transport, config: Config,
     # Silence is judged to a tenth of failure_timeout (0.2 s by default): the periodic checks are about
     # timeouts of seconds, and everything else here is driven by messages, not by this tick.
     interval = min(config.heartbeat_interval, config.failure_timeout / 10)
+    pending: set[asyncio.Task[None]] = set()
     async with asyncio.TaskGroup() as senders:
 
         def dispatch(sends: Sequence[Send]) -> None:
@@ -72,7 +73,9 @@ async def serve(coordinator: Served, transport: Transport, config: Config,
             for send in sends:
                 if encoded is None or encoded[0] is not send.message:  # a broadcast is encoded once
                     encoded = (send.message, codec.encode(send.message, secret))
-                senders.create_task(_deliver(transport, send, encoded[1], config.send_timeout))
+                task = senders.create_task(_deliver(transport, send, encoded[1], config.send_timeout))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
 
         dispatch(first)
         while coordinator.outcome is None:
@@ -88,6 +91,9 @@ async def serve(coordinator: Served, transport: Transport, config: Config,
                 # inbox is not a missed heartbeat.
                 frames = await transport.recv() if transport.pending() else None
             dispatch(coordinator.tick(time.monotonic()))
+        if not drain:  # a standby taking over: its greetings to a lost active must not hold up the new term
+            for task in pending:
+                task.cancel()
     # Every send was handed to the transport when the group above closed; the last ones (Stop) leave
     # when the process closes its transport with a linger (see _amain).
     assert coordinator.outcome is not None
@@ -200,7 +206,7 @@ async def _coordinate(args: argparse.Namespace, config: Config, address: str, st
     first: list[Send] = []
     if args.standby_of:
         standby = Standby(config, address, store_addr, args.standby_of, args.hosts, events, time.monotonic())
-        await serve(standby, transport, config)
+        await serve(standby, transport, config, drain=False)
         if not standby.took_over:
             return EXIT_CODES[StandDown.SUPERSEDED]  # the job ended under the active coordinator
         terms = standby.new_terms(time.monotonic())
@@ -212,7 +218,8 @@ async def _coordinate(args: argparse.Namespace, config: Config, address: str, st
     coordinator = Coordinator(config, args.world_size, store_addr, events, started=time.monotonic(),
                               recovering=args.recover or bool(args.standby_of), terms=terms)
     if args.standby_of:  # what the standby heard: the seats that finished, the agents to tell the job's end
-        coordinator.handed_finished, coordinator.handed_seen = list(standby.finished.values()), dict(standby.seen)
+        coordinator.handed_finished = list(standby.finished.values())
+        coordinator.handed_silence = standby.silences(time.monotonic())
         coordinator.agents = {agent: Agent(agent, "", addr, seen=time.monotonic())
                               for agent, addr in standby.agents.items()}
     refresher = asyncio.create_task(exporter.refresh_forever(

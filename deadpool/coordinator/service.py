@@ -111,7 +111,7 @@ class Coordinator:
         self._now = self._ticked = started
         self._lease_lost_since: float | None = None
         self.handed_finished: list[Finished] = []  # a takeover: the seats' Finished that the standby heard
-        self.handed_seen: dict[str, float] = {}  # ... and when it last heard each member
+        self.handed_silence: dict[str, float] = {}  # ... and how long it had not heard each member then
         self._recover_deadline = started + max(3.0, 2 * config.failure_timeout) if recovering else 0.0
         # The newest events, compacted, for `deadpool status` (bounded: a flood of rejections cannot grow it).
         self.recent_events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
@@ -312,6 +312,11 @@ class Coordinator:
         )
         self._send(join.control_addr, Welcome(self._epoch(), join.sender, self._world_size,
                                               standby=self.terms.standby))
+        rnd = self.round
+        if rnd is not None and join.sender in [*self._survivors(), *rnd.replacements.values()]:
+            # A re-join during a round (after a takeover the Prepare went out before this member's address was
+            # known again): it needs the Prepare to pause and answer.
+            self._send(join.control_addr, Prepare(rnd.epoch, sorted(rnd.failed), rnd.reason, dict(rnd.replacements)))
         if known:
             return
         self.events.emit(Event.MEMBER_JOINED, member=join.sender, role=join.role, host=join.host, pid=join.pid,
@@ -347,10 +352,10 @@ class Coordinator:
         for seat_hint, member in [*enumerate(reported.seats), *((-1, m) for m in reported.spares)]:
             if member not in self.members:
                 # Placeholder until the member re-joins; one that never does is found silent and swapped (after
-                # a takeover, silent since the standby last heard it).
+                # a takeover, counting the silence the standby had seen).
                 self.members[member] = MemberRecord(
                     member, Role.ACTIVE if seat_hint >= 0 else Role.SPARE, reported.hosts.get(member, ""), 0, "",
-                    reported.bulk_addrs.get(member, ""), seat_hint, now, self.handed_seen.get(member, now))
+                    reported.bulk_addrs.get(member, ""), seat_hint, now, now - self.handed_silence.get(member, 0.0))
         self.events.emit(Event.VIEW_ADOPTED, epoch=reported.epoch, seats=reported.seats, spares=reported.spares,
                          resume_step=reported.resume_step, reported_by=report.sender)
         for finished in self.handed_finished:  # seats that finished while the old term's coordinator was lost

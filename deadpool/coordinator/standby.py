@@ -135,6 +135,10 @@ class Standby:
         addrs = dict.fromkeys([*self.members.values(), *self.agents.values(), self.active])
         return [Send(addr, message) for addr in addrs if addr]
 
+    def silences(self, now: float) -> dict[str, float]:
+        """Seconds since each member's newest heartbeat here (handed to the next term's coordinator)."""
+        return {member: now - seen for member, seen in self.seen.items()}
+
     def status(self, now: float) -> dict[str, object]:
         return {"role": "standby", "term": self.term, "active": self.active, "standby": self.address,
                 "active_silent_s": round(now - self.active_seen, 3), "takeover_bound_s": self.bound,
