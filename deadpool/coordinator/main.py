@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
 
 from deadpool.config import Config, raise_priority
-from deadpool.coordinator.records import Agent, Send
+from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import Coordinator
 from deadpool.coordinator.standby import Standby
 from deadpool.coordinator.terms import Terms
@@ -209,19 +209,13 @@ async def _coordinate(args: argparse.Namespace, config: Config, address: str, st
         await serve(standby, transport, config, drain=False)
         if not standby.took_over:
             return EXIT_CODES[StandDown.SUPERSEDED]  # the job ended under the active coordinator
-        terms = standby.new_terms(time.monotonic())
-        first = standby.takeover_sends(terms)
-        print(f"deadpool coordinator: took over as the coordinator of term {terms.term} on {address}",
+        coordinator, first = standby.hand_over(config, args.world_size, time.monotonic())
+        print(f"deadpool coordinator: took over as the coordinator of term {coordinator.terms.term} on {address}",
               file=sys.stderr, flush=True)
     else:
-        terms = Terms(1, address, store_addr, args.hosts, config.failure_timeout)
-    coordinator = Coordinator(config, args.world_size, store_addr, events, started=time.monotonic(),
-                              recovering=args.recover or bool(args.standby_of), terms=terms)
-    if args.standby_of:  # what the standby heard: the seats that finished, the agents to tell the job's end
-        coordinator.handed_finished = list(standby.finished.values())
-        coordinator.handed_silence = standby.silences(time.monotonic())
-        coordinator.agents = {agent: Agent(agent, "", addr, seen=time.monotonic())
-                              for agent, addr in standby.agents.items()}
+        coordinator = Coordinator(config, args.world_size, store_addr, events, started=time.monotonic(),
+                                  recovering=args.recover,
+                                  terms=Terms(1, address, store_addr, args.hosts, config.failure_timeout))
     refresher = asyncio.create_task(exporter.refresh_forever(
         lambda: coordinator.status(time.monotonic()))) if exporter else None
     try:

@@ -5,9 +5,9 @@ active answers its StandbyHello, the standby only listens: members' heartbeats a
 agents' hellos tell it who is alive and where, so that a takeover can reach them
 all.  When the active has been silent for the takeover bound, it asks every host's
 agent whether it hears the active either, and takes over only when a majority of the
-hosts confirm (``decisions.takeover``); ``main.py`` then starts a recovering
-``Coordinator`` of the next term on this process's own address and store, and tells
-everyone the new term (``takeover_sends``).
+hosts confirm (``decisions.takeover``); ``hand_over`` then makes the recovering
+``Coordinator`` of the next term on this process's own address and store, which
+``main.py`` serves, telling everyone the new term first.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import logging
 
 from deadpool.config import Config
 from deadpool.coordinator import decisions
-from deadpool.coordinator.records import Send
+from deadpool.coordinator.records import Agent, Send
+from deadpool.coordinator.service import Coordinator
 from deadpool.coordinator.terms import Terms, takeover_bound
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
@@ -123,21 +124,24 @@ class Standby:
                 self._query_at = now - QUERY_EVERY_S + QUERY_WAIT_S  # ask again soon
         return self._drain()
 
-    def new_terms(self, now: float) -> Terms:
-        """The term this standby coordinates once it took over; it tells the old active until that one is gone."""
+    def hand_over(self, config: Config, world_size: int, now: float) -> tuple[Coordinator, list[Send]]:
+        """The coordinator of the next term, on this process's address and store, and what it sends first.
+
+        It learns the view from the members, as a restarted coordinator does; from this standby it gets
+        what it cannot learn from them in time: the agents (to tell the job's end), the seats that already
+        reported their end (a seat exits right after), and how long each member had been silent here.
+        It tells every member, agent and the old active the new term, and the old active until it is gone.
+        """
         terms = Terms(self.term + 1, self.address, self.store, self.hosts, self._failure_timeout)
         terms.supersede(now, self.active)
-        return terms
-
-    def takeover_sends(self, terms: Terms) -> list[Send]:
-        """The new term's Coordinators for every member and agent heard, and for the old active."""
+        coordinator = Coordinator(config, world_size, self.store, self.events, started=now, recovering=True,
+                                  terms=terms)
+        coordinator.handed_finished = list(self.finished.values())
+        coordinator.handed_silence = {member: now - seen for member, seen in self.seen.items()}
+        coordinator.agents = {agent: Agent(agent, "", addr, seen=now) for agent, addr in self.agents.items()}
         message = terms.coordinators()
         addrs = dict.fromkeys([*self.members.values(), *self.agents.values(), self.active])
-        return [Send(addr, message) for addr in addrs if addr]
-
-    def silences(self, now: float) -> dict[str, float]:
-        """Seconds since each member's newest heartbeat here (handed to the next term's coordinator)."""
-        return {member: now - seen for member, seen in self.seen.items()}
+        return coordinator, [Send(addr, message) for addr in addrs if addr]
 
     def status(self, now: float) -> dict[str, object]:
         return {"role": "standby", "term": self.term, "active": self.active, "standby": self.address,

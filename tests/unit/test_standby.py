@@ -52,10 +52,12 @@ def test_the_standby_takes_over_only_when_the_active_is_silent_and_most_hosts_co
     assert len(asked) == 3 and not standby.took_over, "one host of three confirms: a cut, not a loss"
     asked = _silence(standby, {"agent1": BOUND, "agent2": BOUND}, at=BOUND + 2.0)
     assert standby.took_over and "2 of 3 hosts confirm" in standby.took_over
-    terms = standby.new_terms(10.0)
+    coordinator, first = standby.hand_over(CONFIG, 6, 10.0)
+    terms = coordinator.terms
     assert terms.term == 2 and terms.address == STANDBY and ACTIVE in terms.superseded
-    told = {s.address for s in standby.takeover_sends(terms)}
+    told = {s.address for s in first}
     assert ACTIVE in told and "tcp://10.0.0.12:9" in told
+    assert set(coordinator.agents) == {"agent0", "agent1", "agent2"}
 
 
 def test_a_standby_that_never_heard_the_active_never_takes_over() -> None:
