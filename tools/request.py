@@ -25,7 +25,7 @@ from deadpool.agent import jobfile
 from deadpool.errors import MisuseError, PeerFailure, WaitTimeout
 from deadpool.protocol import codec
 from deadpool.protocol.messages import Message, StatusReply, StatusRequest
-from deadpool.protocol.transport import CONTROL_LIMITS, TransportError, open_transport
+from deadpool.protocol.transport import CONTROL_LIMITS, TransportError, address_host, open_transport
 
 log = logging.getLogger("deadpool.tools.request")
 
@@ -38,7 +38,7 @@ def _reply_host(coordinator: str) -> str:
     Raises:
         MisuseError: no local address routes to the coordinator's host.
     """
-    host = coordinator.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    host = address_host(coordinator).strip("[]")
     if host in ("localhost", "::1") or host.startswith("127."):
         return "127.0.0.1"
     try:

@@ -52,7 +52,7 @@ from deadpool.protocol.messages import (
     Stop,
     Welcome,
 )
-from deadpool.protocol.transport import CONTROL_LIMITS, Transport, TransportError, open_transport
+from deadpool.protocol.transport import CONTROL_LIMITS, Transport, TransportError, address_host, open_transport
 from deadpool.snapshot import shm
 
 log = logging.getLogger("deadpool.agent.launch")
@@ -350,7 +350,7 @@ class Launcher:
             coordinator_proc, self.link.active, store = await coordinators.start(args, self.world, events, env)
         else:
             self.link.active = args.coordinator
-            store = f"{args.master_addr or args.coordinator.split('://')[-1].rsplit(':', 1)[0]}:{args.master_port}"
+            store = f"{args.master_addr or address_host(args.coordinator)}:{args.master_port}"
         if coordinators.standby_wanted(args):
             await self._start_standby()
         bind = args.bind_host or args.master_addr or "127.0.0.1"

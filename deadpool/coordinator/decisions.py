@@ -11,6 +11,7 @@ import enum
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
+from deadpool.protocol.transport import address_host
 from deadpool.protocol.view import DISK_SOURCE as DISK  # restore_from value: read the seat's state from disk
 from deadpool.protocol.view import View, crossing_offset, place_buddies
 
@@ -401,9 +402,6 @@ def standby_host(lost: str, active: str, agents: Mapping[str, str]) -> str | Non
     host's address, as the coordinators do).  The lowest agent id wins, so repeated losses spread
     no further than needed; None when no such host is left.
     """
-    def host(addr: str) -> str:
-        return addr.split("://", 1)[-1].rsplit(":", 1)[0]
-
-    taken = {host(lost), host(active)}
-    free = sorted(agent for agent, addr in agents.items() if host(addr) not in taken)
+    taken = {address_host(lost), address_host(active)}
+    free = sorted(agent for agent, addr in agents.items() if address_host(addr) not in taken)
     return free[0] if free else None

@@ -31,7 +31,14 @@ from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.link import EXIT_CODES, StandDown
 from deadpool.protocol.messages import Message
-from deadpool.protocol.transport import CONTROL_LIMITS, Transport, TransportError, new_event_loop, open_transport
+from deadpool.protocol.transport import (
+    CONTROL_LIMITS,
+    Transport,
+    TransportError,
+    address_host,
+    new_event_loop,
+    open_transport,
+)
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore
@@ -152,7 +159,7 @@ def _start_store(host: str, listener: socket.socket) -> TCPStore:
 
 async def _amain(args: argparse.Namespace) -> int:
     config = Config.from_env()
-    host = args.bind.split("://", 1)[1].rsplit(":", 1)[0] if "://" in args.bind else "127.0.0.1"
+    host = address_host(args.bind) if "://" in args.bind else "127.0.0.1"
     if args.bind.startswith("tcp://") and host not in ("127.0.0.1", "localhost", "::1") and not config.secret:
         print("deadpool coordinator: refusing to bind a non-loopback address without a shared secret; "
               "set DEADPOOL_SECRET (the same value on every host) and retry.", file=sys.stderr)

@@ -142,9 +142,6 @@ class Coordinator:
 
     def send(self, addr: str, message: Message) -> None:
         """Queue `message` for `addr` (stamped with this term); handle() and tick() return the queue."""
-        self._send(addr, message)
-
-    def _send(self, addr: str, message: Message) -> None:
         if addr:  # "": a member known only from a reported view has not re-joined yet
             self._outbox.append(Send(addr, self.terms.stamp(message)))
 
@@ -154,7 +151,7 @@ class Coordinator:
         for member in members:
             record = self.members.get(member)
             if record is not None:
-                self._send(record.control_addr, message)
+                self.send(record.control_addr, message)
 
     @property
     def world_size(self) -> int:
@@ -172,13 +169,13 @@ class Coordinator:
             # Agents repeat their hello every second, so a restarted coordinator re-learns who owns which pid.
             self.agents[message.sender] = Agent(message.sender, message.host, message.control_addr,
                                                 dict(message.members), now)
-            self._send(message.control_addr, Welcome(self._epoch(), message.sender, self._world_size,
+            self.send(message.control_addr, Welcome(self._epoch(), message.sender, self._world_size,
                                                      standby=self.terms.standby))
         elif isinstance(message, StandbyHello):
             if self.terms.standby_hello(now, message.sender):
                 self.events.emit(Event.STANDBY_JOINED, standby=message.sender, term=self.terms.term)
                 self._tell_coordinators()
-            self._send(message.sender, self.terms.coordinators())
+            self.send(message.sender, self.terms.coordinators())
         elif isinstance(message, Coordinators):
             if message.term > self.terms.term:
                 self._stand_down(StandDown.SUPERSEDED,
@@ -186,7 +183,7 @@ class Coordinator:
         elif isinstance(message, ChaosCommand):
             self.chaos.command(self, message)
         elif isinstance(message, StatusRequest):
-            self._send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status(now))))
+            self.send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status(now))))
         elif isinstance(message, ProcessExited):
             self._on_exit(message, now)
         elif isinstance(message, HeartbeatBatch):
@@ -213,7 +210,7 @@ class Coordinator:
                 return
             if sender in self.fenced:
                 self.events.emit(Event.REJECTED, reason="fenced_peer", peer=sender, kind=type(message).__name__)
-                self._send(self.members[sender].control_addr, Fenced(sender, self._epoch(), self.fenced[sender]))
+                self.send(self.members[sender].control_addr, Fenced(sender, self._epoch(), self.fenced[sender]))
                 return
             if not self._rate.allow(sender, now):
                 return
@@ -299,7 +296,7 @@ class Coordinator:
 
     def _on_join(self, join: Join, now: float) -> None:
         if join.sender in self.fenced:
-            self._send(join.control_addr, Fenced(join.sender, self._epoch(), self.fenced[join.sender]))
+            self.send(join.control_addr, Fenced(join.sender, self._epoch(), self.fenced[join.sender]))
             return
         if join.world_size != self._world_size and not (join.role == Role.SPARE and join.world_size == 0):
             self.events.emit(Event.REJECTED, reason="wrong_world_size", peer=join.sender,
@@ -310,13 +307,13 @@ class Coordinator:
             join.sender, join.role, join.host, join.pid, join.control_addr, join.bulk_addr, join.seat_hint,
             now, now,
         )
-        self._send(join.control_addr, Welcome(self._epoch(), join.sender, self._world_size,
+        self.send(join.control_addr, Welcome(self._epoch(), join.sender, self._world_size,
                                               standby=self.terms.standby))
         rnd = self.round
         if rnd is not None and join.sender in [*self._survivors(), *rnd.replacements.values()]:
             # A re-join during a round (after a takeover the Prepare went out before this member's address was
             # known again): it needs the Prepare to pause and answer.
-            self._send(join.control_addr, Prepare(rnd.epoch, sorted(rnd.failed), rnd.reason, dict(rnd.replacements)))
+            self.send(join.control_addr, Prepare(rnd.epoch, sorted(rnd.failed), rnd.reason, dict(rnd.replacements)))
         if known:
             return
         self.events.emit(Event.MEMBER_JOINED, member=join.sender, role=join.role, host=join.host, pid=join.pid,
@@ -339,7 +336,7 @@ class Coordinator:
             self._rejoin_asked.clear()  # bounded: strangers cannot grow it
         self._rejoin_asked[beat.sender] = now
         self.events.emit(Event.REJOIN_ASKED, member=beat.sender)
-        self._send(beat.control_addr, Rejoin(self._epoch(), beat.sender))
+        self.send(beat.control_addr, Rejoin(self._epoch(), beat.sender))
 
     def _adopt_reported_view(self, report: ViewReport, now: float) -> None:
         """After a restart: take the highest-epoch view any member holds, as it is (no new epoch)."""
@@ -423,12 +420,12 @@ class Coordinator:
     def _fence(self, record: MemberRecord, detected_by: str) -> None:
         """Tell the member it is out (a zombie that wakes up exits), and kill it through its agent."""
         epoch = self._epoch()
-        self._send(record.control_addr, Fenced(record.member, epoch, self.fenced[record.member]))
+        self.send(record.control_addr, Fenced(record.member, epoch, self.fenced[record.member]))
         if not self._config.fence_by_kill or record.exited:
             return
         for agent in self.agents.values():
             if record.member in agent.members:
-                self._send(agent.control_addr, FenceKill(record.member, epoch, detected_by))
+                self.send(agent.control_addr, FenceKill(record.member, epoch, detected_by))
 
     def _start_round(self, now: float, newly_failed: dict[int, str], reason: str, trigger: Trigger) -> None:
         assert self.view is not None
@@ -574,8 +571,8 @@ class Coordinator:
         live = [m for m in self.members if m not in self.fenced and not self._seat_finished(m)]
         self._broadcast(live, Stop(ok, reason))
         for agent in self.agents.values():
-            self._send(agent.control_addr, Stop(ok, reason))
-        self._send(self.terms.standby, Stop(ok, reason))
+            self.send(agent.control_addr, Stop(ok, reason))
+        self.send(self.terms.standby, Stop(ok, reason))
 
     def _stand_down(self, kind: StandDown, why: str) -> None:
         """Stop acting for good: commit nothing, send nothing (the newer term's coordinator runs the job)."""
@@ -590,7 +587,7 @@ class Coordinator:
         """Every member and agent hears who coordinates this term (the standby changed)."""
         self._broadcast(list(self.members), self.terms.coordinators())
         for agent in self.agents.values():
-            self._send(agent.control_addr, self.terms.coordinators())
+            self.send(agent.control_addr, self.terms.coordinators())
 
     def _tick_terms(self, now: float) -> None:
         """The standby's silence, the older coordinators still to tell, and the lease."""
@@ -605,9 +602,9 @@ class Coordinator:
                                           {a.agent_id: a.control_addr for a in self.agents.values()})
             if host is not None:
                 why = f"standby {self.terms.lost_standby} lost" if self.terms.lost_standby else "no standby"
-                self._send(self.agents[host].control_addr, StartStandby(self.terms.term, why))
+                self.send(self.agents[host].control_addr, StartStandby(self.terms.term, why))
         for old in self.terms.due(now):
-            self._send(old, self.terms.coordinators())
+            self.send(old, self.terms.coordinators())
         held, why = self.terms.lease(now, self.agents)
         if held:
             self._lease_lost_since = None

@@ -27,6 +27,11 @@ from typing import Protocol, runtime_checkable
 Frame = bytes | bytearray | memoryview
 
 
+def address_host(address: str) -> str:
+    """The host part of a transport address: ``tcp://10.0.0.1:29400`` -> ``10.0.0.1``."""
+    return address.split("://", 1)[-1].rsplit(":", 1)[0]
+
+
 class TransportError(Exception):
     """A send could not be completed (timed out, peer unreachable, transport closed)."""
 
