@@ -18,7 +18,7 @@ from deadpool.actors.handoff import Handoff
 from deadpool.actors.inbox import Drain, Inbound, Mailbox, Outbound, ViewChanged
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
-from deadpool.protocol import codec
+from deadpool.protocol import codec, viewsync
 from deadpool.protocol.link import CoordinatorLink
 from deadpool.protocol.messages import (
     CommitView,
@@ -31,7 +31,10 @@ from deadpool.protocol.messages import (
     Rejoin,
     Role,
     Stop,
+    ViewChunk,
+    ViewDelta,
     ViewReport,
+    ViewRequest,
     Welcome,
 )
 from deadpool.protocol.transport import Transport, TransportClosed, TransportError
@@ -68,6 +71,8 @@ class MembershipActor:
         self._secret = secret
         self._send_timeout = send_timeout
         self.view: View | None = None
+        self._digest: bytes | None = None  # of the view held (computed when a delta needs it)
+        self._pieces = viewsync.Reassembly()  # a whole view arriving in pieces
         self._fenced = False
         self._joined = joined
         self._reconnected = reconnected
@@ -147,6 +152,34 @@ class MembershipActor:
         if self._join is not None:
             await self._send(self._join)
 
+    def _adopt(self, message: CommitView, digest: bytes | None) -> None:
+        """A whole committed view, newer than the one held: hand it to the snapshot side and the compute thread."""
+        view = message.view
+        held = self.view.epoch if self.view else 0
+        if view.epoch <= held:
+            self._events.emit(Event.REJECTED, reason="stale_view", detail=f"view {view.epoch} <= held {held}")
+            return
+        self.view, self._digest = view, digest
+        self._to_snapshots(ViewChanged(view))  # before the compute thread can act on it (and snapshot in it)
+        self._handoff.deliver(message)
+
+    async def _on_delta(self, delta: ViewDelta) -> None:
+        """Apply a delta to the view held; without its base (or on a digest mismatch) ask for the whole view."""
+        held = self.view.epoch if self.view else 0
+        if delta.epoch <= held:
+            self._events.emit(Event.REJECTED, reason="stale_view", detail=f"view {delta.epoch} <= held {held}")
+            return
+        view, why = None, "no view held"
+        if self.view is not None:
+            if self._digest is None:
+                self._digest = viewsync.view_digest(self.view)
+            view, why = viewsync.apply_delta(self.view, self._digest, delta)
+        if view is None:
+            log.info("view %d: %s; asking for the whole view", delta.epoch, why)
+            await self._send(ViewRequest(self._member, held))
+            return
+        self._adopt(CommitView(view, delta.term), delta.digest)
+
     async def _rejoin_after_outages(self) -> None:
         """After the coordinator was unreachable, join again: it may be a restarted one that knows nobody."""
         while True:
@@ -165,13 +198,15 @@ class MembershipActor:
         if isinstance(message, Coordinators):
             await self._follow(message)
         elif isinstance(message, CommitView):
-            view = message.view
-            if view.epoch <= epoch:
-                self._events.emit(Event.REJECTED, reason="stale_view", detail=f"view {view.epoch} <= held {epoch}")
-                return
-            self.view = view
-            self._to_snapshots(ViewChanged(view))  # before the compute thread can act on it (and snapshot in it)
-            self._handoff.deliver(message)
+            self._adopt(message, None)
+        elif isinstance(message, ViewDelta):
+            await self._on_delta(message)
+        elif isinstance(message, ViewChunk):
+            view, why = self._pieces.add(message)
+            if view is not None:
+                self._adopt(CommitView(view, message.term), message.digest)
+            elif why:
+                self._events.emit(Event.REJECTED, reason="bad_view_chunk", detail=why)
         elif isinstance(message, Prepare):
             if message.epoch <= epoch:
                 self._events.emit(Event.REJECTED, reason="stale_prepare", detail=f"prepare {message.epoch} <= {epoch}")

@@ -21,11 +21,13 @@ from typing import Any
 from deadpool.config import Config
 from deadpool.coordinator import decisions
 from deadpool.coordinator.decisions import NoSpare, Raised, RaisedError, Suspicion, Trigger
+from deadpool.coordinator.liveness import Liveness
 from deadpool.coordinator.operator_chaos import OperatorChaos
 from deadpool.coordinator.ratelimit import RateLimit
 from deadpool.coordinator.records import Agent, MemberRecord, PendingSwap, Round, Send
-from deadpool.coordinator.status import status_document
+from deadpool.coordinator.status import compact, status_document
 from deadpool.coordinator.terms import Terms
+from deadpool.coordinator.views import ViewSender
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.link import StandDown
@@ -34,7 +36,6 @@ from deadpool.protocol.messages import (
     ChaosCommand,
     ChaosInjected,
     CollectiveFailed,
-    CommitView,
     Coordinators,
     Fenced,
     FenceKill,
@@ -57,6 +58,7 @@ from deadpool.protocol.messages import (
     Stop,
     UserException,
     ViewReport,
+    ViewRequest,
     Welcome,
 )
 from deadpool.protocol.view import View
@@ -100,6 +102,8 @@ class Coordinator:
         self.chaos = OperatorChaos()
         self.outcome: tuple[bool, str] | None = None  # (ok, reason) once the job ended
         self._rate = RateLimit(events)
+        self._live = Liveness()  # members by when they were last heard from, for the silence check
+        self._views = ViewSender()  # deltas for members that hold the previous view, the whole view for others
         self._blind_rebuilds = 0  # rebuilds with nobody dead since the last finished step (bounded)
         self._rejoin_asked: dict[str, float] = {}  # member -> when we last sent it a Rejoin
         self._raised: list[RaisedError] = []  # the scripts' exceptions reported so far (one per member at most)
@@ -115,7 +119,7 @@ class Coordinator:
         self._recover_deadline = started + max(3.0, 2 * config.failure_timeout) if recovering else 0.0
         # The newest events, compacted, for `deadpool status` (bounded: a flood of rejections cannot grow it).
         self.recent_events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
-        events.listeners.append(self._remember)
+        events.listeners.append(lambda record: self.recent_events.append(compact(record)))
 
     # -- the interface: state changes that return what to send ----------------------------------
 
@@ -187,9 +191,8 @@ class Coordinator:
         elif isinstance(message, ProcessExited):
             self._on_exit(message, now)
         elif isinstance(message, HeartbeatBatch):
-            # Hierarchical aggregation: one message per host agent per interval instead of one per member.
-            # Each beat is handled exactly as if its member had sent it (unknown and fenced members are
-            # rejected there), and an agent vouches only for the members it registered in its AgentHello.
+            # One message per host agent per interval; each beat is handled as if its member had sent it, and
+            # an agent vouches only for the members it registered in its AgentHello.
             agent = self.agents.get(message.sender)
             if agent is None:
                 self.events.emit(Event.REJECTED, reason="unknown_agent", peer=message.sender)
@@ -215,6 +218,7 @@ class Coordinator:
             if not self._rate.allow(sender, now):
                 return
             self.members[sender].last_seen = now
+            self._live.seen(sender, now)
             self._on_member_message(message, sender, now)
 
     def _on_exit(self, message: ProcessExited, now: float) -> None:
@@ -268,6 +272,9 @@ class Coordinator:
             self._adopt_reported_view(message, now)
         elif isinstance(message, UserException):
             self._on_user_exception(message, now)
+        elif isinstance(message, ViewRequest) and self.view is not None and message.epoch <= self.view.epoch:
+            for piece in self._views.whole(self.view, self.terms.term):  # it missed a delta's base
+                self.send(record.control_addr, piece)
         else:
             self.events.emit(Event.REJECTED, reason="unexpected_type", detail=type(message).__name__)
 
@@ -307,6 +314,7 @@ class Coordinator:
             join.sender, join.role, join.host, join.pid, join.control_addr, join.bulk_addr, join.seat_hint,
             now, now,
         )
+        self._live.seen(join.sender, now)
         self.send(join.control_addr, Welcome(self._epoch(), join.sender, self._world_size,
                                               standby=self.terms.standby))
         rnd = self.round
@@ -353,6 +361,7 @@ class Coordinator:
                 self.members[member] = MemberRecord(
                     member, Role.ACTIVE if seat_hint >= 0 else Role.SPARE, reported.hosts.get(member, ""), 0, "",
                     reported.bulk_addrs.get(member, ""), seat_hint, now, now - self.handed_silence.get(member, 0.0))
+                self._live.seen(member, self.members[member].last_seen)
         self.events.emit(Event.VIEW_ADOPTED, epoch=reported.epoch, seats=reported.seats, spares=reported.spares,
                          resume_step=reported.resume_step, reported_by=report.sender)
         for finished in self.handed_finished:  # seats that finished while the old term's coordinator was lost
@@ -512,13 +521,14 @@ class Coordinator:
         self._commit(new_view, f"{rnd.reason}; resume: {why}", failed=rnd.failed, trigger=rnd.trigger)
 
     def _commit(self, view: View, reason: str, failed: dict[int, str], trigger: Trigger) -> None:
-        self.view = view
+        previous, self.view = self.view, view
         self.events.epoch = view.epoch
         self.events.emit(Event.VIEW_COMMITTED, epoch=view.epoch, resume_step=view.resume_step, seats=view.seats,
                          spares=view.spares, store_prefix=view.store_prefix, reason=reason,
                          rebuild_groups=view.rebuild_groups,
                          failed_seats=sorted(failed), buddies=view.buddies, trigger=trigger, term=self.terms.term)
-        self._broadcast([*view.seats, *view.spares], CommitView(view))
+        for members, message in self._views.commit(previous, view, self.terms.term):
+            self._broadcast(members, message)
 
     def _on_recovered(self, message: Recovered) -> None:
         self._blind_rebuilds = 0  # a step finished under the new view: the last rebuild worked
@@ -624,6 +634,7 @@ class Coordinator:
             log.warning("no tick for %.1fs: silence is judged from now on", now - self._ticked)
             for record in self.members.values():  # nobody's silence is known
                 record.last_seen = now
+            self._live.all_seen(now)
             for agent in self.agents.values():
                 agent.seen = now
         self._ticked = now
@@ -641,9 +652,11 @@ class Coordinator:
                     self._on_finished(finished)
                 return
             self._maybe_first_view()
-        watched = {m: r.last_seen for m, r in self.members.items()
-                   if m not in self.fenced and not self._seat_finished(m)}
-        for member, why in decisions.silent_members(now, watched, self._config.failure_timeout):
+        silent = self._live.silent(now, self._config.failure_timeout)
+        for member in [m for m in silent if m in self.fenced or self._seat_finished(m)]:
+            self._live.forget(member)  # no longer watched
+            del silent[member]
+        for member, why in decisions.silent_members(now, silent, self._config.failure_timeout):
             self._declare_dead(now, member, "heartbeat", why)
         rnd = self.round
         if rnd is not None and rnd.waiting_since is not None:
@@ -678,11 +691,6 @@ class Coordinator:
 
     def _bulk_addrs(self) -> dict[str, str]:
         return {m: r.bulk_addr for m, r in self.members.items()}
-
-    def _remember(self, record: dict[str, Any]) -> None:
-        """Keep an event for status, scalars only: a view's seat lists would grow the reply with the job."""
-        self.recent_events.append({k: v[:200] if isinstance(v, str) else v for k, v in record.items()
-                                   if v is None or isinstance(v, (str, int, float, bool))})
 
     def status(self, now: float) -> dict[str, Any]:
         """The live state at `now` as a JSON-able document (``deadpool status``)."""

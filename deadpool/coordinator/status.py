@@ -54,3 +54,9 @@ def status_document(coordinator: Coordinator, now: float) -> dict[str, Any]:
         "outcome": None if outcome is None else {"ok": outcome[0], "reason": outcome[1]},
         "recent_events": list(coordinator.recent_events),
     }
+
+
+def compact(record: dict[str, Any]) -> dict[str, Any]:
+    """An event as `deadpool status` keeps it: scalars only (a view's seat lists would grow the reply)."""
+    return {k: v[:200] if isinstance(v, str) else v for k, v in record.items()
+            if v is None or isinstance(v, (str, int, float, bool))}

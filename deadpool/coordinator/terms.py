@@ -25,11 +25,13 @@ from deadpool.protocol.messages import (
     Rejoin,
     SignalMember,
     Stop,
+    ViewChunk,
+    ViewDelta,
     Welcome,
 )
 
 # The messages that carry their sender's term; receivers drop those of a term older than the one they follow.
-TERMED = (Welcome, CommitView, Prepare, Stop, Fenced, Rejoin, FenceKill, SignalMember)
+TERMED = (Welcome, CommitView, ViewDelta, ViewChunk, Prepare, Stop, Fenced, Rejoin, FenceKill, SignalMember)
 TELL_SUPERSEDED_EVERY_S = 1.0  # an older coordinator is told of the newer term this often until it is gone
 TELL_SUPERSEDED_FOR_S = 600.0  # ... for this long (a SIGSTOPped one may wake up late)
 ASK_STANDBY_EVERY_S = 10.0  # a job that should have a standby and has none asks a host for one this often

@@ -24,6 +24,7 @@ from typing import Any, Union
 import msgpack
 
 from deadpool.protocol.messages import PROTOCOL_VERSION, REGISTRY, TAGS, Message
+from deadpool.protocol.view import View
 
 MAGIC = b"DP"
 FLAG_HMAC = 0x01
@@ -238,3 +239,29 @@ def decode(
     except RecursionError:
         return DecodeError("malformed", "payload nests too deeply")
     return message
+
+
+_VIEW_CHECKER = _struct_checker(View)
+
+
+def pack_view(view: View) -> bytes:
+    """A view alone as msgpack (no frame): what a chunked full view carries, split into pieces."""
+    packed: bytes = msgpack.packb(_to_wire(view), use_bin_type=True)
+    return packed
+
+
+def unpack_view(data: bytes) -> View | DecodeError:
+    """The inverse of :func:`pack_view`, validated field by field; bad input gives a DecodeError."""
+    try:
+        decoded = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+    except msgpack.StackError:
+        return DecodeError("malformed", "view nests deeper than msgpack's stack limit")
+    except (ValueError, TypeError, OverflowError, msgpack.ExtraData, msgpack.FormatError) as err:
+        return DecodeError("malformed", f"view is not valid msgpack: {err}")
+    try:
+        view: View = _VIEW_CHECKER(decoded)
+    except _FieldError as err:
+        return DecodeError("bad_field", str(err))
+    except RecursionError:
+        return DecodeError("malformed", "view nests too deeply")
+    return view

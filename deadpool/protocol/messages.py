@@ -412,6 +412,54 @@ class StartStandby:
     reason: str  # why (for the agent's log)
 
 
+@dataclass(frozen=True, slots=True)
+class ViewDelta:
+    """A committed view as its changes from the view before it (``protocol/viewsync.py``).
+
+    A member holding the base view (same epoch and digest) applies it and checks the
+    result's digest; any other member asks for the whole view (ViewRequest). Its size
+    grows with what changed, not with the job.
+    """
+
+    epoch: int  # the view committed
+    base_epoch: int  # the view it changes
+    base_digest: bytes  # that view's digest (viewsync.view_digest)
+    digest: bytes  # the digest of the view it makes
+    seats: dict[int, str]  # seat -> new member, for the seats that changed
+    spares_gone: list[str]  # spares no longer in the pool (adopted or lost)
+    spares_new: list[str]  # spares appended to the pool, in adoption order
+    resume_step: int
+    store_prefix: str
+    store_addr: str
+    bulk_addrs: dict[str, str]  # entries added or changed
+    hosts: dict[str, str]  # entries added or changed
+    dropped: list[str]  # members whose entries left both maps
+    buddies: dict[int, int]  # seat -> buddy, for the seats whose buddy changed
+    restore_from: dict[int, str]  # whole (it names only seats being restored)
+    rebuild_groups: list[str]  # whole (only groups reported unfinished)
+    term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
+
+
+@dataclass(frozen=True, slots=True)
+class ViewChunk:
+    """One piece of a committed view too large for one control frame (``protocol/viewsync.py``)."""
+
+    epoch: int  # the view's epoch
+    digest: bytes  # the whole view's digest, checked once every piece arrived
+    index: int  # 0 .. count-1
+    count: int  # pieces in all
+    payload: bytes  # this piece of ``codec.pack_view(view)``
+    term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
+
+
+@dataclass(frozen=True, slots=True)
+class ViewRequest:
+    """A member that cannot apply a ViewDelta (it missed the base) asks for the whole current view."""
+
+    sender: str  # member id
+    epoch: int  # the epoch it holds (0: none)
+
+
 Message = (
     Join
     | Heartbeat
@@ -447,6 +495,9 @@ Message = (
     | SilenceQuery
     | SilenceReport
     | StartStandby
+    | ViewDelta
+    | ViewChunk
+    | ViewRequest
 )
 
 # Append-only: a tag, once given, is never reused or renumbered.
@@ -485,5 +536,8 @@ REGISTRY: dict[int, type[Message]] = {
     32: SilenceQuery,
     33: SilenceReport,
     34: StartStandby,
+    35: ViewDelta,
+    36: ViewChunk,
+    37: ViewRequest,
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}

@@ -2,14 +2,14 @@
 
 Checked as the run goes, each breach counted in ``invariant_violations``: at most
 one committed view per epoch, epochs strictly increasing, no fenced member seated
-(or spare) in a committed view, every CommitView sent carrying the one view
+(or spare) in a committed view, every view sent (whole, a delta, a piece) carrying the one view
 committed for its epoch, no message from a fenced member changing coordinator
-state; at the end, every failure swapped or reported as a job failure.
+state; at the end, every failure swapped or reported as a job failure, and a job
+failure only where a fault forced it (no spare left for a lost seat).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -17,7 +17,7 @@ from deadpool.config import Config
 from deadpool.coordinator.decisions import Trigger
 from deadpool.coordinator.service import Coordinator
 from deadpool.events.catalogue import Event
-from deadpool.protocol.messages import CommitView, HeartbeatBatch, Message
+from deadpool.protocol.messages import HeartbeatBatch, Message
 
 from .cluster import Failure, SimConfig
 
@@ -30,6 +30,7 @@ REAL_TIME_KEYS: tuple[str, ...] = (
     "cpu_stall_s_max",
     "cpu_view_change_s_max",
     "cpu_total_s",
+    "coordinator_cpu_s_per_s",
 )
 """Metrics measured in real time: they differ between runs of the same seed."""
 
@@ -60,6 +61,7 @@ class Costs:
 
     bytes_out: int = 0  # every frame the coordinator sent
     view_frame_bytes: int = 0  # the largest CommitView frame
+    max_frame_bytes: int = 0  # the largest frame the coordinator sent
     dropped_oversize: int = 0  # frames members refused for the control-frame limit
     steady_msgs: int = 0  # messages handled in the steady window
     steady_handle_cpu: float = 0.0
@@ -125,10 +127,8 @@ class Checker:
             self.violation(f"view {epoch} contains fenced member(s) {bad[:3]}")
         self.commits.append((epoch, self._run.tick, seats, spares))
 
-    def check_view_sent(self, message: CommitView, frame: bytes) -> None:
-        """A CommitView sent this tick carries the one view committed for its epoch."""
-        epoch = message.view.epoch
-        digest = hashlib.blake2b(frame, digest_size=16).digest()
+    def check_view_sent(self, epoch: int, digest: bytes) -> None:
+        """A view sent this tick (whole, a delta or a piece) carries the one view committed for its epoch."""
         if self._view_digests.setdefault(epoch, digest) != digest:
             self.violation(f"two different views sent for epoch {epoch}")
         if not any(epoch == e for e, *_ in self.commits):
@@ -158,6 +158,22 @@ class Checker:
             if self._member_state(member) != state:
                 self.violation(f"a message from fenced member {member} changed coordinator state")
 
+    def _check_failure_forced(self, reason: str) -> None:
+        """A failed job is an allowed outcome only where a fault forces it: no spare left for a lost seat.
+
+        The simulator never strikes a seat's buddy while that seat awaits its swap, so a seat and
+        its only copy are never lost together; with spares left the job must go on.
+        """
+        coordinator = self._run.coordinator
+        view = coordinator.view
+        if view is None:
+            return  # before the first view a lost seat fails the job: no snapshot exists yet
+        spares = [s for s in view.spares if s not in coordinator.fenced and self._run.healthy(s)]
+        lost = [m for m in view.seats if m in coordinator.fenced]  # seats awaiting a spare
+        if len(spares) >= len(lost):
+            self.violation(f"the job failed with {len(spares)} healthy spare(s) left and no seat's copy lost: "
+                           f"{_shorten(reason, 200)}")
+
     def metrics(self, cfg: SimConfig, coordinator_config: Config, failures: list[Failure], costs: Costs,
                 steady: tuple[int, int], wall_s: float) -> dict[str, Any]:
         """The run's result (the last checks included: every failure detected and resolved)."""
@@ -179,6 +195,8 @@ class Checker:
                 change.append((removed - failed) * tick_s)
             elif outcome is None or outcome[0]:
                 self.violation(f"failure of {failure.member} was neither swapped nor reported as a job failure")
+        if outcome is not None and not outcome[0]:
+            self._check_failure_forced(outcome[1])
         steady_ticks = steady[1] - steady[0]
         steady_s = steady_ticks * tick_s
         return {
@@ -198,6 +216,7 @@ class Checker:
             "detect_s_p50": _p50(detect),
             "detect_s_max": _round(max(detect, default=None)),
             "view_change_s_p50": _p50(change),
+            "view_change_s_p99": _quantile(change, 0.99),
             "view_change_s_max": _round(max(change, default=None)),
             "swaps_completed": self._swaps,
             "job": "running" if outcome is None else ("finished" if outcome[0] else "failed"),
@@ -209,6 +228,8 @@ class Checker:
             "coordinator_bytes_out": costs.bytes_out,
             "view_frame_bytes": costs.view_frame_bytes,
             "frames_dropped_oversize": costs.dropped_oversize,
+            "max_frame_bytes": costs.max_frame_bytes,
+            "coordinator_cpu_s_per_s": round(costs.total_cpu / max(self._run.tick * tick_s, tick_s), 4),
             "cpu_handle_s_per_s": round(costs.steady_handle_cpu / steady_s, 4),
             "cpu_tick_s_per_s": round(costs.steady_tick_cpu / steady_s, 4),
             "cpu_tick_ms": round(1000 * costs.steady_tick_cpu / steady_ticks, 3),
@@ -245,7 +266,12 @@ def _round(value: float | None) -> float | None:
 
 def _p50(values: list[float]) -> float | None:
     """The median (nearest rank, low), or None without samples."""
+    return _quantile(values, 0.5)
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    """The `q` quantile (nearest rank, low), or None without samples."""
     if not values:
         return None
     ordered = sorted(values)
-    return round(ordered[(len(ordered) - 1) // 2], 4)
+    return round(ordered[int(q * (len(ordered) - 1))], 4)

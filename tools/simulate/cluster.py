@@ -26,6 +26,9 @@ from deadpool.protocol.messages import (
     PrepareAck,
     Role,
     Stop,
+    ViewChunk,
+    ViewDelta,
+    ViewRequest,
     Welcome,
 )
 from deadpool.protocol.transport import CONTROL_LIMITS
@@ -167,6 +170,15 @@ class World(Protocol):
     def view_info(self, view: View) -> ViewInfo:
         """The shared lookups over `view`."""
 
+    def apply_delta(self, held: ViewInfo, delta: ViewDelta) -> ViewInfo | None:
+        """The view `delta` makes from the one held (shared by every member holding it); None: another base."""
+
+    def chunked_view(self, last: ViewChunk) -> ViewInfo:
+        """The whole view of which a member now holds every piece (`last` is the final one)."""
+
+    def adopted(self, info: ViewInfo) -> None:
+        """A member adopted `info` (the first to adopt a newer view starts the group's rebuild)."""
+
     def stop_member(self, member: SimMember, state: ProcessState, returncode: int | None, delay: int = 1) -> None:
         """The member's process stops (dies or freezes); its agent reports an exit after `delay` ticks."""
 
@@ -179,7 +191,7 @@ class SimMember:
 
     __slots__ = (
         "agent", "bulk_addr", "control_addr", "hb_frame", "hb_key", "hb_obj", "host", "member", "paused_step",
-        "pid", "prep_acked", "restore_base", "role", "run_from", "run_step", "seat", "seat_hint", "state",
+        "pid", "pieces", "prep_acked", "restore_base", "role", "run_from", "run_step", "seat", "seat_hint", "state",
         "view", "welcomed",
     )
 
@@ -201,6 +213,7 @@ class SimMember:
         self.hb_key: tuple[int, int] = (-1, -2)
         self.hb_obj: Heartbeat | None = None
         self.hb_frame = b""
+        self.pieces: tuple[tuple[int, bytes], int] = ((0, b""), 0)  # (epoch, digest) of a chunked view, pieces got
 
     @property
     def running(self) -> bool:
@@ -238,6 +251,20 @@ class SimMember:
         elif isinstance(message, CommitView):
             if message.view.epoch > held:
                 self._adopt(world.view_info(message.view), world)
+        elif isinstance(message, ViewDelta):
+            if message.epoch > held:
+                info = world.apply_delta(self.view, message) if self.view is not None else None
+                if info is None:
+                    world.send(ViewRequest(self.member, held))  # missed its base: ask for the whole view
+                else:
+                    self._adopt(info, world)
+        elif isinstance(message, ViewChunk):
+            if message.epoch > held:
+                key = (message.epoch, message.digest)
+                got = self.pieces[1] + 1 if self.pieces[0] == key else 1
+                self.pieces = (key, got)
+                if got == message.count:
+                    self._adopt(world.chunked_view(message), world)
         elif isinstance(message, Prepare):
             # Only a seated member holding a view answers; one waiting for its first view ignores it.
             if self.seat is not None and message.epoch > held and message.epoch > self.prep_acked:
@@ -256,6 +283,7 @@ class SimMember:
             world.stop_member(self, ProcessState.DEAD, returncode=1)  # left out of the view: exits as fenced
             return
         rebuild = self.view is None or info.view.store_prefix != self.view.view.store_prefix
+        world.adopted(info)
         self.view, self.seat = info, seat
         if seat is not None and rebuild:
             self.run_step = self.restore_base = info.view.resume_step

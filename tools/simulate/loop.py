@@ -20,7 +20,7 @@ from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import Coordinator
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
-from deadpool.protocol import codec
+from deadpool.protocol import codec, viewsync
 from deadpool.protocol.messages import (
     AgentHello,
     CollectiveFailed,
@@ -30,6 +30,8 @@ from deadpool.protocol.messages import (
     ProcessExited,
     Recovered,
     Role,
+    ViewChunk,
+    ViewDelta,
 )
 from deadpool.protocol.transport import CONTROL_LIMITS
 from deadpool.protocol.view import View
@@ -63,6 +65,10 @@ class Simulation:
         self._seq = itertools.count()
         self._decoded: dict[int, tuple[bytes, Message]] = {}  # id(frame) -> decoded, for this tick's sends
         self._infos: dict[int, ViewInfo] = {}  # epoch -> lookups over the view delivered for it
+        self._deltas: dict[tuple[int, bytes], tuple[ViewInfo, ViewInfo | None]] = {}  # (base, digest) -> applied
+        self._digests: dict[int, tuple[View, bytes]] = {}  # id(view) -> its digest
+        self._assembly: dict[bytes, viewsync.Reassembly] = {}  # digest -> pieces of a chunked view so far
+        self._pieces: dict[bytes, View] = {}  # digest -> the chunked view, once every piece was sent
         self._current: ViewInfo | None = None  # newest view delivered to the members
         self._quiet_after = 0  # tick after which the newest rebuilt view has reported its first step
         self._settle_view: tuple[View, set[str]] | None = None  # the coordinator's view and its members
@@ -153,6 +159,27 @@ class Simulation:
         if info is None or info.view is not view:
             info = self._infos[view.epoch] = view_info(view)
         return info
+
+    def apply_delta(self, held: ViewInfo, delta: ViewDelta) -> ViewInfo | None:
+        key = (id(held.view), delta.digest)
+        cached = self._deltas.get(key)
+        if cached is None:
+            view, _ = viewsync.apply_delta(held.view, self._digest(held.view), delta)
+            cached = self._deltas[key] = (held, None if view is None else self.view_info(view))
+        return cached[1]
+
+    def chunked_view(self, last: ViewChunk) -> ViewInfo:
+        return self.view_info(self._pieces[last.digest])  # reassembled once, when sent: every member got its pieces
+
+    def adopted(self, info: ViewInfo) -> None:
+        if self._current is None or info.view.epoch > self._current.view.epoch:
+            self._view_delivered(info)
+
+    def _digest(self, view: View) -> bytes:
+        digest = self._digests.get(id(view))
+        if digest is None or digest[0] is not view:
+            digest = self._digests[id(view)] = (view, viewsync.view_digest(view))
+        return digest[1]
 
     def _join(self, member: SimMember) -> None:
         if member.running:
@@ -293,9 +320,6 @@ class Simulation:
                 continue
             cached = decoded.get(id(frame))
             message = cached[1] if cached is not None and cached[0] is frame else _decode(frame)
-            if isinstance(message, CommitView) and (self._current is None
-                                                    or message.view.epoch > self._current.view.epoch):
-                self._view_delivered(self.view_info(message.view))
             target.receive(message, self)
 
     def _view_delivered(self, info: ViewInfo) -> None:
@@ -383,9 +407,20 @@ class Simulation:
             last = frame
             message = _decode(frame)
             self._decoded[id(frame)] = (frame, message)
+            self.costs.max_frame_bytes = max(self.costs.max_frame_bytes, len(frame))
             if isinstance(message, CommitView):
                 self.costs.view_frame_bytes = max(self.costs.view_frame_bytes, len(frame))
-                self.checker.check_view_sent(message, frame)
+                self.checker.check_view_sent(message.view.epoch, self._digest(message.view))
+            elif isinstance(message, ViewDelta):
+                self.checker.check_view_sent(message.epoch, message.digest)
+            elif isinstance(message, ViewChunk):
+                self.checker.check_view_sent(message.epoch, message.digest)
+                if message.digest not in self._pieces:
+                    view, why = self._assembly.setdefault(message.digest, viewsync.Reassembly()).add(message)
+                    if view is not None:
+                        self._pieces[message.digest] = view
+                    elif why:
+                        self.checker.violation(f"the coordinator sent a bad piece of view {message.epoch}: {why}")
 
     def _settled(self) -> bool:
         """Every failure fired and resolved, no view change in progress, swaps reported, zombies woken and gone."""

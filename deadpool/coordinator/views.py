@@ -1,0 +1,49 @@
+"""What the coordinator sends of a committed view, member by member: a delta or the whole view.
+
+A member that was in the previous view gets a :class:`ViewDelta` against it (the
+size of the change); a new member, or one that asks (``ViewRequest``), gets the
+whole view as one ``CommitView`` or in pieces (``protocol/viewsync.py``). The
+digest of the view committed last is computed once here.
+"""
+
+from __future__ import annotations
+
+from deadpool.protocol import viewsync
+from deadpool.protocol.messages import CommitView, Message, ViewChunk
+from deadpool.protocol.view import View
+
+
+class ViewSender:
+    """The newest view's digest and whole form, and its delta from the one before."""
+
+    def __init__(self) -> None:
+        self._view: View | None = None
+        self._digest = b""
+        self._whole: list[CommitView | ViewChunk] = []
+        self._term = -1
+
+    def digest(self, view: View) -> bytes:
+        if view is not self._view:
+            self._view, self._digest, self._whole = view, viewsync.view_digest(view), []
+        return self._digest
+
+    def commit(self, previous: View | None, view: View, term: int) -> list[tuple[list[str], Message]]:
+        """What to send of the newly committed `view`: a delta to the members of `previous`, the whole to others."""
+        base_digest = self.digest(previous) if previous is not None else b""
+        delta = viewsync.make_delta(previous, view, base_digest, self.digest(view)) if previous is not None else None
+        members = [*view.seats, *view.spares]
+        holders = {*previous.seats, *previous.spares} if previous is not None and delta is not None else set()
+        newcomers = [m for m in members if m not in holders]
+        sends: list[tuple[list[str], Message]] = []
+        if delta is not None:
+            sends.append(([m for m in members if m in holders], delta))
+        if newcomers:
+            sends += [(newcomers, piece) for piece in self.whole(view, term)]
+        return sends
+
+    def whole(self, view: View, term: int) -> list[Message]:
+        """The whole view, encoded once per view and term however many members ask."""
+        self.digest(view)
+        if not self._whole or self._term != term:
+            self._whole, self._term = viewsync.whole(view, self._digest, term), term
+        return list(self._whole)

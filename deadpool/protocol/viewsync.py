@@ -1,0 +1,135 @@
+"""Committed views that fit the control-frame limit at any job size: deltas, chunks and their digests.
+
+A view is O(members) (every member's id, address and host), so at tens of
+thousands of members it no longer fits one control frame. The coordinator sends
+a member that holds the previous view only what changed (:class:`ViewDelta`,
+the size of the change), and any other member the whole view in pieces of at
+most :data:`CHUNK_BYTES` (:class:`ViewChunk`), or as one ``CommitView`` where it
+fits. Every view has a digest over a canonical encoding; a member applies a
+delta only to the base it names and keeps the result only if its digest
+matches, otherwise it asks for the whole view (``ViewRequest``). Pure functions
+and one small reassembly buffer; no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import msgpack
+
+from deadpool.protocol import codec
+from deadpool.protocol.messages import CommitView, ViewChunk, ViewDelta
+from deadpool.protocol.view import View
+
+CHUNK_BYTES = 512 * 1024  # one piece of a chunked view: half the 1 MiB frame limit, room for the envelope
+FULL_VIEW_BYTES = CHUNK_BYTES  # a whole view up to this size goes as one CommitView
+MAX_VIEW_BYTES = 256 * 1024 * 1024  # a reassembled view may not exceed this (about 2M members)
+
+
+def view_digest(view: View) -> bytes:
+    """16 bytes over a canonical encoding of `view` (maps sorted), equal wherever the view is equal."""
+    canonical = [
+        view.epoch, view.seats, view.spares, view.resume_step, view.store_prefix, view.store_addr,
+        sorted(view.bulk_addrs.items()), sorted(view.hosts.items()), view.buddies,
+        sorted(view.restore_from.items()), view.rebuild_groups,
+    ]
+    return hashlib.blake2b(msgpack.packb(canonical, use_bin_type=True), digest_size=16).digest()
+
+
+def _changed(old: dict[str, str], new: dict[str, str]) -> dict[str, str]:
+    return {key: value for key, value in new.items() if old.get(key) != value}
+
+
+def make_delta(base: View, view: View, base_digest: bytes, digest: bytes) -> ViewDelta | None:
+    """The delta from `base` to `view`, or None where one cannot express it (the seat count changed)."""
+    if len(base.seats) != len(view.seats) or len(base.buddies) != len(view.buddies):
+        return None
+    gone = set(base.spares) - set(view.spares)
+    kept = [s for s in base.spares if s not in gone]
+    if view.spares[:len(kept)] != kept:
+        return None  # the pool was reordered, not only trimmed and extended
+    members = {*view.bulk_addrs, *view.hosts}
+    return ViewDelta(
+        epoch=view.epoch, base_epoch=base.epoch, base_digest=base_digest, digest=digest,
+        seats={seat: m for seat, (old, m) in enumerate(zip(base.seats, view.seats, strict=True)) if old != m},
+        spares_gone=sorted(gone), spares_new=view.spares[len(kept):], resume_step=view.resume_step,
+        store_prefix=view.store_prefix, store_addr=view.store_addr,
+        bulk_addrs=_changed(base.bulk_addrs, view.bulk_addrs), hosts=_changed(base.hosts, view.hosts),
+        dropped=sorted(m for m in {*base.bulk_addrs, *base.hosts} if m not in members),
+        buddies={seat: b for seat, (old, b) in enumerate(zip(base.buddies, view.buddies, strict=True)) if old != b},
+        restore_from=dict(view.restore_from), rebuild_groups=list(view.rebuild_groups),
+    )
+
+
+def apply_delta(base: View, base_digest: bytes, delta: ViewDelta) -> tuple[View | None, str]:
+    """The view `delta` makes from `base`, or None and why (another base, a bad seat, a digest mismatch)."""
+    if delta.base_epoch != base.epoch or delta.base_digest != base_digest:
+        return None, f"delta for base view {delta.base_epoch}, this member holds view {base.epoch}"
+    world = len(base.seats)
+    if any(not 0 <= seat < world for seat in delta.seats) or any(
+            not 0 <= seat < world or not 0 <= b < world for seat, b in delta.buddies.items()):
+        return None, "delta names a seat outside the view"
+    gone = set(delta.spares_gone)
+    bulk, hosts = dict(base.bulk_addrs), dict(base.hosts)
+    bulk.update(delta.bulk_addrs)
+    hosts.update(delta.hosts)
+    for member in delta.dropped:
+        bulk.pop(member, None)
+        hosts.pop(member, None)
+    seats, buddies = list(base.seats), list(base.buddies)
+    for seat, member in delta.seats.items():
+        seats[seat] = member
+    for seat, buddy in delta.buddies.items():
+        buddies[seat] = buddy
+    view = View(
+        epoch=delta.epoch, seats=seats, spares=[s for s in base.spares if s not in gone] + delta.spares_new,
+        resume_step=delta.resume_step, store_prefix=delta.store_prefix, store_addr=delta.store_addr,
+        bulk_addrs=bulk, hosts=hosts, buddies=buddies, restore_from=dict(delta.restore_from),
+        rebuild_groups=list(delta.rebuild_groups),
+    )
+    if view_digest(view) != delta.digest:
+        return None, f"view {delta.epoch} rebuilt from the delta does not match its digest"
+    return view, ""
+
+
+def whole(view: View, digest: bytes, term: int) -> list[CommitView | ViewChunk]:
+    """The view for a member without its base: one CommitView where it fits, else pieces."""
+    packed = codec.pack_view(view)
+    if len(packed) <= FULL_VIEW_BYTES:
+        return [CommitView(view, term)]
+    count = -(-len(packed) // CHUNK_BYTES)
+    return [ViewChunk(view.epoch, digest, i, count, packed[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES], term)
+            for i in range(count)]
+
+
+@dataclass
+class Reassembly:
+    """A member's pieces of the newest chunked view, until every piece arrived (older epochs dropped)."""
+
+    epoch: int = 0
+    digest: bytes = b""
+    count: int = 0
+    pieces: dict[int, bytes] = field(default_factory=dict)
+
+    def add(self, chunk: ViewChunk) -> tuple[View | None, str]:
+        """Keep `chunk`; the view once complete and checked, or None and why not (yet)."""
+        if not 0 <= chunk.index < chunk.count or chunk.count * CHUNK_BYTES > MAX_VIEW_BYTES + CHUNK_BYTES:
+            return None, f"piece {chunk.index} of {chunk.count} is out of range"
+        if chunk.epoch < self.epoch:
+            return None, f"piece of view {chunk.epoch}, older than the one being assembled ({self.epoch})"
+        if (chunk.epoch, chunk.digest, chunk.count) != (self.epoch, self.digest, self.count):
+            self.epoch, self.digest, self.count, self.pieces = chunk.epoch, chunk.digest, chunk.count, {}
+        if len(chunk.payload) > CHUNK_BYTES:
+            return None, f"piece of {len(chunk.payload)} bytes is over {CHUNK_BYTES}"
+        self.pieces[chunk.index] = chunk.payload
+        if len(self.pieces) < self.count:
+            return None, ""
+        packed = b"".join(self.pieces[i] for i in range(self.count))
+        self.pieces = {}
+        view = codec.unpack_view(packed)
+        if isinstance(view, codec.DecodeError):
+            return None, f"chunked view {chunk.epoch}: {view}"
+        if view.epoch != chunk.epoch or view_digest(view) != chunk.digest:
+            return None, f"chunked view {chunk.epoch} does not match its digest"
+        return view, ""

@@ -1,0 +1,72 @@
+"""Views that fit the frame limit: deltas against the view held, whole views in pieces, digests that catch a miss."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from deadpool.coordinator.liveness import Liveness
+from deadpool.protocol import codec, viewsync
+from deadpool.protocol.messages import CommitView, ViewChunk
+from deadpool.protocol.view import View
+
+
+def big_view(members: int, epoch: int = 1) -> View:
+    seats = [f"node{i // 8:05d}:rank{i}:abcdef" for i in range(members)]
+    return View(epoch, seats, ["spare-a", "spare-b"], 7, f"epoch-{epoch}", "store:1",
+                {m: f"tcp://10.0.{i // 8}.1:{29600 + i % 8}" for i, m in enumerate([*seats, "spare-a", "spare-b"])},
+                {m: m.split(":")[0] for m in [*seats, "spare-a", "spare-b"]},
+                [(i + 8) % members for i in range(members)], {})
+
+
+def test_a_delta_rebuilds_the_committed_view_exactly_and_is_small() -> None:
+    base = big_view(20_000)
+    dead = base.seats[5]
+    new = dataclasses.replace(
+        base, epoch=2, seats=[("spare-a" if m == dead else m) for m in base.seats], spares=["spare-b", "late"],
+        store_prefix="epoch-2", restore_from={5: base.seats[13]},
+        bulk_addrs={**{m: a for m, a in base.bulk_addrs.items() if m != dead}, "late": "tcp://10.9.9.9:1"},
+        hosts={**{m: h for m, h in base.hosts.items() if m != dead}, "late": "node9"})
+    delta = viewsync.make_delta(base, new, viewsync.view_digest(base), viewsync.view_digest(new))
+    assert delta is not None
+    assert len(codec.encode(delta)) < 1000 < len(codec.encode(CommitView(new)))
+    rebuilt, why = viewsync.apply_delta(base, viewsync.view_digest(base), delta)
+    assert rebuilt == new and why == ""
+    # A member holding another base (it missed a view) gets None and asks for the whole view.
+    other = dataclasses.replace(base, epoch=0)
+    assert viewsync.apply_delta(other, viewsync.view_digest(other), delta)[0] is None
+    # A corrupted delta fails its digest rather than making a different view.
+    bad = dataclasses.replace(delta, seats={5: "someone-else"})
+    assert viewsync.apply_delta(base, viewsync.view_digest(base), bad) == (
+        None, "view 2 rebuilt from the delta does not match its digest")
+
+
+def test_a_whole_view_over_the_frame_limit_goes_in_pieces_that_reassemble() -> None:
+    view = big_view(40_000)
+    digest = viewsync.view_digest(view)
+    pieces = viewsync.whole(view, digest, term=3)
+    assert len(pieces) > 1 and all(isinstance(p, ViewChunk) for p in pieces)
+    assert max(len(codec.encode(p)) for p in pieces) <= codec.DEFAULT_MAX_FRAME_BYTES
+    assembly = viewsync.Reassembly()
+    results = [assembly.add(p) for p in reversed(pieces)]  # any order
+    assert all(r == (None, "") for r in results[:-1]) and results[-1] == (view, "")
+    # A piece that does not belong (wrong digest) cannot complete the view.
+    assembly = viewsync.Reassembly()
+    for piece in pieces[:-1]:
+        assembly.add(piece)
+    forged = dataclasses.replace(pieces[-1], payload=b"x" * len(pieces[-1].payload))
+    assert assembly.add(forged)[0] is None
+    small = big_view(10)
+    assert viewsync.whole(small, viewsync.view_digest(small), 1) == [CommitView(small, 1)]
+
+
+def test_liveness_finds_the_silent_oldest_first_and_out_of_order_times() -> None:
+    live = Liveness()
+    for i in range(5):
+        live.seen(f"m{i}", float(i))
+    live.seen("m0", 10.0)  # heard again: moves to the newest
+    assert live.silent(12.5, 10.0) == {"m1": 1.0, "m2": 2.0}
+    live.seen("old", -5.0)  # handed over by a takeover: older than everyone
+    assert list(live.silent(12.5, 10.0)) == ["old", "m1", "m2"]
+    live.forget("m1")
+    live.all_seen(20.0)
+    assert live.silent(25.0, 10.0) == {}
