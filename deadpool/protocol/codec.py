@@ -213,17 +213,9 @@ def decode(
         return DecodeError("unexpected_mac", "frame is authenticated but this endpoint has no secret to check it")
     else:
         payload = data[HEADER_BYTES:]
-    try:
-        decoded = msgpack.unpackb(
-            payload,
-            raw=False,
-            strict_map_key=False,
-            use_list=True,
-        )
-    except msgpack.StackError:  # its message is empty; say what it means
-        return DecodeError("malformed", "payload nests deeper than msgpack's stack limit")
-    except (ValueError, TypeError, OverflowError, msgpack.ExtraData, msgpack.FormatError) as err:
-        return DecodeError("malformed", f"not valid msgpack: {err}")
+    decoded = _unpack(payload)
+    if isinstance(decoded, DecodeError):
+        return decoded
     if not isinstance(decoded, list) or len(decoded) != 2:
         return DecodeError("malformed", "payload is not a [tag, fields] pair")
     tag, fields = decoded
@@ -232,13 +224,28 @@ def decode(
     checker = _CHECKERS.get(tag)
     if checker is None:
         return DecodeError("unknown_tag", f"message tag {tag} is not known to protocol version {PROTOCOL_VERSION}")
+    message: Message | DecodeError = _check(checker, fields)
+    return message
+
+
+def _unpack(payload: bytes) -> Any:
+    """msgpack to Python values, or a DecodeError for bytes that are not msgpack."""
     try:
-        message: Message = checker(fields)
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=True)
+    except msgpack.StackError:  # its message is empty; say what it means
+        return DecodeError("malformed", "payload nests deeper than msgpack's stack limit")
+    except (ValueError, TypeError, OverflowError, msgpack.ExtraData, msgpack.FormatError) as err:
+        return DecodeError("malformed", f"not valid msgpack: {err}")
+
+
+def _check(checker: Checker, value: Any) -> Any:
+    """The validated value, or a DecodeError naming the field that failed."""
+    try:
+        return checker(value)
     except _FieldError as err:
         return DecodeError("bad_field", str(err))
     except RecursionError:
         return DecodeError("malformed", "payload nests too deeply")
-    return message
 
 
 _VIEW_CHECKER = _struct_checker(View)
@@ -252,16 +259,8 @@ def pack_view(view: View) -> bytes:
 
 def unpack_view(data: bytes) -> View | DecodeError:
     """The inverse of :func:`pack_view`, validated field by field; bad input gives a DecodeError."""
-    try:
-        decoded = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
-    except msgpack.StackError:
-        return DecodeError("malformed", "view nests deeper than msgpack's stack limit")
-    except (ValueError, TypeError, OverflowError, msgpack.ExtraData, msgpack.FormatError) as err:
-        return DecodeError("malformed", f"view is not valid msgpack: {err}")
-    try:
-        view: View = _VIEW_CHECKER(decoded)
-    except _FieldError as err:
-        return DecodeError("bad_field", str(err))
-    except RecursionError:
-        return DecodeError("malformed", "view nests too deeply")
+    decoded = _unpack(data)
+    if isinstance(decoded, DecodeError):
+        return decoded
+    view: View | DecodeError = _check(_VIEW_CHECKER, decoded)
     return view
