@@ -21,7 +21,7 @@ from typing import Any
 
 from deadpool.actors.inbox import Drain
 from deadpool.errors import WaitTimeout
-from deadpool.protocol.messages import CommitView, Fenced, Prepare, Stop
+from deadpool.protocol.messages import CommitView, Fenced, Prepare, RestorePart, Stop
 from deadpool.snapshot.arena import Slot
 from deadpool.snapshot.statetree import Manifest
 
@@ -41,12 +41,13 @@ class LocalReady:
 
 @dataclass(frozen=True, slots=True)
 class Fetch:
-    """The compute side asks for (seat, step) from `member` (an adopted spare restoring)."""
+    """The compute side asks for `part` of (seat, step)'s snapshot from `member` (a seat restoring)."""
 
     seat: int
     step: int
     member: str
     future: concurrent.futures.Future[tuple[Manifest, list[memoryview]]]
+    part: RestorePart = RestorePart.HELD
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,7 @@ class PrepareReady:
     local_steps: list[int]  # complete local snapshots held
     disk_steps: list[int]  # steps with a complete disk checkpoint for every seat
     dirty_groups: list[str] = field(default_factory=list)  # mesh groups with a collective not completed here
+    peers: list[str] = field(default_factory=list)  # members sharing a mesh group with this seat: told it paused
 
 
 @dataclass
@@ -87,6 +89,7 @@ class Handoff:
         self._commands: deque[Command] = deque()
         self._prepare_epoch = 0  # newest epoch a Prepare asked for
         self._failed: deque[tuple[int, frozenset[int]]] = deque(maxlen=MAX_COMMANDS)  # (epoch, failed seats)
+        self._paused: dict[str, tuple[int, int]] = {}  # mesh peer -> (Prepare epoch, last finished step) it paused at
         self._terminal: Stop | Fenced | None = None  # a command after which nothing else matters
         self._confirmed: set[tuple[str, int]] = set()  # (generation, step) copies confirmed by the buddy
         self._post: Callable[[Any], None] | None = None
@@ -111,6 +114,14 @@ class Handoff:
                 self._commands.popleft()  # the newest view supersedes the oldest; terminal state is kept above
                 self.dropped_commands += 1
             self._commands.append(command)
+            self.condition.notify_all()
+
+    def peer_paused(self, member: str, prepare_epoch: int, step: int) -> None:
+        """A mesh-group peer stopped for Prepare(`prepare_epoch`) after finishing `step` (``PeerPaused``)."""
+        with self.condition:
+            if len(self._paused) >= 4 * MAX_COMMANDS and member not in self._paused:
+                self._paused.clear()  # a bound: entries of long-past rounds are of no use
+            self._paused[member] = (prepare_epoch, step)
             self.condition.notify_all()
 
     def confirm(self, generation: str, step: int) -> None:
@@ -162,6 +173,15 @@ class Handoff:
         if self._terminal is not None:
             return True
         return any(newer > epoch and (not failed or not failed.isdisjoint(seats)) for newer, failed in self._failed)
+
+    def peer_stopped_before(self, epoch: int, members: Sequence[str], step: int) -> bool:
+        """True when one of `members` paused for a Prepare newer than `epoch` before reaching `step`: it will
+        not issue that step's collectives, so a wait on a group with it cannot complete."""
+        for member in members:
+            paused = self._paused.get(member)
+            if paused is not None and paused[0] > epoch and paused[1] + 1 < step:
+                return True
+        return False
 
     @property
     def terminal(self) -> Stop | Fenced | None:

@@ -37,6 +37,7 @@ from deadpool.protocol import codec
 from deadpool.protocol.link import CoordinatorLink
 from deadpool.protocol.messages import (
     Message,
+    PeerPaused,
     RestoreReply,
     RestoreRequest,
     Role,
@@ -48,7 +49,7 @@ from deadpool.protocol.transport import CONTROL_LIMITS, Limits, Transport, new_e
 
 log = logging.getLogger("deadpool.worker.runtime")
 
-_BULK_TYPES = (SnapshotHeader, SnapshotAck, RestoreRequest, RestoreReply)
+_BULK_TYPES = (SnapshotHeader, SnapshotAck, RestoreRequest, RestoreReply, PeerPaused)
 BULK_LIMITS = Limits(max_frame_bytes=CHUNK_BYTES + (1 << 20), max_frames=4097, inbox_size=8, send_hwm=8)
 # The fault injector, an implementation beside the others (loaded by name like them: it is packaged as
 # deadpool.transports from the top-level transports/ folder).

@@ -32,7 +32,15 @@ from deadpool.errors import ActorStopped, RestoreFailed
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
-from deadpool.protocol.messages import PrepareAck, RestoreReply, RestoreRequest, SnapshotAck, SnapshotHeader
+from deadpool.protocol.messages import (
+    PeerPaused,
+    PrepareAck,
+    RestorePart,
+    RestoreReply,
+    RestoreRequest,
+    SnapshotAck,
+    SnapshotHeader,
+)
 from deadpool.protocol.transport import Frame, Transport, TransportClosed, TransportError
 from deadpool.protocol.view import View
 from deadpool.snapshot import shm
@@ -92,7 +100,8 @@ class SnapshotActor:
         self._inflight: _InFlight | None = None
         self._next: Slot | None = None
         self._parked: deque[Bulk] = deque(maxlen=PARKED)
-        self._fetches: dict[tuple[int, int], Restored] = {}
+        self._fetches: dict[tuple[int, int, RestorePart], Restored] = {}
+        self._own: dict[int, Slot] = {}  # this member's local snapshot slots, by index (peers ask for slices)
         self._tasks: asyncio.TaskGroup | None = None  # owns every send, so none outlives the actor
         self._sender: asyncio.Task[None] | None = None
         self._flight_started = asyncio.Event()  # wakes the resend loop, which sleeps while nothing is in flight
@@ -162,6 +171,7 @@ class SnapshotActor:
 
     def _on_local(self, slot: Slot) -> None:
         self._progress.snapshot_step = slot.step
+        self._own[slot.index] = slot
         view = self._view
         if view is None or slot.generation != view.store_prefix:
             return  # taken before the current view's rebuild: nobody needs it
@@ -318,6 +328,13 @@ class SnapshotActor:
         ack = PrepareAck(self._member, ready.epoch, ready.step, list(ready.local_steps), ward_steps,
                          list(ready.disk_steps), list(ready.dirty_groups))
         self._to_membership(Outbound(ack))
+        view = self._view
+        if view is not None and ready.peers:  # mesh peers that ran ahead stop waiting on this seat
+            paused = codec.encode(PeerPaused(self._member, view.epoch, ready.epoch, ready.step), self._secret)
+            for peer in ready.peers:
+                addr = view.bulk_addrs.get(peer)
+                if addr is not None:
+                    self._spawn(self._send(addr, [paused], f"pause notice to {peer}"))
 
     def _publish_holdings(self) -> None:
         """The memory report's counters, for the compute thread (through Progress)."""
@@ -344,6 +361,11 @@ class SnapshotActor:
             self._on_restore_request(message, view)
         elif isinstance(message, RestoreReply):
             self._on_restore_reply(message, item.frames)
+        elif isinstance(message, PeerPaused):
+            if message.sender in view.seats:
+                self._handoff.peer_paused(message.sender, message.prepare_epoch, message.step)
+            else:
+                self._events.emit(Event.REJECTED, reason="not_in_view", peer=message.sender, kind="peer_paused")
         else:
             self._events.emit(Event.REJECTED, reason="unexpected_type", detail=type(message).__name__)
 
@@ -358,21 +380,60 @@ class SnapshotActor:
                                        f"ack for seat {header.seat} step {header.step}"))
 
     def _on_restore_request(self, request: RestoreRequest, view: View) -> None:
-        if not 0 <= request.seat < view.world_size or view.seats[request.seat] != request.sender:
+        # A seat asks for its own snapshot (HELD); any seat of the view for another seat's slice (SLICE).
+        asker_ok = request.sender == view.seats[request.seat] if request.part == RestorePart.HELD \
+            else request.sender in view.seats
+        if not 0 <= request.seat < view.world_size or not asker_ok:
             self._events.emit(Event.REJECTED, reason="not_in_view", peer=request.sender, kind="restore_request")
             return
+        if request.part == RestorePart.SLICE and view.seat_of(self._member) == request.seat:
+            served = self._own_slice(request.seat, request.step, view.world_size)
+        else:
+            served = self._ward_part(request, view)
+        if isinstance(served, str):
+            reply = RestoreReply(self._member, request.epoch, request.seat, request.step, False, served,
+                                 part=request.part)
+            frames: list[Frame] = [codec.encode(reply, self._secret)]
+        else:
+            header, payload = served
+            reply = RestoreReply(self._member, request.epoch, request.seat, request.step, True, "", header,
+                                 part=request.part)
+            frames = [codec.encode(reply, self._secret), *payload]
+        self._spawn(self._send(request.reply_to, frames, f"restore reply to {request.sender}"))
+
+    def _ward_part(self, request: RestoreRequest, view: View) -> tuple[SnapshotHeader, list[Frame]] | str:
+        """What a ward's copy holds of (seat, step), or its slice of the replicated region; why not as a str."""
         copy = self._wards.find(request.seat, request.step, view)
         if copy is None:
             held = self._wards.held_steps(request.seat)
-            reply = RestoreReply(self._member, request.epoch, request.seat, request.step, False,
-                                 f"no copy of seat {request.seat} step {request.step} here (held: {held})")
-            frames: list[Frame] = [codec.encode(reply, self._secret)]
-        else:
-            # Served as frames even when held in shared memory: the requester may be on another host.
-            header = dataclasses.replace(copy.header, shm_path="", shm_offset=0)
-            reply = RestoreReply(self._member, request.epoch, request.seat, request.step, True, "", header)
-            frames = [codec.encode(reply, self._secret), *copy.frames]
-        self._spawn(self._send(request.reply_to, frames, f"restore reply to {request.sender}"))
+            return f"no copy of seat {request.seat} step {request.step} here (held: {held})"
+        # Served as frames even when held in shared memory: the requester may be on another host.
+        header = dataclasses.replace(copy.header, shm_path="", shm_offset=0)
+        if request.part == RestorePart.HELD:
+            return header, list(copy.frames)
+        try:
+            size = Manifest.decode(header.manifest, MAX_SNAPSHOT_BYTES).replicated // view.world_size
+        except ValueError as err:
+            return f"the copy of seat {request.seat} step {request.step} has a bad manifest: {err}"
+        return dataclasses.replace(header, nbytes=size), [_tail(copy.frames, size)]
+
+    def _own_slice(self, seat: int, step: int, world: int) -> tuple[SnapshotHeader, list[Frame]] | str:
+        """This member's slice of the replicated region in its own snapshot of `step`, copied now (the slot
+        is reused by a later capture); why not as a str."""
+        for slot in self._own.values():
+            sequence, manifest = slot.sequence, slot.manifest
+            if not (slot.complete and slot.step == step and slot.seat == seat and slot.world == world) \
+                    or manifest is None:
+                continue
+            size = manifest.replicated // world
+            data = bytes(slot.payload()[slot.nbytes - size :])
+            if slot.sequence != sequence or not slot.complete:
+                return f"seat {seat}'s snapshot of step {step} was replaced while it was being read"
+            header = SnapshotHeader(self._member, self._view.epoch if self._view else 0, seat, step, size,
+                                    manifest.encode())
+            return header, [data]
+        held = sorted(s.step for s in self._own.values() if s.complete)
+        return f"seat {seat} holds no snapshot of step {step} (held: {held})"
 
     async def _send(self, address: str, frames: list[Frame], what: str) -> None:
         try:
@@ -390,24 +451,25 @@ class SnapshotActor:
         if view is None or addr is None:
             _fail(fetch.future, RestoreFailed(f"no address for member {fetch.member}"))
             return
-        key = (fetch.seat, fetch.step)
+        key = (fetch.seat, fetch.step, fetch.part)
         older = self._fetches.get(key)
         if older is not None:
             _fail(older, RestoreFailed(f"restore of seat {fetch.seat} step {fetch.step} asked for again"))
         self._fetches[key] = fetch.future
-        request = RestoreRequest(self._member, view.epoch, fetch.seat, fetch.step, self._transport.address)
+        request = RestoreRequest(self._member, view.epoch, fetch.seat, fetch.step, self._transport.address,
+                                 fetch.part)
         self._spawn(self._request_restore(fetch, addr, request))
 
     async def _request_restore(self, fetch: Fetch, addr: str, request: RestoreRequest) -> None:
         try:
             await self._transport.send(addr, [codec.encode(request, self._secret)], self._send_timeout)
         except TransportError as err:
-            if self._fetches.get((fetch.seat, fetch.step)) is fetch.future:
-                del self._fetches[(fetch.seat, fetch.step)]
+            if self._fetches.get((fetch.seat, fetch.step, fetch.part)) is fetch.future:
+                del self._fetches[(fetch.seat, fetch.step, fetch.part)]
             _fail(fetch.future, RestoreFailed(f"restore request to {fetch.member} failed: {err}"))
 
     def _on_restore_reply(self, reply: RestoreReply, frames: list[memoryview]) -> None:
-        future = self._fetches.pop((reply.seat, reply.step), None)
+        future = self._fetches.pop((reply.seat, reply.step, reply.part), None)
         if future is None or future.done():
             return
         if not reply.ok or reply.header is None:
@@ -422,6 +484,17 @@ class SnapshotActor:
             _fail(future, RestoreFailed(f"bad manifest in restore reply: {err}"))
             return
         future.set_result((manifest, frames))
+
+
+def _tail(frames: list[memoryview], size: int) -> bytes:
+    """A copy of the last `size` bytes of `frames` (a mapped slot may be rewritten after this returns)."""
+    parts: list[memoryview] = []
+    for frame in reversed(frames):
+        if size <= 0:
+            break
+        parts.append(frame[max(0, len(frame) - size) :])
+        size -= len(parts[-1])
+    return b"".join(reversed(parts))
 
 
 def _fail(future: Restored, error: Exception) -> None:

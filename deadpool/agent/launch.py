@@ -107,6 +107,7 @@ class Worker:
     member: str
     role: str
     proc: asyncio.subprocess.Process
+    seat_hint: int = -1  # RANK, -1 for a spare
     returncode: int | None = None
 
 
@@ -375,7 +376,7 @@ class Launcher:
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
             )
             _normal_priority(proc.pid)
-            self.workers.append(Worker(label, member, "spare" if spare else "active", proc))
+            self.workers.append(Worker(label, member, "spare" if spare else "active", proc, rank))
         if coordinator_proc is not None or self.standby_proc is not None:
             self._write_job_file()
             if coordinator_proc is not None:
@@ -617,7 +618,8 @@ class Launcher:
             return
         with contextlib.suppress(TransportError):
             await self.transport.send(self.link.active,
-                                      [codec.encode(ProcessExited(self.agent_id, worker.member, code), self.secret)],
+                                      [codec.encode(ProcessExited(self.agent_id, worker.member, code, worker.seat_hint),
+                                                   self.secret)],
                                       2.0)
 
     def _remove_shm_files(self, worker: Worker) -> None:

@@ -228,13 +228,15 @@ class Coordinator:
         record = self.members.get(message.member)
         if record is not None:
             record.exited = True
-        if message.returncode == 0:
-            # A clean exit is how a finished seat or a released spare ends; its Finished may still be on
-            # the way. If it was not finished, its silence is caught by the heartbeat timeout.
-            return
-        if message.member in self.members and not self._seat_finished(message.member):
-            how = f"signal {-message.returncode}" if message.returncode < 0 else f"exit code {message.returncode}"
+        how = f"signal {-message.returncode}" if message.returncode < 0 else f"exit code {message.returncode}"
+        if record is None and message.returncode and message.seat_hint >= 0 and self.view is None:
+            # An active that never joined (its script failed before deadpool.init()): no first view can form.
+            self._fail_job(f"rank {message.seat_hint} ({message.member}) ended ({how}) before it joined the job, "
+                           "so training cannot start (its output says why); relaunch the job")
+        elif message.returncode and message.member in self.members and not self._seat_finished(message.member):
             self._declare_dead(now, message.member, "exit", f"process ended ({how})")
+        # A clean exit is how a finished seat or a released spare ends (its Finished may still be on the way); if
+        # it was not finished, its silence is caught by the heartbeat timeout.
 
     def _on_member_message(self, message: Message, sender: str, now: float) -> None:
         record = self.members[sender]

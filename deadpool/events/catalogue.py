@@ -22,7 +22,8 @@ class Event(enum.StrEnum):
     VIEW_COMMITTED = "view_committed"  # resume_step, reason, seats refilled
     VIEW_ADOPTED = "view_adopted"  # a worker took a committed view
     PAUSED = "paused"  # a worker stopped at a step boundary for a Prepare
-    # source (local | buddy | disk), bytes, s, group_s; with a mesh: groups_rebuilt, groups_kept, mesh_group_s
+    # source (local | buddy | disk), bytes, live_bytes (of those, already held by live tensors: not reloaded), s,
+    # fetch_s, group_s; with a mesh: groups_rebuilt, groups_kept, mesh_group_s
     RESTORED = "restored"
     # rank, old_member, new_member, recovery_s; groups_rebuilt and group_s: the new member's adoption
     SWAP_COMPLETED = "swap_completed"

@@ -86,6 +86,20 @@ class Prepare:
 
 
 @dataclass(frozen=True, slots=True)
+class PeerPaused:
+    """A survivor stopped for a Prepare tells the members it shares a mesh group with where it stopped.
+
+    A peer that ran ahead into a later step (it shares no group with the dead seat) would otherwise wait
+    on that group for collectives this survivor will never issue.
+    """
+
+    sender: str  # member id of the survivor that paused
+    epoch: int  # the sender's view epoch (the view both hold)
+    prepare_epoch: int  # the epoch of the Prepare it paused for
+    step: int  # its last finished step: it ran the next one (lost) to its end, and no step after it
+
+
+@dataclass(frozen=True, slots=True)
 class PrepareAck:
     """A survivor's answer to Prepare: which snapshots it can restore from."""
 
@@ -167,6 +181,7 @@ class ProcessExited:
     sender: str  # agent id
     member: str  # member id of the exited process
     returncode: int  # exit status; negative is the signal that ended it
+    seat_hint: int = -1  # the RANK it was started with (-1: a spare): all there is of a process that never joined
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,15 +221,25 @@ class SnapshotAck:
     header_epoch: int = -1  # epoch of the SnapshotHeader this answers (a late ack from an older view is ignored)
 
 
+class RestorePart(enum.StrEnum):
+    """Which part of a seat's snapshot a restore asks for (on the wire as its value)."""
+
+    HELD = "held"  # all the seat's snapshot holds (its own state and its slice), from the buddy's copy
+    # only the seat's slice of the replicated region: from the seat's own snapshot (its member serves it) or,
+    # for a seat being restored itself, from its buddy's copy
+    SLICE = "slice"
+
+
 @dataclass(frozen=True, slots=True)
 class RestoreRequest:
-    """An adopted spare asks the buddy of its seat for a snapshot."""
+    """A seat being restored asks for a snapshot: its own from its buddy, or a peer's slice of the replicated state."""
 
     sender: str  # member id of the requester
     epoch: int  # the view under which the request is valid
-    seat: int  # seat to restore
+    seat: int  # seat whose snapshot is asked for (the requester's own, for HELD)
     step: int  # step to restore
     reply_to: str  # bulk address for the reply
+    part: RestorePart = RestorePart.HELD  # what of the snapshot is asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +253,7 @@ class RestoreReply:
     ok: bool  # False when the copy is not held
     error: str  # why not, when ok is False
     header: SnapshotHeader | None = None  # layout of the payload frames that follow
+    part: RestorePart = RestorePart.HELD  # the part of the request this answers
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,6 +524,7 @@ Message = (
     | ViewDelta
     | ViewChunk
     | ViewRequest
+    | PeerPaused
 )
 
 # Append-only: a tag, once given, is never reused or renumbered.
@@ -539,5 +566,6 @@ REGISTRY: dict[int, type[Message]] = {
     35: ViewDelta,
     36: ViewChunk,
     37: ViewRequest,
+    45: PeerPaused,
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}

@@ -11,7 +11,7 @@ anywhere: a skeleton holding something else is refused with a clear error.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,6 +274,14 @@ def replicated_slice(manifest: Manifest, seat: int, world: int) -> tuple[int, in
     return start, start + chunk
 
 
+def replicated_layout(manifest: Manifest) -> tuple[int, tuple[tuple[str, tuple[int, ...], int], ...]]:
+    """The replicated region's size and its tensors (dtype, shape, offset in the region): the same on every seat
+    of a job, though the region starts at another offset where the seats' own states differ in size (ZeRO)."""
+    start = manifest.replicated_at
+    inside = sorted((t.offset - start, t.dtype, t.shape) for t in manifest.tensors if t.offset >= start and t.nbytes)
+    return manifest.replicated, tuple((dtype, shape, offset) for offset, dtype, shape in inside)
+
+
 def held_ranges(manifest: Manifest, seat: int, world: int) -> list[tuple[int, int]]:
     """The arena byte ranges `seat`'s snapshot holds, in order: all of it, or, with a replicated
     region, the seat's own state and then its slice of the region (empty ranges left out).
@@ -331,9 +339,22 @@ def view_tensor(arena: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
     return arena[spec.offset : spec.offset + spec.nbytes].view(_DTYPES[spec.dtype]).view(spec.shape)
 
 
-def materialize(manifest: Manifest, arena: torch.Tensor) -> Any:
-    """The state a manifest describes, with fresh tensors cloned out of the arena."""
-    return unflatten(manifest.skeleton, [view_tensor(arena, spec).clone() for spec in manifest.tensors])
+def materialize(manifest: Manifest, arena: torch.Tensor, keep: Mapping[int, torch.Tensor] | None = None) -> Any:
+    """The state a manifest describes, with fresh tensors cloned out of the arena.
+
+    `keep`: tensors, by index, that are taken as they are instead (live tensors known to hold
+    the snapshot's values); the arena's bytes for them are not read.
+    """
+    keep = keep or {}
+    return unflatten(manifest.skeleton, [keep[i] if i in keep else view_tensor(arena, spec).clone()
+                                         for i, spec in enumerate(manifest.tensors)])
+
+
+def same_layout(manifest: Manifest, tensors: Sequence[torch.Tensor]) -> bool:
+    """`tensors` (a flattened state) have the dtypes and shapes the manifest's tensors have, in order."""
+    return len(tensors) == len(manifest.tensors) and all(
+        str(t.dtype).removeprefix("torch.") == spec.dtype and tuple(t.shape) == spec.shape
+        for t, spec in zip(tensors, manifest.tensors, strict=True))
 
 
 def state_digest(state: Any) -> str:

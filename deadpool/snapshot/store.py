@@ -315,12 +315,18 @@ class SnapshotStore:
                 return slot
         return None
 
-    def forget_all(self) -> None:
-        """Forget every snapshot: after a restore the live state is re-captured under the new group."""
+    def forget_all(self, keep: Slot | None = None) -> None:
+        """Forget every snapshot but `keep`: after a restore the live state is re-captured under the new group.
+
+        `keep` (the snapshot a survivor restored from) stays complete until a later capture reuses its slot:
+        the next capture goes into the other slot, so peers restoring in the same view can still ask for its
+        slice of the replicated state.
+        """
         self.wait_copy(timeout=60.0)
         for slot in self._slots:
-            slot.complete = False
-            slot.step = -2
+            if slot is not keep:
+                slot.complete = False
+                slot.step = -2
 
     def memory_bytes(self) -> int:
         return sum(slot.arena.numel() for slot in self._slots if slot.arena is not None)

@@ -184,6 +184,10 @@ class StepCollectives(Protocol):
         """A fault-injection point inside backward (returns at once when no chaos is declared)."""
         ...
 
+    def step_lost(self) -> bool:
+        """The step in progress no longer counts: a collective failed or a Prepare interrupted it."""
+        ...
+
     def issue_allreduce(self, flat: torch.Tensor) -> dist.Work | None:
         """Start the sum of one bucket; None when the step is poisoned (issue nothing more this backward)."""
         ...
@@ -322,6 +326,9 @@ class GroupCollectives:
     def fault_point(self, point: ChaosPoint) -> None:
         self._faults.point(point)
 
+    def step_lost(self) -> bool:
+        return self._state.poison is not None or self._handoff.interrupted(self._state.epoch)
+
     def issue_allreduce(self, flat: torch.Tensor) -> dist.Work | None:
         """Start the sum of one gradient bucket on the view's group (``rt.ddp``, during backward).
 
@@ -367,16 +374,20 @@ class GroupCollectives:
         return self._run(lambda group: group.broadcast([flat], options), f"buffer broadcast of step {self._state.step}")
 
     def wait_bounded(self, work: dist.Work, what: str, seats: Sequence[int]) -> None:
-        """A mesh group's collective: waited on until it completes, fails or times out, or a Prepare declares
-        one of the group's `seats` dead. A Prepare for other seats does not cut it short: the group's seats
-        all issue it, so it completes (a seat of the dead one's group may wait on it without a direct
-        connection, so gloo would not fail it before its timeout).
+        """A mesh group's collective: waited on until it completes, fails or times out, a Prepare declares
+        one of the group's `seats` dead, or one of them paused for a Prepare before this step (``PeerPaused``:
+        a seat sharing no group with the dead one may run ahead into the next step). A Prepare for other
+        seats does not cut it short: the group's seats all issue it, so it completes (a seat of the dead
+        one's group may wait on it without a direct connection, so gloo would not fail it before its timeout).
 
         Raises:
             CollectiveAborted: it failed, timed out, or lost a seat.
         """
-        epoch = self._state.epoch
-        waiter = Waiter(self._handoff.condition, lambda: self._handoff.lost_any(epoch, seats))
+        state, handoff = self._state, self._handoff
+        epoch, step = state.epoch, state.step
+        members = [state.view.seats[seat] for seat in seats] if state.view is not None else []
+        waiter = Waiter(handoff.condition, lambda: handoff.lost_any(epoch, seats) or
+                        handoff.peer_stopped_before(epoch, members, step))
         waiter.wait(work, f"{what} (step {self._state.step})", self._timeout)
 
     # -- the script's own collectives (torch's default group, groups.py) ------------------------

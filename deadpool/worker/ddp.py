@@ -20,6 +20,7 @@ from torch import nn
 from torch.autograd.grad_mode import _unsafe_preserve_version_counter
 
 from deadpool.chaos import ChaosPoint
+from deadpool.worker.lost_step import StepAbandoned
 
 if TYPE_CHECKING:
     from torch.distributed import Work
@@ -147,6 +148,8 @@ class DataParallel(nn.Module):
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         self._collectives.fault_point(ChaosPoint.BACKWARD)
+        if self._collectives.step_lost():
+            raise StepAbandoned  # the rest of this backward computes nothing that counts (lost_step.py)
         if not self._sync_backward:
             return  # no_sync(): autograd accumulates into param.grad, the next synced backward sums it
         backward = torch._C._current_graph_task_id()

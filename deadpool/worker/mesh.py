@@ -158,6 +158,7 @@ class SeatMesh:
         if math.prod(shape) != world:
             raise MisuseError(f"rt.device_mesh({shape}): the mesh has {math.prod(shape)} seats, "
                               f"the job has {world} (--nproc)")
+        self._seat = rank
         self.dims = mesh_dims(shape, names, rank)
         self.groups = [MeshGroup(dim, collectives, rank) for dim in self.dims]
         for group, dim in zip(self.groups, self.dims, strict=True):
@@ -170,6 +171,10 @@ class SeatMesh:
     def dirty_groups(self) -> list[str]:
         """The groups with a collective this seat did not complete since their last build (the PrepareAck's)."""
         return [dim.name for dim in self.dims if dim.dirty]
+
+    def peers(self, view: View) -> list[str]:
+        """The members this seat shares a mesh group with in `view` (told where it paused for a Prepare)."""
+        return sorted({view.seats[seat] for dim in self.dims for seat in dim.seats if seat != self._seat})
 
     def rebuild(self, view: View, build: Callable[[str, int, int], Any]) -> Rebuilt:
         """Give the groups that need it a new gloo group under `view`'s prefix, in parallel; keep the others.

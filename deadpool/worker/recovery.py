@@ -22,11 +22,20 @@ from deadpool.config import WorkerEnv
 from deadpool.errors import ActorStopped, CollectiveAborted, JobStopped, RestoreFailed, WaitTimeout
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
-from deadpool.protocol.messages import CollectiveFailed, CommitView, Fenced, Prepare, Recovered, Role, Stop
+from deadpool.protocol.messages import (
+    CollectiveFailed,
+    CommitView,
+    Fenced,
+    Prepare,
+    Recovered,
+    RestorePart,
+    Role,
+    Stop,
+)
 from deadpool.protocol.view import View
 from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
 from deadpool.snapshot.checkpoint import load as checkpoint_load
-from deadpool.snapshot.statetree import Manifest, expand, materialize, replicated_slice
+from deadpool.snapshot.statetree import Manifest, expand, materialize, replicated_layout, replicated_slice, scatter
 from deadpool.snapshot.store import SnapshotStore
 from deadpool.worker.collective import GroupCollectives
 from deadpool.worker.exit import exit_fenced
@@ -37,6 +46,8 @@ from deadpool.worker.zero import ZeroShard
 SPARE_WAIT_S = 7 * 24 * 3600.0  # a spare may wait this long for a seat (the job's life, in practice)
 
 Restored = tuple[Manifest, torch.Tensor]  # a seat's snapshot: its manifest and the arena it describes
+Asked = tuple[int, RestorePart, str]  # (seat, part of its snapshot, member asked for it)
+Answer = tuple[Manifest, list[memoryview]]  # a fetched part: the snapshot's manifest and the part's bytes
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,7 @@ class Recovery:
         faults: FaultInjector,
         capture: Callable[[int, View, int], None],
         load: Callable[[dict[str, Any]], None],
+        unchanged: Callable[[Manifest], dict[int, torch.Tensor] | None],
         zero_shards: Sequence[ZeroShard],
         seat_samplers: Callable[[int, int], None],
     ) -> None:
@@ -88,6 +100,7 @@ class Recovery:
         self._faults = faults
         self._capture = capture  # (step, view, seat): snapshot the live state as the seat's of that step
         self._load = load  # the tracked objects and RNGs take a materialized state
+        self._unchanged = unchanged  # live tensors only optimizer.step() changes, by manifest index (None: mismatch)
         self._zero_shards = zero_shards
         self._seat_samplers = seat_samplers  # (seat, world): DistributedSamplers take the adopted seat
         self._recovering_epoch = 0  # epoch whose first finished step is reported as Recovered
@@ -237,10 +250,11 @@ class Recovery:
                 world = state.view.world_size if state.view else self._env.world_size
                 disk = complete_steps(self._disk.root, world) if self._disk.enabled else []
                 # The snapshot actor adds the ward copies it holds and sends the PrepareAck.
-                mesh = self._collectives.mesh
+                mesh, view = self._collectives.mesh, state.view
                 self._handoff.post(PrepareReady(command.epoch, self._progress.step,
                                                 self._snapshots.complete_steps(), disk,
-                                                mesh.dirty_groups() if mesh is not None else []))
+                                                mesh.dirty_groups() if mesh is not None else [],
+                                                mesh.peers(view) if mesh is not None and view is not None else []))
             elif isinstance(command, CommitView) and command.view.epoch > state.epoch:
                 if command.view.seat_of(self._env.member) is None:
                     exit_fenced(self._events, self._env.member,
@@ -283,7 +297,10 @@ class Recovery:
         self._seat_samplers(seat, view.world_size)  # before a loader's pass is rebuilt from the snapshot
         for shard in self._zero_shards:  # a spare takes the dead seat's partition before loading its shard
             shard.seat(seat, view.world_size, None)
+        self._fetch_s = 0.0
         restored: Restored | None = None
+        kept: dict[int, torch.Tensor] = {}  # live tensors that already hold the restored values
+        held = None  # the local snapshot restored from: kept for peers asking for its slice
         if first_view:
             source = "initial"
         elif view.restores_from_disk(seat):
@@ -291,7 +308,15 @@ class Recovery:
         elif seat in view.restore_from:
             source, restored = "buddy", self._restore_from_buddy(view, seat)
         else:
-            source, restored = "local", self._restore_local(view.resume_step)
+            held = self._snapshots.find(view.resume_step)
+            if held is None:
+                raise RestoreFailed(f"no local snapshot of step {view.resume_step} "
+                                    f"(held: {self._snapshots.complete_steps()})")
+            restored = self._snapshots.restore_arena(held)
+            unchanged = self._unchanged(restored[0]) if self._holds_resume_state(view, seat) else None
+            source, kept = "local", unchanged or {}
+            if unchanged is None:
+                self._fetch_slices(view, seat, *restored)
         fetched = time.perf_counter()
         self._collectives.rebuild(view, seat)
         group_s = time.perf_counter() - fetched
@@ -301,14 +326,15 @@ class Recovery:
             # Loaded after the group is built: building one may draw from the global RNGs, and the
             # restored RNG states must survive bit for bit.
             manifest, arena = restored
-            self._gather_replicated(manifest, arena, seat, view)
-            self._load(materialize(manifest, arena))
+            if source == "disk":
+                self._gather_replicated(manifest, arena, seat, view)
+            self._load(materialize(manifest, arena, kept))
             nbytes = manifest.nbytes
         # The restored state is this seat's snapshot of resume_step under the new view, taken before the seat
         # runs a step: the SnapshotActor streams it to the (possibly new) buddy at once, so the seat is
         # protected before its next step changes anything.  Until then the old snapshots stay (a failure
         # during this swap finds them, or the buddy's copy, again).
-        self._snapshots.forget_all()
+        self._snapshots.forget_all(keep=held)
         self._capture(view.resume_step, view, seat)
         restore_s = time.perf_counter() - started - group_s
         for shard in self._zero_shards:
@@ -320,8 +346,8 @@ class Recovery:
         if not first_view:
             self._recovering_epoch = view.epoch
             self._events.emit(Event.RESTORED, epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
-                              bytes=nbytes, s=round(restore_s, 6), fetch_s=round(self._fetch_s, 6),
-                              group_s=round(group_s, 6), **self._mesh_fields())
+                              bytes=nbytes, live_bytes=sum(t.nbytes for t in kept.values()), s=round(restore_s, 6),
+                              fetch_s=round(self._fetch_s, 6), group_s=round(group_s, 6), **self._mesh_fields())
         return view.resume_step + 1
 
     def _mesh_fields(self) -> dict[str, Any]:
@@ -332,11 +358,11 @@ class Recovery:
         return {"groups_rebuilt": rebuilt.rebuilt, "groups_kept": rebuilt.kept,
                 "mesh_group_s": round(rebuilt.seconds, 6)}
 
-    def _restore_local(self, step: int) -> Restored:
-        slot = self._snapshots.find(step)
-        if slot is None:
-            raise RestoreFailed(f"no local snapshot of step {step} (held: {self._snapshots.complete_steps()})")
-        return self._snapshots.restore_arena(slot)
+    def _holds_resume_state(self, view: View, seat: int) -> bool:
+        """This survivor's live parameters and optimizer state are its snapshot of the view's resume step: it
+        finished exactly that step in this seat, and no optimizer step ran after it (a lost step skips it)."""
+        return self._state.view is not None and self._state.rank == seat and \
+            self._progress.step == view.resume_step and self._state.stepped <= view.resume_step
 
     def _restore_from_disk(self, step: int, seat: int) -> Restored:
         try:
@@ -345,25 +371,85 @@ class Recovery:
             raise RestoreFailed(str(err)) from err
 
     def _restore_from_buddy(self, view: View, seat: int) -> Restored:
+        """The seat's snapshot from its buddy's copy, and the other seats' slices of the replicated region from
+        those seats (or their buddies), all asked for at once."""
         source = view.restore_from[seat]
-        what = f"fetching seat {seat}'s snapshot of step {view.resume_step} from {source}"
-        fetch_started = time.perf_counter()
-        future: concurrent.futures.Future[tuple[Manifest, list[memoryview]]] = concurrent.futures.Future()
-        future.add_done_callback(lambda _: self._handoff.wake())
-        self._handoff.post(Fetch(seat, view.resume_step, source, future))
-        if not self._handoff.wait_until(future.done, view.epoch, self._config.restore_timeout, what):
-            raise CollectiveAborted("restore", "interrupted by a newer view", interrupted=True)
+        asked = [(seat, RestorePart.HELD, source), *self._slice_sources(view, seat)]
+        (manifest, frames), *slices = self._fetch(view, asked)
         try:
-            manifest, frames = future.result()
-        except ActorStopped as err:
-            raise RestoreFailed(f"{what}: {err}") from err
-        self._fetch_s = time.perf_counter() - fetch_started
-        try:
-            # What the snapshot holds: the seat's own state, then its slice of the replicated region,
-            # which the gather completes.
-            return manifest, expand(manifest, frames, seat, view.world_size)
+            # What the snapshot holds: the seat's own state, then its slice of the replicated region.
+            arena = expand(manifest, frames, seat, view.world_size)
         except LookupError as err:  # the frames do not add up to what the manifest says the seat holds
             raise RestoreFailed(f"{err} (from {source})") from err
+        self._place_slices(view, manifest, arena, asked[1:], slices)
+        return manifest, arena
+
+    def _fetch_slices(self, view: View, seat: int, manifest: Manifest, arena: torch.Tensor) -> None:
+        """Complete a restored arena with the other seats' slices of the replicated region, asked of them."""
+        asked = self._slice_sources(view, seat) if manifest.replicated else []
+        if asked:
+            self._place_slices(view, manifest, arena, asked, self._fetch(view, asked))
+
+    @staticmethod
+    def _slice_sources(view: View, seat: int) -> list[Asked]:
+        """Who serves each other seat's slice: the seat's own member, or the buddy of a seat being restored.
+        None after a restore from disk: every seat then completes its state with one all-gather."""
+        if view.restores_from_disk(seat) or view.world_size < 2:
+            return []
+        return [(other, RestorePart.SLICE, view.restore_from.get(other, view.seats[other]))
+                for other in range(view.world_size) if other != seat]
+
+    def _fetch(self, view: View, asked: Sequence[Asked]) -> list[Answer]:
+        """Ask the snapshot actor for every (seat, part, member) of `asked` at once; wait for all the answers.
+
+        Raises:
+            CollectiveAborted: a newer view interrupted the wait.
+            RestoreFailed: an answer is a refusal, or the wait timed out (WaitTimeout).
+        """
+        what = f"fetching snapshots of step {view.resume_step} ({len(asked)} parts)"
+        fetch_started = time.perf_counter()
+        futures: list[concurrent.futures.Future[Answer]] = []
+        for seat, part, member in asked:
+            future: concurrent.futures.Future[Answer] = concurrent.futures.Future()
+            future.add_done_callback(lambda _: self._handoff.wake())
+            self._handoff.post(Fetch(seat, view.resume_step, member, future, part))
+            futures.append(future)
+        if not self._handoff.wait_until(lambda: all(f.done() for f in futures), view.epoch,
+                                        self._config.restore_timeout, what):
+            raise CollectiveAborted("restore", "interrupted by a newer view", interrupted=True)
+        answers = []
+        for (seat, part, member), future in zip(asked, futures, strict=True):
+            try:
+                answers.append(future.result())
+            except (ActorStopped, RestoreFailed) as err:
+                raise RestoreFailed(f"fetching seat {seat}'s {part.value} snapshot of step {view.resume_step} "
+                                    f"from {member}: {err}") from err
+        self._fetch_s = time.perf_counter() - fetch_started
+        return answers
+
+    @staticmethod
+    def _place_slices(
+        view: View, manifest: Manifest, arena: torch.Tensor, asked: Sequence[Asked],
+        slices: Sequence[Answer],
+    ) -> None:
+        """Put each fetched slice where its seat's slice lies in `arena`.
+
+        Raises:
+            RestoreFailed: a slice was taken under another layout, or has the wrong size.
+        """
+        target = arena.numpy().data.cast("B")
+        for (seat, _, member), (theirs, frames) in zip(asked, slices, strict=True):
+            if replicated_layout(theirs) != replicated_layout(manifest):
+                raise RestoreFailed(f"seat {seat}'s slice of step {view.resume_step} (from {member}) was "
+                                    "taken under another layout of the state")
+            first, last = replicated_slice(manifest, seat, view.world_size)
+            try:
+                scatter(frames, [(first, last)] if last > first else [], target)
+            except ValueError as err:
+                raise RestoreFailed(f"seat {seat}'s slice of step {view.resume_step} (from {member}): {err}") from err
+            if sum(len(f) for f in frames) != last - first:
+                raise RestoreFailed(f"seat {seat}'s slice of step {view.resume_step} (from {member}): "
+                                    f"{sum(len(f) for f in frames)} bytes where it is {last - first}")
 
     def _gather_replicated(self, manifest: Manifest, arena: torch.Tensor, seat: int, view: View) -> None:
         """Complete a restored arena: every seat's snapshot holds only its slice of the replicated region.

@@ -31,7 +31,7 @@ from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CommitView, Fenced, Finished, Join, Prepare, Role, Stop
 from deadpool.protocol.view import View
 from deadpool.snapshot.checkpoint import DiskCheckpointer
-from deadpool.snapshot.statetree import state_digest
+from deadpool.snapshot.statetree import Manifest, flatten, same_layout, state_digest
 from deadpool.snapshot.store import Slot, SnapshotStore
 from deadpool.worker import dtensors
 from deadpool.worker import rng as rng_mod
@@ -41,6 +41,7 @@ from deadpool.worker.data import DataSeats, LoaderWatch, TrackedLoader
 from deadpool.worker.ddp import DEFAULT_BUCKET_MB, DataParallel
 from deadpool.worker.exit import GUARD, ExceptionReport
 from deadpool.worker.faults import FaultInjector
+from deadpool.worker.lost_step import AbandonableBackward, skip_when_lost
 from deadpool.worker.recovery import Recovery
 from deadpool.worker.step import StepState
 
@@ -108,9 +109,11 @@ class Runtime:
         self._data_seats = DataSeats()  # DistributedSamplers: seated at every adopted view
         self._loader_watch = LoaderWatch(lambda: self._state.step >= 0, self._untracked_loader)
         self._loader_watch.install()
+        self._backward = AbandonableBackward()  # a lost step's backward stops at DeadPool's next gradient hook
+        self._backward.install()
         self._recovery = Recovery(
             env, self._state, self._handoff, self._progress, self.events, self._snapshots, self._disk,
-            self._collectives, self._faults, self._capture_state, self._load, self._zero_shards,
+            self._collectives, self._faults, self._capture_state, self._load, self._unchanged, self._zero_shards,
             self._data_seats.seat,
         )
         self._stalls: deque[float] = deque(maxlen=200)
@@ -176,6 +179,7 @@ class Runtime:
             if isinstance(obj, torch.optim.Optimizer):
                 self._optimizers.append(obj)
                 obj.register_step_pre_hook(self._optimizer_pre_step)
+                skip_when_lost(obj, self._collectives.step_lost, self._optimizer_stepped)
 
     def distributed_sampler(
         self, dataset: Any, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
@@ -378,6 +382,16 @@ class Runtime:
             obj.load_state_dict(dtensors.relayout(state[name], obj) if self._sharded else state[name])
         rng_mod.restore(rng)  # last: loading an object may draw from the RNGs (a loader's pass does)
 
+    def _unchanged(self, manifest: Manifest) -> dict[int, torch.Tensor] | None:
+        """The live tensors that only an optimizer's step() changes (and the replicated ones), by their index in
+        `manifest`; None when the live state is not laid out as the manifest says.  After a lost step that
+        skipped the optimizer, they hold what the snapshot of the step before holds (``Recovery`` checks that)."""
+        _, tensors = flatten(self._live_state())
+        if not same_layout(manifest, tensors):
+            return None
+        kept = self._background_pointers() | self._replicated_pointers()
+        return {i: t for i, t in enumerate(tensors) if t.data_ptr() in kept}
+
     def _background_pointers(self) -> set[int]:
         """Storages that change only inside optimizer.step(): safe to copy while the next step runs."""
         pointers: set[int] = set()
@@ -422,6 +436,10 @@ class Runtime:
 
     def _optimizer_pre_step(self, *_: Any) -> None:
         self._gate()
+
+    def _optimizer_stepped(self) -> None:
+        """An optimizer's step() is about to change parameters in the step in progress (it is not lost)."""
+        self._state.stepped = self._state.step
 
     def _gate(self) -> bool:
         """Before parameters change: the previous snapshot must be copied and confirmed by the buddy.
@@ -491,6 +509,7 @@ class Runtime:
         global _RUNTIME
         self._disk.close()
         self._loader_watch.uninstall()
+        self._backward.uninstall()
         self._thread.stop(timeout=5.0)
         self._snapshots.close()
         self.events.close()

@@ -20,6 +20,7 @@ class StepState:
     step: int = -1  # the step in progress
     gated_step: int = -2  # the step whose pre-step gate passed (its previous snapshot is confirmed)
     poison: str | None = None  # why the step in progress is lost (None: it counts)
+    stepped: int = -1  # the newest step in which an optimizer's step() ran (a lost step's is skipped)
 
     @property
     def epoch(self) -> int:

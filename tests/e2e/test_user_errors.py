@@ -53,3 +53,16 @@ def test_check_determinism_passes_on_a_script_that_tracks_everything(tmp_path: P
     assert "kill:rank=1:step=5" in output
     killed = (tmp_path / "events.jsonl.3").read_text()
     assert '"event":"swap_completed"' in killed
+
+
+def test_a_script_that_fails_before_it_joins_stops_the_job_at_once(tmp_path: Path) -> None:
+    """A rank whose script raises before ``deadpool.init()`` never joins: the first view cannot form, and the
+    job says so as soon as the agent reports the exit, not after the startup timeout (or never, when every
+    process failed and nobody joined)."""
+    script = tmp_path / "fails_at_import.py"
+    script.write_text('raise ImportError("no module named missing_dependency")\n')
+    result = launch(tmp_path, "--nproc", "2", "--spares", "1", "--no-progress", steps=5, script=script, timeout=60)
+    assert result.returncode != 0, result.output[-3000:]
+    assert "before it joined the job, so training cannot start" in result.output
+    assert "no module named missing_dependency" in result.output
+    assert result.elapsed < 60

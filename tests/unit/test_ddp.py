@@ -19,6 +19,7 @@ from torch import nn
 
 from deadpool.chaos import ChaosPoint
 from deadpool.worker.ddp import DataParallel, plan_buckets
+from deadpool.worker.lost_step import AbandonableBackward, StepAbandoned
 
 
 class FakeCollectives:
@@ -31,6 +32,10 @@ class FakeCollectives:
         self.flats: list[torch.Tensor] = []
         self.root = root  # what seat 0's buffer broadcast carries (None: this seat is seat 0)
         self.broadcasts: list[torch.Tensor] = []  # what this seat packed, per broadcast
+        self.lost = False  # the step is lost (a Prepare came or a collective failed)
+
+    def step_lost(self) -> bool:
+        return self.lost
 
     def fault_point(self, point: ChaosPoint) -> None:
         if point is ChaosPoint.BACKWARD:
@@ -171,6 +176,37 @@ def test_a_backward_that_raised_does_not_break_the_next_one() -> None:
     assert sum(e.startswith("issue") for e in rt.log) == len(ddp.buckets)
     for param, want in zip(ddp.module.parameters(), reference_grads(x), strict=True):
         assert torch.equal(param.grad, want)  # type: ignore[arg-type]
+
+
+def test_a_lost_step_abandons_its_backward_at_the_first_gradient_and_the_next_one_is_whole() -> None:
+    x = torch.randn(16, 64)
+    rt = FakeCollectives()
+    ddp = DataParallel(model(), rt, bucket_mb=0.1)
+    backward = AbandonableBackward()
+    backward.install()
+    try:
+        rt.lost = True
+        ddp(x).square().mean().backward()  # returns: the hook's StepAbandoned never reaches the caller
+        assert rt.log == ["grad"], "one gradient hook ran, then nothing was issued or awaited"
+        rt.lost = False
+        rt.flats.clear()
+        rt.log.clear()
+        for param in ddp.module.parameters():
+            param.grad = None
+        ddp(x).square().mean().backward()
+    finally:
+        backward.uninstall()
+    assert torch.autograd.backward is not None and rt.log[-1] == "await"
+    for param, want in zip(ddp.module.parameters(), reference_grads(x), strict=True):
+        assert torch.equal(param.grad, want)  # type: ignore[arg-type]
+
+
+def test_without_the_wrapper_an_abandoned_backward_raises() -> None:
+    rt = FakeCollectives()
+    ddp = DataParallel(model(), rt, bucket_mb=0.1)
+    rt.lost = True
+    with pytest.raises(StepAbandoned):
+        ddp(torch.randn(4, 64)).sum().backward()
 
 
 # -- no_sync(): gradient accumulation ----------------------------------------------------------

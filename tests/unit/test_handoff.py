@@ -158,3 +158,15 @@ def test_a_mesh_group_loses_a_seat_only_to_a_prepare_that_names_it() -> None:
     assert not handoff.lost_any(2, [2, 3]), "not newer than the view the collective runs under"
     handoff.deliver(Prepare(3, [], "a rebuild that names no seat"))
     assert handoff.lost_any(2, [0, 2])
+
+
+def test_a_mesh_wait_stops_for_a_peer_that_paused_before_its_step() -> None:
+    """Seat 3 shares no group with the dead seat 0, finished step 11 and waits in step 12 on a group with
+    seat 1, which paused after its (lost) step 11: that wait can never complete."""
+    handoff = Handoff()
+    assert not handoff.peer_stopped_before(1, ["m1", "m3"], 12)
+    handoff.peer_paused("m1", 2, 10)  # paused for Prepare(2); last finished step 10, ran the lost step 11
+    assert handoff.peer_stopped_before(1, ["m1", "m3"], 12)
+    assert not handoff.peer_stopped_before(1, ["m1", "m3"], 11), "it issued every collective of step 11"
+    assert not handoff.peer_stopped_before(1, ["m2", "m3"], 12), "another group's member"
+    assert not handoff.peer_stopped_before(2, ["m1", "m3"], 12), "not newer than the view the wait runs under"

@@ -25,7 +25,7 @@ def spare() -> tuple[Recovery, Handoff]:
     events = EventLog(None, member="s0", source="worker")
     faults = FaultInjector(env, state, handoff, events, partition=type("Switch", (), {"cut": False})())
     unused: Any = None  # what seating never touches: snapshots, disk, collectives, the state callbacks
-    recovery = Recovery(env, state, handoff, Progress(), events, unused, unused, unused, faults, unused, unused,
+    recovery = Recovery(env, state, handoff, Progress(), events, unused, unused, unused, faults, unused, unused, unused,
                         [], unused)
     return recovery, handoff
 
