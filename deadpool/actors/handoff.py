@@ -40,14 +40,24 @@ class LocalReady:
 
 
 @dataclass(frozen=True, slots=True)
+class Fetched:
+    """A part of a seat's snapshot, fetched from a peer."""
+
+    step: int  # the step it is the state after
+    manifest: Manifest  # the snapshot's layout
+    frames: list[memoryview]  # the part's bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Fetch:
     """The compute side asks for `part` of (seat, step)'s snapshot from `member` (a seat restoring)."""
 
     seat: int
     step: int
     member: str
-    future: concurrent.futures.Future[tuple[Manifest, list[memoryview]]]
+    future: concurrent.futures.Future[Fetched]
     part: RestorePart = RestorePart.HELD
+    newest: bool = False  # whatever step `member` holds newest (a spare's prefetch, before the step is known)
 
 
 @dataclass(frozen=True, slots=True)

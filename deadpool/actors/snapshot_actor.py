@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from deadpool.actors.handoff import Fetch, Handoff, LocalReady, PrepareReady, Progress
+from deadpool.actors.handoff import Fetch, Fetched, Handoff, LocalReady, PrepareReady, Progress
 from deadpool.actors.inbox import Bulk, Drain, Mailbox, Outbound, ViewChanged
 from deadpool.errors import ActorStopped, RestoreFailed
 from deadpool.events.catalogue import Event
@@ -53,7 +53,7 @@ log = logging.getLogger("deadpool.actors.snapshot_actor")
 __all__ = ["CHUNK_BYTES", "Command", "SnapshotActor"]
 
 Command = LocalReady | Fetch | PrepareReady | ViewChanged | Drain  # the local lane: compute thread, membership
-Restored = concurrent.futures.Future[tuple[Manifest, list[memoryview]]]
+Restored = concurrent.futures.Future[Fetched]
 PARKED = 16  # peer messages from a newer view kept until that view arrives
 
 
@@ -100,7 +100,7 @@ class SnapshotActor:
         self._inflight: _InFlight | None = None
         self._next: Slot | None = None
         self._parked: deque[Bulk] = deque(maxlen=PARKED)
-        self._fetches: dict[tuple[int, int, RestorePart], Restored] = {}
+        self._fetches: dict[tuple[int, int, RestorePart, bool], Restored] = {}
         self._own: dict[int, Slot] = {}  # this member's local snapshot slots, by index (peers ask for slices)
         self._tasks: asyncio.TaskGroup | None = None  # owns every send, so none outlives the actor
         self._sender: asyncio.Task[None] | None = None
@@ -380,33 +380,33 @@ class SnapshotActor:
                                        f"ack for seat {header.seat} step {header.step}"))
 
     def _on_restore_request(self, request: RestoreRequest, view: View) -> None:
-        # A seat asks for its own snapshot (HELD); any seat of the view for another seat's slice (SLICE).
-        asker_ok = request.sender == view.seats[request.seat] if request.part == RestorePart.HELD \
-            else request.sender in view.seats
+        # A seat asks for its own snapshot (HELD), or a spare chosen for it (its prefetch); any seat of the view
+        # for another seat's slice (SLICE).
+        seated = request.sender in view.seats or request.sender in view.spares
+        asker_ok = request.sender in (view.seats[request.seat], *view.spares) \
+            if request.part == RestorePart.HELD and 0 <= request.seat < view.world_size else seated
         if not 0 <= request.seat < view.world_size or not asker_ok:
             self._events.emit(Event.REJECTED, reason="not_in_view", peer=request.sender, kind="restore_request")
             return
+        step = None if request.newest else request.step
         if request.part == RestorePart.SLICE and view.seat_of(self._member) == request.seat:
-            served = self._own_slice(request.seat, request.step, view.world_size)
+            served = self._own_slice(request.seat, step, view.world_size)
         else:
-            served = self._ward_part(request, view)
-        if isinstance(served, str):
-            reply = RestoreReply(self._member, request.epoch, request.seat, request.step, False, served,
-                                 part=request.part)
-            frames: list[Frame] = [codec.encode(reply, self._secret)]
-        else:
-            header, payload = served
-            reply = RestoreReply(self._member, request.epoch, request.seat, request.step, True, "", header,
-                                 part=request.part)
-            frames = [codec.encode(reply, self._secret), *payload]
+            served = self._ward_part(request, step, view)
+        ok, error, header, payload = (False, served, None, []) if isinstance(served, str) else (True, "", *served)
+        reply = RestoreReply(self._member, request.epoch, request.seat, request.step, ok, error, header,
+                             request.part, request.newest)
+        frames: list[Frame] = [codec.encode(reply, self._secret), *payload]
         self._spawn(self._send(request.reply_to, frames, f"restore reply to {request.sender}"))
 
-    def _ward_part(self, request: RestoreRequest, view: View) -> tuple[SnapshotHeader, list[Frame]] | str:
-        """What a ward's copy holds of (seat, step), or its slice of the replicated region; why not as a str."""
-        copy = self._wards.find(request.seat, request.step, view)
+    def _ward_part(self, request: RestoreRequest, step: int | None,
+                   view: View) -> tuple[SnapshotHeader, list[Frame]] | str:
+        """What a ward's copy holds of (seat, `step`; None: the newest), or its slice of the replicated region;
+        why not as a str."""
+        copy = self._wards.find(request.seat, step, view)
         if copy is None:
             held = self._wards.held_steps(request.seat)
-            return f"no copy of seat {request.seat} step {request.step} here (held: {held})"
+            return f"no copy of seat {request.seat} step {'(newest)' if step is None else step} here (held: {held})"
         # Served as frames even when held in shared memory: the requester may be on another host.
         header = dataclasses.replace(copy.header, shm_path="", shm_offset=0)
         if request.part == RestorePart.HELD:
@@ -417,23 +417,22 @@ class SnapshotActor:
             return f"the copy of seat {request.seat} step {request.step} has a bad manifest: {err}"
         return dataclasses.replace(header, nbytes=size), [_tail(copy.frames, size)]
 
-    def _own_slice(self, seat: int, step: int, world: int) -> tuple[SnapshotHeader, list[Frame]] | str:
-        """This member's slice of the replicated region in its own snapshot of `step`, copied now (the slot
-        is reused by a later capture); why not as a str."""
-        for slot in self._own.values():
-            sequence, manifest = slot.sequence, slot.manifest
-            if not (slot.complete and slot.step == step and slot.seat == seat and slot.world == world) \
-                    or manifest is None:
-                continue
-            size = manifest.replicated // world
-            data = bytes(slot.payload()[slot.nbytes - size :])
-            if slot.sequence != sequence or not slot.complete:
-                return f"seat {seat}'s snapshot of step {step} was replaced while it was being read"
-            header = SnapshotHeader(self._member, self._view.epoch if self._view else 0, seat, step, size,
-                                    manifest.encode())
-            return header, [data]
-        held = sorted(s.step for s in self._own.values() if s.complete)
-        return f"seat {seat} holds no snapshot of step {step} (held: {held})"
+    def _own_slice(self, seat: int, step: int | None, world: int) -> tuple[SnapshotHeader, list[Frame]] | str:
+        """This member's slice of the replicated region in its own snapshot of `step` (None: the newest),
+        copied now (the slot is reused by a later capture); why not as a str."""
+        held = [slot for slot in self._own.values() if slot.complete and slot.manifest is not None
+                and (slot.seat, slot.world) == (seat, world) and step in (None, slot.step)]
+        slot = max(held, key=lambda s: s.sequence, default=None)
+        if slot is None or slot.manifest is None:
+            steps = sorted(s.step for s in self._own.values() if s.complete)
+            return f"seat {seat} holds no snapshot of step {'(newest)' if step is None else step} (held: {steps})"
+        sequence, served, manifest = slot.sequence, slot.step, slot.manifest
+        size = manifest.replicated // world
+        data = bytes(slot.payload()[slot.nbytes - size :])
+        if slot.sequence != sequence or not slot.complete:
+            return f"seat {seat}'s snapshot of step {served} was replaced while it was being read"
+        view_epoch = self._view.epoch if self._view else 0
+        return SnapshotHeader(self._member, view_epoch, seat, served, size, manifest.encode()), [data]
 
     async def _send(self, address: str, frames: list[Frame], what: str) -> None:
         try:
@@ -451,25 +450,26 @@ class SnapshotActor:
         if view is None or addr is None:
             _fail(fetch.future, RestoreFailed(f"no address for member {fetch.member}"))
             return
-        key = (fetch.seat, fetch.step, fetch.part)
+        key = (fetch.seat, fetch.step, fetch.part, fetch.newest)
         older = self._fetches.get(key)
         if older is not None:
             _fail(older, RestoreFailed(f"restore of seat {fetch.seat} step {fetch.step} asked for again"))
         self._fetches[key] = fetch.future
         request = RestoreRequest(self._member, view.epoch, fetch.seat, fetch.step, self._transport.address,
-                                 fetch.part)
+                                 fetch.part, fetch.newest)
         self._spawn(self._request_restore(fetch, addr, request))
 
     async def _request_restore(self, fetch: Fetch, addr: str, request: RestoreRequest) -> None:
         try:
             await self._transport.send(addr, [codec.encode(request, self._secret)], self._send_timeout)
         except TransportError as err:
-            if self._fetches.get((fetch.seat, fetch.step, fetch.part)) is fetch.future:
-                del self._fetches[(fetch.seat, fetch.step, fetch.part)]
+            key = (fetch.seat, fetch.step, fetch.part, fetch.newest)
+            if self._fetches.get(key) is fetch.future:
+                del self._fetches[key]
             _fail(fetch.future, RestoreFailed(f"restore request to {fetch.member} failed: {err}"))
 
     def _on_restore_reply(self, reply: RestoreReply, frames: list[memoryview]) -> None:
-        future = self._fetches.pop((reply.seat, reply.step, reply.part), None)
+        future = self._fetches.pop((reply.seat, reply.step, reply.part, reply.newest), None)
         if future is None or future.done():
             return
         if not reply.ok or reply.header is None:
@@ -483,7 +483,7 @@ class SnapshotActor:
         except ValueError as err:
             _fail(future, RestoreFailed(f"bad manifest in restore reply: {err}"))
             return
-        future.set_result((manifest, frames))
+        future.set_result(Fetched(reply.header.step, manifest, frames))
 
 
 def _tail(frames: list[memoryview], size: int) -> bytes:

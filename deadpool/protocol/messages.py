@@ -232,14 +232,19 @@ class RestorePart(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RestoreRequest:
-    """A seat being restored asks for a snapshot: its own from its buddy, or a peer's slice of the replicated state."""
+    """A seat being restored asks for a snapshot: its own from its buddy, or a peer's slice of the replicated state.
 
-    sender: str  # member id of the requester
+    A spare chosen for a seat asks before the view that seats it names the step (``newest``): the
+    reply's header says which step it got, and the commit tells whether that is the one to restore.
+    """
+
+    sender: str  # member id of the requester (seated in `seat` for HELD, or a spare of the view)
     epoch: int  # the view under which the request is valid
     seat: int  # seat whose snapshot is asked for (the requester's own, for HELD)
     step: int  # step to restore
     reply_to: str  # bulk address for the reply
     part: RestorePart = RestorePart.HELD  # what of the snapshot is asked for
+    newest: bool = False  # the newest complete copy held, whatever `step` says (a spare's prefetch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +259,7 @@ class RestoreReply:
     error: str  # why not, when ok is False
     header: SnapshotHeader | None = None  # layout of the payload frames that follow
     part: RestorePart = RestorePart.HELD  # the part of the request this answers
+    newest: bool = False  # the request asked for the newest copy (the header's step is the one served)
 
 
 @dataclass(frozen=True, slots=True)

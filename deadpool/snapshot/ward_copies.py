@@ -158,10 +158,11 @@ class WardCopies:
                 self.refresh(seat, view)
         return {seat: sorted({c.header.step for c in copies if c.valid}) for seat, copies in self.by_seat.items()}
 
-    def find(self, seat: int, step: int, view: View) -> WardCopy | None:
-        """The complete copy of `seat`'s snapshot of `step`, as its slot's head says now, or None."""
+    def find(self, seat: int, step: int | None, view: View) -> WardCopy | None:
+        """The complete copy of `seat`'s snapshot of `step` (None: the newest), as its slot's head says now."""
         self.refresh(seat, view)
-        return next((c for c in self.by_seat.get(seat, []) if c.valid and c.header.step == step), None)
+        valid = [c for c in self.by_seat.get(seat, []) if c.valid and step in (None, c.header.step)]
+        return max(valid, key=lambda c: c.header.step, default=None)
 
     def held_steps(self, seat: int) -> list[int]:
         """Steps of the complete copies held for `seat`, as last refreshed (for messages to people)."""

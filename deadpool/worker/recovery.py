@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from deadpool.actors.handoff import Command, Fetch, Handoff, PrepareReady, Progress
+from deadpool.actors.handoff import Command, Fetch, Fetched, Handoff, PrepareReady, Progress
 from deadpool.chaos import ChaosPoint
 from deadpool.config import WorkerEnv
 from deadpool.errors import ActorStopped, CollectiveAborted, JobStopped, RestoreFailed, WaitTimeout
@@ -47,7 +47,16 @@ SPARE_WAIT_S = 7 * 24 * 3600.0  # a spare may wait this long for a seat (the job
 
 Restored = tuple[Manifest, torch.Tensor]  # a seat's snapshot: its manifest and the arena it describes
 Asked = tuple[int, RestorePart, str]  # (seat, part of its snapshot, member asked for it)
-Answer = tuple[Manifest, list[memoryview]]  # a fetched part: the snapshot's manifest and the part's bytes
+Answers = list[concurrent.futures.Future[Fetched]]  # one per part asked for, in order
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """What a spare asked for when a Prepare chose it, before the view that seats it names the step."""
+
+    seat: int
+    asked: list[Asked]
+    answers: Answers
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,7 @@ class Recovery:
         self._offer: CommitView | Reserved | Stop | None = None  # what rt.device_mesh waited for, not yet adopted
         self._held: View | None = None  # the newest view a waiting spare was told of (it sits in its spares)
         self._fetch_s = 0.0
+        self._prefetch: Prefetch | None = None  # started by the Prepare that chose this spare
         self._adopted_groups = (0, 0.0)  # (mesh groups rebuilt, seconds building groups) of the last adoption
 
     def set_view(self, view: View) -> None:
@@ -218,10 +228,12 @@ class Recovery:
                 if command.view.seat_of(self._env.member) is not None:
                     return command
                 self._held = command.view
-            if reservations and isinstance(command, Prepare) and self._held is not None:
+            if isinstance(command, Prepare) and self._held is not None:
                 for seat, member in command.replacements.items():
                     if member == self._env.member:
-                        return Reserved(command.epoch, seat, self._held)
+                        self._start_prefetch(command, seat, self._held)
+                        if reservations:
+                            return Reserved(command.epoch, seat, self._held)
 
     def recover(self, pending: Command | None = None) -> int:
         """Pause at the boundary, answer Prepares, adopt the committed view; returns the next step.
@@ -372,17 +384,40 @@ class Recovery:
 
     def _restore_from_buddy(self, view: View, seat: int) -> Restored:
         """The seat's snapshot from its buddy's copy, and the other seats' slices of the replicated region from
-        those seats (or their buddies), all asked for at once."""
+        those seats (or their buddies), all asked for at once, or already fetched when the Prepare chose us."""
         source = view.restore_from[seat]
         asked = [(seat, RestorePart.HELD, source), *self._slice_sources(view, seat)]
-        (manifest, frames), *slices = self._fetch(view, asked)
+        prefetch, self._prefetch = self._prefetch, None
+        fetched = None
+        if prefetch is not None and prefetch.asked == asked:
+            fetched = self._wait(view, asked, prefetch.answers)
+            if any(part.step != view.resume_step for part in fetched):
+                fetched = None  # the newest copies were not the step every seat can restore
+        if fetched is None:
+            fetched = self._fetch(view, asked)
+        own, *slices = fetched
         try:
             # What the snapshot holds: the seat's own state, then its slice of the replicated region.
-            arena = expand(manifest, frames, seat, view.world_size)
+            arena = expand(own.manifest, own.frames, seat, view.world_size)
         except LookupError as err:  # the frames do not add up to what the manifest says the seat holds
             raise RestoreFailed(f"{err} (from {source})") from err
-        self._place_slices(view, manifest, arena, asked[1:], slices)
-        return manifest, arena
+        self._place_slices(view, own.manifest, arena, asked[1:], slices)
+        return own.manifest, arena
+
+    def _start_prefetch(self, prepare: Prepare, seat: int, held: View) -> None:
+        """A Prepare chose this spare for `seat`: ask now for the newest copies of what the view that seats it
+        will most likely restore (the seat's copy from its buddy, the slices from the seats that keep theirs),
+        while the survivors finish their step; ``_restore_from_buddy`` keeps them if the step is the one."""
+        if self._prefetch is not None and self._prefetch.seat == seat:
+            return
+        failed = set(prepare.failed_seats)
+        buddy = held.seats[held.buddies[seat]]
+        if held.buddies[seat] in failed or buddy == self._env.member:
+            return  # no copy survives there: the commit will say what happens
+        slices = [(other, RestorePart.SLICE, held.seats[held.buddies[other]] if other in failed else held.seats[other])
+                  for other in range(held.world_size) if other != seat]
+        asked = [(seat, RestorePart.HELD, buddy), *slices]
+        self._prefetch = Prefetch(seat, asked, self._ask(held.resume_step, asked, newest=True))
 
     def _fetch_slices(self, view: View, seat: int, manifest: Manifest, arena: torch.Tensor) -> None:
         """Complete a restored arena with the other seats' slices of the replicated region, asked of them."""
@@ -399,38 +434,47 @@ class Recovery:
         return [(other, RestorePart.SLICE, view.restore_from.get(other, view.seats[other]))
                 for other in range(view.world_size) if other != seat]
 
-    def _fetch(self, view: View, asked: Sequence[Asked]) -> list[Answer]:
-        """Ask the snapshot actor for every (seat, part, member) of `asked` at once; wait for all the answers.
+    def _fetch(self, view: View, asked: Sequence[Asked]) -> list[Fetched]:
+        """Ask for every (seat, part, member) of `asked` at once and wait for all the answers (``_wait``)."""
+        return self._wait(view, asked, self._ask(view.resume_step, asked))
+
+    def _ask(self, step: int, asked: Sequence[Asked], newest: bool = False) -> Answers:
+        """Hand the snapshot actor a Fetch of step `step` (or the `newest` held) for each part asked for."""
+        answers: Answers = []
+        for seat, part, member in asked:
+            future: concurrent.futures.Future[Fetched] = concurrent.futures.Future()
+            future.add_done_callback(lambda _: self._handoff.wake())
+            self._handoff.post(Fetch(seat, step, member, future, part, newest))
+            answers.append(future)
+        return answers
+
+    def _wait(self, view: View, asked: Sequence[Asked], answers: Answers) -> list[Fetched]:
+        """The answers to what was asked, once all are in.
 
         Raises:
             CollectiveAborted: a newer view interrupted the wait.
-            RestoreFailed: an answer is a refusal, or the wait timed out (WaitTimeout).
+            RestoreFailed: an answer is a refusal.
+            WaitTimeout: not all answered within ``restore_timeout``.
         """
         what = f"fetching snapshots of step {view.resume_step} ({len(asked)} parts)"
-        fetch_started = time.perf_counter()
-        futures: list[concurrent.futures.Future[Answer]] = []
-        for seat, part, member in asked:
-            future: concurrent.futures.Future[Answer] = concurrent.futures.Future()
-            future.add_done_callback(lambda _: self._handoff.wake())
-            self._handoff.post(Fetch(seat, view.resume_step, member, future, part))
-            futures.append(future)
-        if not self._handoff.wait_until(lambda: all(f.done() for f in futures), view.epoch,
+        started = time.perf_counter()
+        if not self._handoff.wait_until(lambda: all(f.done() for f in answers), view.epoch,
                                         self._config.restore_timeout, what):
             raise CollectiveAborted("restore", "interrupted by a newer view", interrupted=True)
-        answers = []
-        for (seat, part, member), future in zip(asked, futures, strict=True):
+        fetched = []
+        for (seat, part, member), future in zip(asked, answers, strict=True):
             try:
-                answers.append(future.result())
+                fetched.append(future.result())
             except (ActorStopped, RestoreFailed) as err:
                 raise RestoreFailed(f"fetching seat {seat}'s {part.value} snapshot of step {view.resume_step} "
                                     f"from {member}: {err}") from err
-        self._fetch_s = time.perf_counter() - fetch_started
-        return answers
+        self._fetch_s = time.perf_counter() - started
+        return fetched
 
     @staticmethod
     def _place_slices(
         view: View, manifest: Manifest, arena: torch.Tensor, asked: Sequence[Asked],
-        slices: Sequence[Answer],
+        slices: Sequence[Fetched],
     ) -> None:
         """Put each fetched slice where its seat's slice lies in `arena`.
 
@@ -438,7 +482,8 @@ class Recovery:
             RestoreFailed: a slice was taken under another layout, or has the wrong size.
         """
         target = arena.numpy().data.cast("B")
-        for (seat, _, member), (theirs, frames) in zip(asked, slices, strict=True):
+        for (seat, _, member), fetched in zip(asked, slices, strict=True):
+            theirs, frames = fetched.manifest, fetched.frames
             if replicated_layout(theirs) != replicated_layout(manifest):
                 raise RestoreFailed(f"seat {seat}'s slice of step {view.resume_step} (from {member}) was "
                                     "taken under another layout of the state")

@@ -477,8 +477,9 @@ async def test_held_copy_survives_the_ward_unlinking_its_files_and_is_served_to_
     future: concurrent.futures.Future[Any] = concurrent.futures.Future()
     spare_actor.inbox.post(Fetch(0, 0, BUDDY, future))
     await until(future.done)
-    manifest, frames = future.result()
-    assert isinstance(manifest, Manifest)
+    fetched = future.result()
+    manifest, frames = fetched.manifest, fetched.frames
+    assert isinstance(manifest, Manifest) and fetched.step == 0
     assert b"".join(bytes(f) for f in frames) == expected
     assert all(len(f) <= 16 << 20 for f in frames)
     arena = torch.frombuffer(bytearray(expected), dtype=torch.uint8)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deadpool.actors.handoff import Handoff, Progress
+from deadpool.actors.handoff import Fetch, Handoff, Progress
 from deadpool.config import WorkerEnv
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CommitView, Prepare
@@ -18,7 +18,7 @@ def view(epoch: int, seats: list[str], spares: list[str]) -> View:
     return View(epoch, seats, spares, 7, f"epoch-{epoch}", "127.0.0.1:1", {}, {}, [1, 2, 3, 0], {})
 
 
-def spare() -> tuple[Recovery, Handoff]:
+def spare(posted: list[Any] | None = None) -> tuple[Recovery, Handoff]:
     env = WorkerEnv.from_env({"DEADPOOL_COORDINATOR": "tcp://127.0.0.1:1", "DEADPOOL_MEMBER_ID": "s0",
                               "DEADPOOL_ROLE": "spare"})
     state, handoff = StepState(), Handoff()
@@ -27,17 +27,24 @@ def spare() -> tuple[Recovery, Handoff]:
     unused: Any = None  # what seating never touches: snapshots, disk, collectives, the state callbacks
     recovery = Recovery(env, state, handoff, Progress(), events, unused, unused, unused, faults, unused, unused, unused,
                         [], unused)
+    handoff.bind(posted.append if posted is not None else None)  # what the runtime thread would be handed
     return recovery, handoff
 
 
 def test_the_prepare_that_chooses_a_spare_seats_it_before_the_view_commits() -> None:
-    recovery, handoff = spare()
+    posted: list[Any] = []
+    recovery, handoff = spare(posted)
     held = view(1, ["m0", "m1", "m2", "m3"], ["s0", "s1"])
     handoff.deliver(CommitView(held))  # a spare sits in the view's spares
     handoff.deliver(Prepare(2, [3], "seat 3 lost", {3: "s1"}))  # another spare chosen: not ours
     handoff.deliver(Prepare(3, [1, 3], "seat 1 lost too", {1: "s0", 3: "s1"}))
     assert recovery.wait_for_offer() == Seating(held, 1, first=False)
     assert recovery.wait_for_offer() == Seating(held, 1, first=False), "asked again: the same seat, nothing taken"
+    # ... and it asked for the newest copies the view that seats it will most likely restore: seat 1's own
+    # from its buddy (seat 2), the other seats' slices from their members, or, for the lost seat 3, its buddy's.
+    fetches = [(f.seat, f.part.value, f.member, f.newest) for f in posted if isinstance(f, Fetch)]
+    assert fetches == [(1, "held", "m2", True), (0, "slice", "m0", True), (2, "slice", "m2", True),
+                       (3, "slice", "m0", True)]
 
 
 def test_a_committed_view_that_seats_the_spare_is_its_offer_as_before() -> None:

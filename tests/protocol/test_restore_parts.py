@@ -1,0 +1,97 @@
+"""What a SnapshotActor serves to a seat being restored: a seat's held copy (also the newest one, to a spare
+prefetching before the step is known) and a seat's slice of the replicated state, from the seat's own snapshot or
+from its buddy's copy.  Two actors on the in-process transport, as in test_snapshot_shm.py, plus a third endpoint
+for the spare."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from test_snapshot_shm import BUDDY, BULK, GENERATION, WARD, Pair, make_pair, shm_dir, until  # noqa: F401
+
+from deadpool.actors.handoff import Fetch, Fetched, Handoff, LocalReady, Progress
+from deadpool.actors.inbox import ViewChanged
+from deadpool.actors.snapshot_actor import SnapshotActor
+from deadpool.errors import RestoreFailed
+from deadpool.events.log import EventLog
+from deadpool.protocol.messages import RestorePart
+from deadpool.protocol.transport import open_transport
+from deadpool.protocol.view import View
+from deadpool.snapshot.statetree import replicated_slice
+
+pytestmark = pytest.mark.timeout(30)
+SPARE = "host:spare0:cccccc"
+
+
+def _replicated_state(seed: int) -> tuple[dict[str, Any], set[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    state = {"own": torch.randn(16, generator=generator), "param": torch.randn(4096, generator=generator)}
+    return state, {state["param"].data_ptr()}
+
+
+async def _with_spare(pair: Pair) -> tuple[SnapshotActor, View]:
+    transport = open_transport(f"inproc://parts-{uuid.uuid4().hex}", BULK)
+    pair.transports[SPARE] = transport
+    actor = SnapshotActor(SPARE, transport, Handoff(), Progress(), EventLog(None), b"secret", send_timeout=2.0,
+                          to_membership=lambda item: None)
+    view = View(epoch=1, seats=[WARD, BUDDY], spares=[SPARE], resume_step=-1, store_prefix=GENERATION,
+                store_addr="127.0.0.1:1", bulk_addrs={m: t.address for m, t in pair.transports.items()},
+                hosts={WARD: "host", BUDDY: "host", SPARE: "host"}, buddies=[1, 0], restore_from={})
+    await pair.start(view)
+    pair.tasks.append(asyncio.create_task(actor.run()))
+    pair.tasks.append(asyncio.create_task(Pair._read(transport, actor)))
+    actor.inbox.post(ViewChanged(view))
+    return actor, view
+
+
+async def _fetch(actor: SnapshotActor, seat: int, step: int, member: str, part: RestorePart,
+                 newest: bool = False) -> Fetched:
+    future: concurrent.futures.Future[Fetched] = concurrent.futures.Future()
+    actor.inbox.post(Fetch(seat, step, member, future, part, newest))
+    await until(future.done)
+    return future.result()
+
+
+async def test_a_spare_fetches_the_newest_copy_and_each_seats_slice_before_the_step_is_known(
+    shm_dir: str, make_pair: Callable[[str, str], Pair],  # noqa: F811
+) -> None:
+    pair = make_pair(shm_dir, shm_dir)
+    spare, _ = await _with_spare(pair)
+    for step in (3, 4):  # the ward's two newest snapshots, each streamed to the buddy
+        state, replicated = _replicated_state(step)
+        slot = pair.store.capture(step, GENERATION, state, set(), replicated, seat=0, world=2)
+        pair.store.wait_copy(10.0)
+        pair.actors[WARD].inbox.post(LocalReady(slot))
+        await until(lambda s=step: pair.handoffs[WARD].is_confirmed(GENERATION, s))  # type: ignore[misc]
+    held = bytes(slot.payload())
+    newest = await _fetch(spare, 0, -1, BUDDY, RestorePart.HELD, newest=True)
+    assert newest.step == 4 and b"".join(bytes(f) for f in newest.frames) == held
+    first, last = replicated_slice(newest.manifest, 0, 2)
+    own = await _fetch(spare, 0, 4, WARD, RestorePart.SLICE)  # from the ward's own snapshot
+    copy = await _fetch(spare, 0, 4, BUDDY, RestorePart.SLICE)  # from the buddy's copy of it
+    for fetched in (own, copy):
+        assert fetched.step == 4 and b"".join(bytes(f) for f in fetched.frames) == held[-(last - first):]
+    with pytest.raises(RestoreFailed, match="holds no snapshot of step 2"):
+        await _fetch(spare, 0, 2, WARD, RestorePart.SLICE)
+
+
+async def test_a_restore_request_from_outside_the_view_is_refused(
+    shm_dir: str, make_pair: Callable[[str, str], Pair],  # noqa: F811
+) -> None:
+    pair = make_pair(shm_dir, shm_dir)
+    spare, view = await _with_spare(pair)
+    outsider = View(epoch=1, seats=[WARD, BUDDY], spares=[], resume_step=-1, store_prefix=GENERATION,
+                    store_addr="127.0.0.1:1", bulk_addrs=view.bulk_addrs, hosts=view.hosts, buddies=[1, 0],
+                    restore_from={})
+    for actor in pair.actors.values():
+        actor.inbox.post(ViewChanged(outsider))  # the spare is no longer in the view the servers hold
+    future: concurrent.futures.Future[Fetched] = concurrent.futures.Future()
+    spare.inbox.post(Fetch(0, -1, BUDDY, future, RestorePart.HELD, newest=True))
+    await until(lambda: bool(pair.events_of(BUDDY, "rejected")))
+    assert pair.events_of(BUDDY, "rejected")[-1]["reason"] == "not_in_view" and not future.done()
