@@ -468,8 +468,24 @@ class GroupCollectives:
         Raises:
             CollectiveAborted: a peer failed, the bound expired, or a newer view interrupted it.
         """
+        self._adopting(lambda group: group.allgather([outputs], [tensor]), what, epoch)
+
+    def barrier(self, what: str, epoch: int) -> None:
+        """Wait until every seat of the current group got here (a one-element all-reduce), or a newer view comes.
+
+        Raises:
+            CollectiveAborted: a peer failed, the bound expired, or a newer view interrupted it.
+        """
+        self._adopting(lambda group: group.allreduce([torch.zeros(1)]), what, epoch)
+
+    def _adopting(self, issue: Callable[[Any], dist.Work], what: str, epoch: int) -> None:
+        """A collective of an adoption: on the current group, waited on until done or a view newer than `epoch`.
+
+        Raises:
+            CollectiveAborted: a peer failed, the bound expired, or a newer view interrupted it.
+        """
         try:
-            work = self.group.allgather([outputs], [tensor])
+            work = issue(self.group)
         except RuntimeError as err:
             raise CollectiveAborted(what, str(err)) from err
         waiter = Waiter(self._handoff.condition, lambda: self._handoff.interrupted(epoch))
