@@ -77,7 +77,7 @@ class Progress:
     """A worker's counters, for its heartbeats and its memory report: GIL-atomic fields, each with exactly
     one writer.
 
-    The compute thread writes ``epoch``, ``step`` and ``stall_p99_s``; the snapshot actor writes
+    The compute thread writes ``epoch``, ``step``, ``stall_p99_s`` and ``answers_early``; the snapshot actor writes
     ``snapshot_step``, ``confirmed_step`` and the byte counts; the others only read.
     """
 
@@ -86,6 +86,9 @@ class Progress:
     snapshot_step: int = -2
     confirmed_step: int = -2
     stall_p99_s: float = 0.0
+    # The compute thread: a Prepare may be answered before it stops (False with a mesh, whose PrepareAck must
+    # list the groups the step left dirty, known only at the boundary).
+    answers_early: bool = True
     bytes_sent: int = 0  # snapshot bytes streamed to the buddy so far
     bytes_held_for_wards: int = 0  # wards' copies held in memory of our own
     bytes_shared_for_wards: int = 0  # wards' copies held as mappings of their slot files (no memory of ours)

@@ -60,6 +60,13 @@ class ViewChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class PrepareArrived:
+    """The MembershipActor handed a Prepare to the compute thread (for the SnapshotActor: it may answer now)."""
+
+    epoch: int  # the epoch being prepared
+
+
+@dataclass(frozen=True, slots=True)
 class Drain:
     """A marker behind what was posted before it: `done` runs once each of those messages was handed to the
     transport.  It passes the SnapshotActor (whose PrepareAcks it must follow) and then the MembershipActor.

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 
 from deadpool.actors.handoff import Handoff
-from deadpool.actors.inbox import Drain, Inbound, Mailbox, Outbound, ViewChanged
+from deadpool.actors.inbox import Drain, Inbound, Mailbox, Outbound, PrepareArrived, ViewChanged
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec, viewsync
@@ -53,7 +53,7 @@ class MembershipActor:
         transport: Transport,
         handoff: Handoff,
         events: EventLog,
-        to_snapshots: Callable[[ViewChanged], None],
+        to_snapshots: Callable[[ViewChanged | PrepareArrived], None],
         secret: bytes | None,
         send_timeout: float,
         joined: asyncio.Event,
@@ -212,6 +212,7 @@ class MembershipActor:
                 self._events.emit(Event.REJECTED, reason="stale_prepare", detail=f"prepare {message.epoch} <= {epoch}")
                 return
             self._handoff.deliver(message)
+            self._to_snapshots(PrepareArrived(message.epoch))  # after: the compute thread takes no snapshot now
         elif isinstance(message, Fenced):
             if message.member != self._member:
                 self._events.emit(Event.REJECTED, reason="misaddressed", detail=f"fence for {message.member}")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deadpool.actors.handoff import Fetch, Fetched, Handoff, LocalReady, PrepareReady, Progress
-from deadpool.actors.inbox import Bulk, Drain, Mailbox, Outbound, ViewChanged
+from deadpool.actors.inbox import Bulk, Drain, Mailbox, Outbound, PrepareArrived, ViewChanged
 from deadpool.errors import ActorStopped, RestoreFailed
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
@@ -52,7 +52,8 @@ log = logging.getLogger("deadpool.actors.snapshot_actor")
 
 __all__ = ["CHUNK_BYTES", "Command", "SnapshotActor"]
 
-Command = LocalReady | Fetch | PrepareReady | ViewChanged | Drain  # the local lane: compute thread, membership
+# the local lane: compute thread, membership
+Command = LocalReady | Fetch | PrepareReady | ViewChanged | PrepareArrived | Drain
 Restored = concurrent.futures.Future[Fetched]
 PARKED = 16  # peer messages from a newer view kept until that view arrives
 
@@ -153,6 +154,8 @@ class SnapshotActor:
             self._on_fetch(item)
         elif isinstance(item, PrepareReady):
             self._on_prepare_ready(item)
+        elif isinstance(item, PrepareArrived):
+            self._answer_early(item.epoch)
         elif isinstance(item, Drain):
             self._to_membership(item)  # after the PrepareAcks handed over before it
         else:
@@ -335,6 +338,21 @@ class SnapshotActor:
                 addr = view.bulk_addrs.get(peer)
                 if addr is not None:
                     self._spawn(self._send(addr, [paused], f"pause notice to {peer}"))
+
+    def _answer_early(self, epoch: int) -> None:
+        """Acknowledge a Prepare now, for the compute thread still in its step, with the newest local snapshot.
+
+        Safe without the compute thread: once the Prepare is handed over no boundary starts a capture, and a
+        capture already started writes into the other slot (``SnapshotStore._free_slot``), so that snapshot
+        stays.  The coordinator commits on these answers when they name a step every seat holds, and waits for
+        the full ones (sent from the boundary) otherwise.  Not with a mesh (``Progress.answers_early``)."""
+        view = self._view
+        complete = [slot for slot in self._own.values() if slot.complete]
+        if not self._progress.answers_early or view is None or view.seat_of(self._member) is None or not complete:
+            return
+        newest = max(complete, key=lambda slot: slot.sequence)
+        ack = PrepareAck(self._member, epoch, self._progress.step, [newest.step], self._wards.steps(view), early=True)
+        self._to_membership(Outbound(ack))
 
     def _publish_holdings(self) -> None:
         """The memory report's counters, for the compute thread (through Progress)."""

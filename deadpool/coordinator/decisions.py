@@ -72,6 +72,7 @@ class Snapshots:
     ward_steps: Mapping[int, Sequence[int]]  # seat -> complete buddy copies held
     disk_steps: Sequence[int] = ()  # steps with complete disk checkpoints of every seat
     dirty_groups: Sequence[str] = ()  # mesh groups with a collective the survivor did not complete
+    early: bool = False  # sent before the survivor stopped: only its newest local snapshot (a full report follows)
 
 
 def silent_members(now: float, last_seen: Mapping[str, float], failure_timeout: float) -> list[tuple[str, str]]:

@@ -235,8 +235,7 @@ class Coordinator:
                            "so training cannot start (its output says why); relaunch the job")
         elif message.returncode and message.member in self.members and not self._seat_finished(message.member):
             self._declare_dead(now, message.member, "exit", f"process ended ({how})")
-        # A clean exit is how a finished seat or a released spare ends (its Finished may still be on the way); if
-        # it was not finished, its silence is caught by the heartbeat timeout.
+        # A clean exit ends a finished seat or a released spare; an unfinished one's silence is caught by heartbeats.
 
     def _on_member_message(self, message: Message, sender: str, now: float) -> None:
         record = self.members[sender]
@@ -249,11 +248,12 @@ class Coordinator:
             self.chaos.fire_armed(self, record)
         elif isinstance(message, PrepareAck):
             rnd = self.round
-            if rnd is None or message.epoch != rnd.epoch:
-                self.events.emit(Event.REJECTED, reason="stale_ack", peer=message.sender, ack_epoch=message.epoch)
+            if rnd is None or message.epoch != rnd.epoch:  # the committed epoch's: a full answer after an early one
+                if rnd is not None or message.epoch != self._epoch():
+                    self.events.emit(Event.REJECTED, reason="stale_ack", peer=message.sender, ack_epoch=message.epoch)
                 return
             rnd.acks[message.sender] = decisions.Snapshots(message.local_steps, message.ward_steps,
-                                                           message.disk_steps, message.dirty_groups)
+                                                           message.disk_steps, message.dirty_groups, message.early)
             self._maybe_commit()
         elif isinstance(message, CollectiveFailed):
             self.events.emit(Event.COLLECTIVE_ERROR_REPORTED, member=message.sender, step=message.step,
@@ -503,6 +503,8 @@ class Coordinator:
             return  # tick retries while the lease comes back
         resume, sources, why = decisions.plan_restore(view, sorted(rnd.failed), rnd.acks)
         from_disk = False
+        if resume is None and any(ack.early for ack in rnd.acks.values()):
+            return  # an early answer names only the newest snapshot: the full ones (from the boundary) may find one
         if resume is None:
             resume = decisions.disk_resume_step(rnd.acks)
             if resume is None:

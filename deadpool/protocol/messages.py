@@ -110,6 +110,9 @@ class PrepareAck:
     ward_steps: dict[int, list[int]]  # seat -> complete buddy copies held for that seat
     disk_steps: list[int] = field(default_factory=list)  # steps with a complete disk checkpoint for every seat
     dirty_groups: list[str] = field(default_factory=list)  # mesh groups with a collective not completed here
+    # Sent when the Prepare arrived, before the compute thread stopped: `local_steps` is only the newest local
+    # snapshot (the one a capture still in flight cannot overwrite); the full answer follows from the boundary.
+    early: bool = False
 
 
 @dataclass(frozen=True, slots=True)

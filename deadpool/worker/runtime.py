@@ -224,6 +224,7 @@ class Runtime:
             raise SystemExit(0)
         mesh = self._collectives.seat_mesh(shape, names, seating.view, seating.seat, first=seating.first)
         self._sharded = True
+        self._progress.answers_early = False  # a mesh seat's PrepareAck lists the groups its step left dirty
         return mesh.device_mesh
 
     def zero_optimizer(

@@ -16,11 +16,11 @@ import torch
 from test_snapshot_shm import BUDDY, BULK, GENERATION, WARD, Pair, make_pair, shm_dir, until  # noqa: F401
 
 from deadpool.actors.handoff import Fetch, Fetched, Handoff, LocalReady, Progress
-from deadpool.actors.inbox import ViewChanged
+from deadpool.actors.inbox import Drain, Outbound, PrepareArrived, ViewChanged
 from deadpool.actors.snapshot_actor import SnapshotActor
 from deadpool.errors import RestoreFailed
 from deadpool.events.log import EventLog
-from deadpool.protocol.messages import RestorePart
+from deadpool.protocol.messages import PrepareAck, RestorePart
 from deadpool.protocol.transport import open_transport
 from deadpool.protocol.view import View
 from deadpool.snapshot.statetree import replicated_slice
@@ -95,3 +95,22 @@ async def test_a_restore_request_from_outside_the_view_is_refused(
     spare.inbox.post(Fetch(0, -1, BUDDY, future, RestorePart.HELD, newest=True))
     await until(lambda: bool(pair.events_of(BUDDY, "rejected")))
     assert pair.events_of(BUDDY, "rejected")[-1]["reason"] == "not_in_view" and not future.done()
+
+
+async def test_a_prepare_is_answered_early_with_the_newest_local_snapshot_unless_the_seat_has_a_mesh(
+    shm_dir: str, make_pair: Callable[[str, str], Pair],  # noqa: F811
+) -> None:
+    pair = make_pair(shm_dir, shm_dir)
+    await pair.start(pair.view())
+    for step in (3, 4):
+        await pair.send(step, {"w": torch.full((64,), float(step))})
+    sent = pair.to_membership[WARD]
+    pair.actors[WARD].inbox.post(PrepareArrived(2))
+    await until(lambda: any(isinstance(item, Outbound) for item in sent))
+    (ack,) = [item.message for item in sent if isinstance(item, Outbound)]
+    assert isinstance(ack, PrepareAck) and ack.early and ack.epoch == 2 and ack.local_steps == [4]
+    pair.progress[WARD].answers_early = False  # a mesh seat: its answer lists the groups left dirty
+    pair.actors[WARD].inbox.post(PrepareArrived(3))
+    pair.actors[WARD].inbox.post(Drain(lambda: None))  # behind it: once the drain passes, nothing else came
+    await until(lambda: any(isinstance(item, Drain) for item in sent))
+    assert len([item for item in sent if isinstance(item, Outbound)]) == 1

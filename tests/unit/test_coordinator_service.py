@@ -289,3 +289,29 @@ def test_a_spare_that_joins_during_a_round_is_pooled_when_it_commits() -> None:
     job.handle(ack("m2", 2, [7, 8], {1: [6, 7]}))
     view = job.coordinator.view
     assert view is not None and view.seats == ["m0", "s0", "m2"] and view.spares == ["s-late"]
+
+
+def test_early_acks_commit_when_they_name_a_common_step_and_wait_for_the_full_ones_when_not() -> None:
+    """An early ack (sent when the Prepare arrived) names only the newest local snapshot."""
+    job = Job(seats=3, spares=1)
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    early = [dataclasses.replace(ack("m0", 2, [8], {2: [7]}), early=True),
+             dataclasses.replace(ack("m2", 2, [8], {1: [6, 7]}), early=True)]  # seat 1's copy lags: 7
+    for message in early:
+        job.handle(message)
+    assert job.coordinator.view is not None and job.coordinator.view.epoch == 1, "no step every seat holds: wait"
+    assert job.coordinator.outcome is None and not job.of(Event.DISK_FALLBACK)
+    job.handle(ack("m0", 2, [7, 8], {2: [7]}))  # the full answers, from the boundary
+    job.handle(ack("m2", 2, [7, 8], {1: [6, 7]}))
+    assert job.coordinator.view.epoch == 2 and job.coordinator.view.resume_step == 7
+    job.handle(ack("m0", 2, [7, 8], {2: [7]}))  # a late full answer for the committed epoch: expected, not stale
+    assert not job.of(Event.REJECTED)
+
+
+def test_early_acks_that_name_a_common_step_commit_at_once() -> None:
+    job = Job(seats=3, spares=1)
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    job.handle(dataclasses.replace(ack("m0", 2, [8], {2: [8]}), early=True))
+    job.handle(dataclasses.replace(ack("m2", 2, [8], {1: [7, 8]}), early=True))
+    assert job.coordinator.view is not None and job.coordinator.view.epoch == 2
+    assert job.coordinator.view.resume_step == 8 and job.coordinator.view.restore_from == {1: "m2"}
