@@ -180,6 +180,10 @@ def plan_restore(
             elif seat in failed:
                 why = (f"seat {seat}'s snapshot copy was held by seat {buddy_seat}, which no longer has one "
                        "(its member changed or lost it): no copy of its state survives in memory")
+            elif buddy_seat in failed:  # a replacement that had not restored yet: its state was only in the copy
+                why = (f"seat {seat}'s member holds no snapshot yet (it was still taking the seat) and the seat "
+                       f"holding its snapshot copy (seat {buddy_seat}) was lost: no copy of its state survives "
+                       "in memory")
             else:
                 why = f"seat {seat} holds no snapshot and seat {buddy_seat} no copy of it"
             return None, {}, why

@@ -37,6 +37,7 @@ from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
 from deadpool.snapshot.checkpoint import load as checkpoint_load
 from deadpool.snapshot.statetree import Manifest, expand, materialize, replicated_layout, replicated_slice, scatter
 from deadpool.snapshot.store import SnapshotStore
+from deadpool.worker import rng as rng_mod
 from deadpool.worker.collective import GroupCollectives
 from deadpool.worker.exit import exit_fenced
 from deadpool.worker.faults import FaultInjector
@@ -48,6 +49,17 @@ SPARE_WAIT_S = 7 * 24 * 3600.0  # a spare may wait this long for a seat (the job
 Restored = tuple[Manifest, torch.Tensor]  # a seat's snapshot: its manifest and the arena it describes
 Asked = tuple[int, RestorePart, str]  # (seat, part of its snapshot, member asked for it)
 Answers = list[concurrent.futures.Future[Fetched]]  # one per part asked for, in order
+
+
+@dataclass(frozen=True)
+class Preloaded:
+    """A reserved spare's state, loaded from its prefetch while the survivors finish their step."""
+
+    seat: int
+    step: int  # the step the state is of (the adoption keeps it if the view resumes from it)
+    asked: list[Asked]  # where its parts came from
+    rng: Any  # the snapshot's RNG states: restored again once the groups are built (building may draw)
+    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -117,6 +129,7 @@ class Recovery:
         self._held: View | None = None  # the newest view a waiting spare was told of (it sits in its spares)
         self._fetch_s = 0.0
         self._prefetch: Prefetch | None = None  # started by the Prepare that chose this spare
+        self._preloaded: Preloaded | None = None  # a reserved spare's prefetch, already loaded
         self._adopted_groups = (0, 0.0)  # (mesh groups rebuilt, seconds building groups) of the last adoption
 
     def set_view(self, view: View) -> None:
@@ -148,6 +161,7 @@ class Recovery:
         """
         offer, self._offer = self._offer or self._next_offer(), None
         if isinstance(offer, Reserved):
+            self._preload(offer)
             offer = self._seated_as_reserved(offer)
         if isinstance(offer, Stop):
             self._events.emit(Event.SPARE_RELEASED, reason=offer.reason)
@@ -311,6 +325,7 @@ class Recovery:
             shard.seat(seat, view.world_size, None)
         self._fetch_s = 0.0
         restored: Restored | None = None
+        preloaded: Preloaded | None = None
         kept: dict[int, torch.Tensor] = {}  # live tensors that already hold the restored values
         held = None  # the local snapshot restored from: kept for peers asking for its slice
         if first_view:
@@ -318,7 +333,12 @@ class Recovery:
         elif view.restores_from_disk(seat):
             source, restored = "disk", self._restore_from_disk(view.resume_step, seat)
         elif seat in view.restore_from:
-            source, restored = "buddy", self._restore_from_buddy(view, seat)
+            source, preloaded, self._preloaded = "buddy", self._preloaded, None
+            if preloaded is None or (preloaded.seat, preloaded.step, preloaded.asked) != (
+                    seat, view.resume_step, [(seat, RestorePart.HELD, view.restore_from[seat]),
+                                             *self._slice_sources(view, seat)]):
+                preloaded, restored = None, self._restore_from_buddy(view, seat)
+            self._prefetch = None
         else:
             held = self._snapshots.find(view.resume_step)
             if held is None:
@@ -334,6 +354,9 @@ class Recovery:
         group_s = time.perf_counter() - fetched
         self._adopted_groups = (len(self._collectives.last_rebuild.rebuilt) if self._collectives.mesh else 0, group_s)
         nbytes = 0
+        if preloaded is not None:
+            rng_mod.restore(preloaded.rng)  # what building the groups drew; the rest was loaded before the commit
+            nbytes = preloaded.nbytes
         if restored is not None:
             # Loaded after the group is built: building one may draw from the global RNGs, and the
             # restored RNG states must survive bit for bit.
@@ -365,7 +388,8 @@ class Recovery:
             self._events.emit(Event.RESTORED, epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
                               bytes=nbytes, live_bytes=sum(t.nbytes for t in kept.values()), s=round(restore_s, 6),
                               fetch_s=round(self._fetch_s, 6), group_s=round(group_s, 6),
-                              wait_s=round(time.perf_counter() - ready, 6), **self._mesh_fields())
+                              wait_s=round(time.perf_counter() - ready, 6), preloaded=preloaded is not None,
+                              **self._mesh_fields())
         return view.resume_step + 1
 
     def _mesh_fields(self) -> dict[str, Any]:
@@ -396,19 +420,50 @@ class Recovery:
         prefetch, self._prefetch = self._prefetch, None
         fetched = None
         if prefetch is not None and prefetch.asked == asked:
-            fetched = self._wait(view, asked, prefetch.answers)
+            fetched = self._wait(view.epoch, f"of step {view.resume_step}", asked, prefetch.answers)
             if any(part.step != view.resume_step for part in fetched):
                 fetched = None  # the newest copies were not the step every seat can restore
         if fetched is None:
             fetched = self._fetch(view, asked)
+        return self._assemble(seat, view.world_size, asked, fetched)
+
+    def _assemble(self, seat: int, world: int, asked: Sequence[Asked], fetched: Sequence[Fetched]) -> Restored:
+        """The seat's arena from its own part (first) and the other seats' slices.
+
+        Raises:
+            RestoreFailed: the parts do not add up to the seat's snapshot.
+        """
         own, *slices = fetched
         try:
             # What the snapshot holds: the seat's own state, then its slice of the replicated region.
-            arena = expand(own.manifest, own.frames, seat, view.world_size)
+            arena = expand(own.manifest, own.frames, seat, world)
         except LookupError as err:  # the frames do not add up to what the manifest says the seat holds
-            raise RestoreFailed(f"{err} (from {source})") from err
-        self._place_slices(view, own.manifest, arena, asked[1:], slices)
+            raise RestoreFailed(f"{err} (from {asked[0][2]})") from err
+        self._place_slices(own.step, world, own.manifest, arena, asked[1:], slices)
         return own.manifest, arena
+
+    def _preload(self, reserved: Reserved) -> None:
+        """Load what the Prepare's prefetch brings into the tracked objects now, while the survivors finish their
+        step: the adoption then only builds the groups and puts the RNG states back, if the view resumes from
+        the step the copies are of and names the same sources.  Nothing is lost if not: the adoption restores."""
+        prefetch = self._prefetch
+        if prefetch is None or prefetch.seat != reserved.seat:
+            return
+        world = reserved.view.world_size
+        try:
+            fetched = self._wait(reserved.epoch, "prefetched", prefetch.asked, prefetch.answers)
+            if len({part.step for part in fetched}) != 1:
+                return
+            manifest, arena = self._assemble(reserved.seat, world, prefetch.asked, fetched)
+        except (CollectiveAborted, RestoreFailed, WaitTimeout):
+            return  # a newer Prepare, or a copy not there or not whole: the adoption fetches what its view names
+        self._seat_samplers(reserved.seat, world)
+        for shard in self._zero_shards:
+            shard.seat(reserved.seat, world, None)
+        state = materialize(manifest, arena)
+        rng = state["__rng__"]
+        self._load(state)
+        self._preloaded = Preloaded(reserved.seat, fetched[0].step, prefetch.asked, rng, manifest.nbytes)
 
     def _start_prefetch(self, prepare: Prepare, seat: int, held: View) -> None:
         """A Prepare chose this spare for `seat`: ask now for the newest copies of what the view that seats it
@@ -422,14 +477,35 @@ class Recovery:
             return  # no copy survives there: the commit will say what happens
         slices = [(other, RestorePart.SLICE, held.seats[held.buddies[other]] if other in failed else held.seats[other])
                   for other in range(held.world_size) if other != seat]
-        asked = [(seat, RestorePart.HELD, buddy), *slices]
-        self._prefetch = Prefetch(seat, asked, self._ask(held.resume_step, asked, newest=True))
+        own = (seat, RestorePart.HELD, buddy)
+        (copy,) = self._ask(held.resume_step, [own], newest=True)
+        answers: Answers = [copy, *(concurrent.futures.Future() for _ in slices)]
+        for future in answers[1:]:
+            future.add_done_callback(lambda _: self._handoff.wake())
+
+        def ask_slices(_: concurrent.futures.Future[Fetched]) -> None:
+            """The copy's step is the one to fetch the slices of (the seats may hold a newer snapshot than the
+            buddy's copy). Runs on the runtime thread, where the copy's answer came in."""
+            if copy.exception() is not None:
+                for future in answers[1:]:
+                    future.set_exception(RestoreFailed(f"the prefetch of seat {seat}'s copy failed: "
+                                                       f"{copy.exception()}"))
+                return
+            step = copy.result().step
+            for (other, part, member), future in zip(slices, answers[1:], strict=True):
+                try:
+                    self._handoff.post(Fetch(other, step, member, future, part))
+                except RuntimeError as err:  # the runtime thread has stopped (shutdown)
+                    future.set_exception(RestoreFailed(str(err)))
+
+        copy.add_done_callback(ask_slices)
+        self._prefetch = Prefetch(seat, [own, *slices], answers)
 
     def _fetch_slices(self, view: View, seat: int, manifest: Manifest, arena: torch.Tensor) -> None:
         """Complete a restored arena with the other seats' slices of the replicated region, asked of them."""
         asked = self._slice_sources(view, seat) if manifest.replicated else []
         if asked:
-            self._place_slices(view, manifest, arena, asked, self._fetch(view, asked))
+            self._place_slices(view.resume_step, view.world_size, manifest, arena, asked, self._fetch(view, asked))
 
     @staticmethod
     def _slice_sources(view: View, seat: int) -> list[Asked]:
@@ -442,7 +518,7 @@ class Recovery:
 
     def _fetch(self, view: View, asked: Sequence[Asked]) -> list[Fetched]:
         """Ask for every (seat, part, member) of `asked` at once and wait for all the answers (``_wait``)."""
-        return self._wait(view, asked, self._ask(view.resume_step, asked))
+        return self._wait(view.epoch, f"of step {view.resume_step}", asked, self._ask(view.resume_step, asked))
 
     def _ask(self, step: int, asked: Sequence[Asked], newest: bool = False) -> Answers:
         """Hand the snapshot actor a Fetch of step `step` (or the `newest` held) for each part asked for."""
@@ -454,17 +530,18 @@ class Recovery:
             answers.append(future)
         return answers
 
-    def _wait(self, view: View, asked: Sequence[Asked], answers: Answers) -> list[Fetched]:
-        """The answers to what was asked, once all are in.
+    def _wait(self, epoch: int, which: str, asked: Sequence[Asked], answers: Answers) -> list[Fetched]:
+        """The answers to what was asked (`which` snapshots, for messages), once all are in; a view newer than
+        `epoch` interrupts the wait.
 
         Raises:
             CollectiveAborted: a newer view interrupted the wait.
             RestoreFailed: an answer is a refusal.
             WaitTimeout: not all answered within ``restore_timeout``.
         """
-        what = f"fetching snapshots of step {view.resume_step} ({len(asked)} parts)"
+        what = f"fetching snapshots {which} ({len(asked)} parts)"
         started = time.perf_counter()
-        if not self._handoff.wait_until(lambda: all(f.done() for f in answers), view.epoch,
+        if not self._handoff.wait_until(lambda: all(f.done() for f in answers), epoch,
                                         self._config.restore_timeout, what):
             raise CollectiveAborted("restore", "interrupted by a newer view", interrupted=True)
         fetched = []
@@ -472,14 +549,14 @@ class Recovery:
             try:
                 fetched.append(future.result())
             except (ActorStopped, RestoreFailed) as err:
-                raise RestoreFailed(f"fetching seat {seat}'s {part.value} snapshot of step {view.resume_step} "
-                                    f"from {member}: {err}") from err
+                raise RestoreFailed(f"fetching seat {seat}'s {part.value} snapshot {which} from {member}: "
+                                    f"{err}") from err
         self._fetch_s = time.perf_counter() - started
         return fetched
 
     @staticmethod
     def _place_slices(
-        view: View, manifest: Manifest, arena: torch.Tensor, asked: Sequence[Asked],
+        step: int, world: int, manifest: Manifest, arena: torch.Tensor, asked: Sequence[Asked],
         slices: Sequence[Fetched],
     ) -> None:
         """Put each fetched slice where its seat's slice lies in `arena`.
@@ -491,15 +568,15 @@ class Recovery:
         for (seat, _, member), fetched in zip(asked, slices, strict=True):
             theirs, frames = fetched.manifest, fetched.frames
             if replicated_layout(theirs) != replicated_layout(manifest):
-                raise RestoreFailed(f"seat {seat}'s slice of step {view.resume_step} (from {member}) was "
+                raise RestoreFailed(f"seat {seat}'s slice of step {step} (from {member}) was "
                                     "taken under another layout of the state")
-            first, last = replicated_slice(manifest, seat, view.world_size)
+            first, last = replicated_slice(manifest, seat, world)
             try:
                 scatter(frames, [(first, last)] if last > first else [], target)
             except ValueError as err:
-                raise RestoreFailed(f"seat {seat}'s slice of step {view.resume_step} (from {member}): {err}") from err
+                raise RestoreFailed(f"seat {seat}'s slice of step {step} (from {member}): {err}") from err
             if sum(len(f) for f in frames) != last - first:
-                raise RestoreFailed(f"seat {seat}'s slice of step {view.resume_step} (from {member}): "
+                raise RestoreFailed(f"seat {seat}'s slice of step {step} (from {member}): "
                                     f"{sum(len(f) for f in frames)} bytes where it is {last - first}")
 
     def _gather_replicated(self, manifest: Manifest, arena: torch.Tensor, seat: int, view: View) -> None:

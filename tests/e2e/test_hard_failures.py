@@ -77,8 +77,10 @@ def both_in_backward(step: int) -> tuple[str, ...]:
     3 pauses there, the view refilling seat 2 from seat 3's copy commits, and seat 3 dies only in the
     next round, with its own copy safe on seat 0: a correct in-memory recovery, not the loss this
     test is about. Killed in the step's backward, seat 2 dies a forward pass after both left the
-    previous step's all-reduce together, by when seat 3 is past its boundary, and a Prepare does not
-    stop a backward that has begun.
+    previous step's all-reduce together, by when seat 3 is past its boundary. The two deaths are
+    tens of milliseconds apart: a view committed on early answers in between refills one seat, but
+    nothing holds a copy of seat 2's state when the other dies (its replacement or its buddy had
+    not taken one yet), so the job ends for the same reason either way.
     """
     return ("--chaos", f"kill:rank=2:step={step}:at=backward", "--chaos", f"kill:rank=3:step={step}:at=backward")
 

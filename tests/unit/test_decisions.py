@@ -160,3 +160,14 @@ def test_no_spare_stops_at_once_or_waits_until_the_timeout() -> None:
     assert action is NoSpare.WAIT and "waiting up to 60s" in reason
     action, reason = decisions.no_spare("wait", 65.5, 5.0, 60.0, lost, why, 4)
     assert action is NoSpare.STOP and "rank 1 (m1)" in reason and "no spare joined within 60s" in reason
+
+
+def test_a_replacement_that_had_not_restored_loses_its_state_with_its_buddy() -> None:
+    """Seat 2 was refilled from seat 3's copy; seat 3 dies before the replacement restored from it: seat 2's
+    member reports nothing (it acked early, still taking the seat), and no copy of seat 2's state survives."""
+    view = make_view()  # buddies ring: seat 2's copy is on seat 3
+    reports = {m: decisions.Snapshots([5], {(i - 1) % 4: [5]}) for i, m in enumerate(view.seats) if i != 3}
+    reports["m2"] = decisions.Snapshots([], {1: [5]})
+    step, why = resume_step(view, [3], reports)
+    assert step is None
+    assert "seat 2" in why and "no copy of its state survives" in why and "seat 3" in why
