@@ -333,8 +333,13 @@ class SnapshotStore:
 
     @staticmethod
     def restore_arena(slot: Slot) -> tuple[Manifest, torch.Tensor]:
-        """A full arena with what the snapshot holds in place, to complete (replicated slices) and load from."""
+        """A full arena with what the snapshot holds in place, to complete (replicated slices) and load from.
+
+        When the snapshot holds all of it (no replicated region), that is the slot's own arena, not a copy:
+        valid until the slot's next capture, and only read (``materialize`` clones out of it)."""
         assert slot.arena is not None and slot.manifest is not None
+        if held_ranges(slot.manifest, slot.seat, slot.world) == [(0, slot.manifest.nbytes)]:
+            return slot.manifest, slot.arena[: max(slot.manifest.nbytes, 1)]
         return slot.manifest, expand(slot.manifest, [slot.payload()], slot.seat, slot.world)
 
     def close(self) -> None:
