@@ -1,14 +1,14 @@
 """How a worker takes (or retakes) its seat: wait for one, answer Prepares, adopt the committed view.
 
 Adopting a view restores the seat's state of the view's resume step (from the
-local snapshot, the buddy's copy or the disk checkpoint), rebuilds the process
-group, completes the replicated region with one all-gather, and captures the
-restored state as the seat's first snapshot under the new view.
+local snapshot, or the live tensors where they still hold it; from the buddy's
+copy, fetched by ``fetch.py``, perhaps before the view came; or from the disk
+checkpoint), rebuilds the process group, and captures the restored state as the
+seat's first snapshot under the new view.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,39 +16,27 @@ from typing import Any
 
 import torch
 
-from deadpool.actors.handoff import Command, Fetch, Fetched, Handoff, PrepareReady, Progress
+from deadpool.actors.handoff import Command, Handoff, PrepareReady, Progress
 from deadpool.chaos import ChaosPoint
 from deadpool.config import WorkerEnv
-from deadpool.errors import ActorStopped, CollectiveAborted, JobStopped, RestoreFailed, WaitTimeout
+from deadpool.errors import CollectiveAborted, JobStopped, RestoreFailed, WaitTimeout
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
-from deadpool.protocol.messages import (
-    CollectiveFailed,
-    CommitView,
-    Fenced,
-    Prepare,
-    Recovered,
-    RestorePart,
-    Role,
-    Stop,
-)
+from deadpool.protocol.messages import CollectiveFailed, CommitView, Fenced, Prepare, Recovered, Role, Stop
 from deadpool.protocol.view import View
 from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
 from deadpool.snapshot.checkpoint import load as checkpoint_load
-from deadpool.snapshot.statetree import Manifest, expand, materialize, replicated_layout, replicated_slice, scatter
+from deadpool.snapshot.statetree import Manifest, materialize, replicated_slice
 from deadpool.snapshot.store import SnapshotStore
 from deadpool.worker import rng as rng_mod
 from deadpool.worker.collective import GroupCollectives
 from deadpool.worker.exit import exit_fenced
 from deadpool.worker.faults import FaultInjector
+from deadpool.worker.fetch import Asked, PeerFetch, Restored
 from deadpool.worker.step import StepState
 from deadpool.worker.zero import ZeroShard
 
 SPARE_WAIT_S = 7 * 24 * 3600.0  # a spare may wait this long for a seat (the job's life, in practice)
-
-Restored = tuple[Manifest, torch.Tensor]  # a seat's snapshot: its manifest and the arena it describes
-Asked = tuple[int, RestorePart, str]  # (seat, part of its snapshot, member asked for it)
-Answers = list[concurrent.futures.Future[Fetched]]  # one per part asked for, in order
 
 
 @dataclass(frozen=True)
@@ -60,15 +48,6 @@ class Preloaded:
     asked: list[Asked]  # where its parts came from
     rng: Any  # the snapshot's RNG states: restored again once the groups are built (building may draw)
     nbytes: int
-
-
-@dataclass(frozen=True)
-class Prefetch:
-    """What a spare asked for when a Prepare chose it, before the view that seats it names the step."""
-
-    seat: int
-    asked: list[Asked]
-    answers: Answers
 
 
 @dataclass(frozen=True)
@@ -127,8 +106,7 @@ class Recovery:
         self._recovering_epoch = 0  # epoch whose first finished step is reported as Recovered
         self._offer: CommitView | Reserved | Stop | None = None  # what rt.device_mesh waited for, not yet adopted
         self._held: View | None = None  # the newest view a waiting spare was told of (it sits in its spares)
-        self._fetch_s = 0.0
-        self._prefetch: Prefetch | None = None  # started by the Prepare that chose this spare
+        self._fetch = PeerFetch(env.member, handoff, env.config.restore_timeout)
         self._preloaded: Preloaded | None = None  # a reserved spare's prefetch, already loaded
         self._adopted_groups = (0, 0.0)  # (mesh groups rebuilt, seconds building groups) of the last adoption
 
@@ -245,7 +223,7 @@ class Recovery:
             if isinstance(command, Prepare) and self._held is not None:
                 for seat, member in command.replacements.items():
                     if member == self._env.member:
-                        self._start_prefetch(command, seat, self._held)
+                        self._fetch.start_prefetch(command, seat, self._held)
                         if reservations:
                             return Reserved(command.epoch, seat, self._held)
 
@@ -323,7 +301,7 @@ class Recovery:
         self._seat_samplers(seat, view.world_size)  # before a loader's pass is rebuilt from the snapshot
         for shard in self._zero_shards:  # a spare takes the dead seat's partition before loading its shard
             shard.seat(seat, view.world_size, None)
-        self._fetch_s = 0.0
+        self._fetch.seconds = 0.0
         restored: Restored | None = None
         preloaded: Preloaded | None = None
         kept: dict[int, torch.Tensor] = {}  # live tensors that already hold the restored values
@@ -335,10 +313,9 @@ class Recovery:
         elif seat in view.restore_from:
             source, preloaded, self._preloaded = "buddy", self._preloaded, None
             if preloaded is None or (preloaded.seat, preloaded.step, preloaded.asked) != (
-                    seat, view.resume_step, [(seat, RestorePart.HELD, view.restore_from[seat]),
-                                             *self._slice_sources(view, seat)]):
-                preloaded, restored = None, self._restore_from_buddy(view, seat)
-            self._prefetch = None
+                    seat, view.resume_step, PeerFetch.sources(view, seat)):
+                preloaded, restored = None, self._fetch.from_buddy(view, seat)
+            self._fetch.prefetch = None
         else:
             held = self._snapshots.find(view.resume_step)
             if held is None:
@@ -348,7 +325,7 @@ class Recovery:
             unchanged = self._unchanged(restored[0]) if self._holds_resume_state(view, seat) else None
             source, kept = "local", unchanged or {}
             if unchanged is None:
-                self._fetch_slices(view, seat, *restored)
+                self._fetch.slices_into(view, seat, *restored)
         fetched = time.perf_counter()
         self._collectives.rebuild(view, seat)
         group_s = time.perf_counter() - fetched
@@ -387,7 +364,7 @@ class Recovery:
             self._recovering_epoch = view.epoch
             self._events.emit(Event.RESTORED, epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
                               bytes=nbytes, live_bytes=sum(t.nbytes for t in kept.values()), s=round(restore_s, 6),
-                              fetch_s=round(self._fetch_s, 6), group_s=round(group_s, 6),
+                              fetch_s=round(self._fetch.seconds, 6), group_s=round(group_s, 6),
                               wait_s=round(time.perf_counter() - ready, 6), preloaded=preloaded is not None,
                               **self._mesh_fields())
         return view.resume_step + 1
@@ -412,49 +389,19 @@ class Recovery:
         except LookupError as err:  # the checkpoint layer's "not there / not this seat's"
             raise RestoreFailed(str(err)) from err
 
-    def _restore_from_buddy(self, view: View, seat: int) -> Restored:
-        """The seat's snapshot from its buddy's copy, and the other seats' slices of the replicated region from
-        those seats (or their buddies), all asked for at once, or already fetched when the Prepare chose us."""
-        source = view.restore_from[seat]
-        asked = [(seat, RestorePart.HELD, source), *self._slice_sources(view, seat)]
-        prefetch, self._prefetch = self._prefetch, None
-        fetched = None
-        if prefetch is not None and prefetch.asked == asked:
-            fetched = self._wait(view.epoch, f"of step {view.resume_step}", asked, prefetch.answers)
-            if any(part.step != view.resume_step for part in fetched):
-                fetched = None  # the newest copies were not the step every seat can restore
-        if fetched is None:
-            fetched = self._fetch(view, asked)
-        return self._assemble(seat, view.world_size, asked, fetched)
-
-    def _assemble(self, seat: int, world: int, asked: Sequence[Asked], fetched: Sequence[Fetched]) -> Restored:
-        """The seat's arena from its own part (first) and the other seats' slices.
-
-        Raises:
-            RestoreFailed: the parts do not add up to the seat's snapshot.
-        """
-        own, *slices = fetched
-        try:
-            # What the snapshot holds: the seat's own state, then its slice of the replicated region.
-            arena = expand(own.manifest, own.frames, seat, world)
-        except LookupError as err:  # the frames do not add up to what the manifest says the seat holds
-            raise RestoreFailed(f"{err} (from {asked[0][2]})") from err
-        self._place_slices(own.step, world, own.manifest, arena, asked[1:], slices)
-        return own.manifest, arena
-
     def _preload(self, reserved: Reserved) -> None:
         """Load what the Prepare's prefetch brings into the tracked objects now, while the survivors finish their
         step: the adoption then only builds the groups and puts the RNG states back, if the view resumes from
         the step the copies are of and names the same sources.  Nothing is lost if not: the adoption restores."""
-        prefetch = self._prefetch
+        prefetch = self._fetch.prefetch
         if prefetch is None or prefetch.seat != reserved.seat:
             return
         world = reserved.view.world_size
         try:
-            fetched = self._wait(reserved.epoch, "prefetched", prefetch.asked, prefetch.answers)
+            fetched = self._fetch.wait(reserved.epoch, "prefetched", prefetch.asked, prefetch.answers)
             if len({part.step for part in fetched}) != 1:
                 return
-            manifest, arena = self._assemble(reserved.seat, world, prefetch.asked, fetched)
+            manifest, arena = self._fetch.assemble(reserved.seat, world, prefetch.asked, fetched)
         except (CollectiveAborted, RestoreFailed, WaitTimeout):
             return  # a newer Prepare, or a copy not there or not whole: the adoption fetches what its view names
         self._seat_samplers(reserved.seat, world)
@@ -464,120 +411,6 @@ class Recovery:
         rng = state["__rng__"]
         self._load(state)
         self._preloaded = Preloaded(reserved.seat, fetched[0].step, prefetch.asked, rng, manifest.nbytes)
-
-    def _start_prefetch(self, prepare: Prepare, seat: int, held: View) -> None:
-        """A Prepare chose this spare for `seat`: ask now for the newest copies of what the view that seats it
-        will most likely restore (the seat's copy from its buddy, the slices from the seats that keep theirs),
-        while the survivors finish their step; ``_restore_from_buddy`` keeps them if the step is the one."""
-        if self._prefetch is not None and self._prefetch.seat == seat:
-            return
-        failed = set(prepare.failed_seats)
-        buddy = held.seats[held.buddies[seat]]
-        if held.buddies[seat] in failed or buddy == self._env.member:
-            return  # no copy survives there: the commit will say what happens
-        slices = [(other, RestorePart.SLICE, held.seats[held.buddies[other]] if other in failed else held.seats[other])
-                  for other in range(held.world_size) if other != seat]
-        own = (seat, RestorePart.HELD, buddy)
-        (copy,) = self._ask(held.resume_step, [own], newest=True)
-        answers: Answers = [copy, *(concurrent.futures.Future() for _ in slices)]
-        for future in answers[1:]:
-            future.add_done_callback(lambda _: self._handoff.wake())
-
-        def ask_slices(_: concurrent.futures.Future[Fetched]) -> None:
-            """The copy's step is the one to fetch the slices of (the seats may hold a newer snapshot than the
-            buddy's copy). Runs on the runtime thread, where the copy's answer came in."""
-            if copy.exception() is not None:
-                for future in answers[1:]:
-                    future.set_exception(RestoreFailed(f"the prefetch of seat {seat}'s copy failed: "
-                                                       f"{copy.exception()}"))
-                return
-            step = copy.result().step
-            for (other, part, member), future in zip(slices, answers[1:], strict=True):
-                try:
-                    self._handoff.post(Fetch(other, step, member, future, part))
-                except RuntimeError as err:  # the runtime thread has stopped (shutdown)
-                    future.set_exception(RestoreFailed(str(err)))
-
-        copy.add_done_callback(ask_slices)
-        self._prefetch = Prefetch(seat, [own, *slices], answers)
-
-    def _fetch_slices(self, view: View, seat: int, manifest: Manifest, arena: torch.Tensor) -> None:
-        """Complete a restored arena with the other seats' slices of the replicated region, asked of them."""
-        asked = self._slice_sources(view, seat) if manifest.replicated else []
-        if asked:
-            self._place_slices(view.resume_step, view.world_size, manifest, arena, asked, self._fetch(view, asked))
-
-    @staticmethod
-    def _slice_sources(view: View, seat: int) -> list[Asked]:
-        """Who serves each other seat's slice: the seat's own member, or the buddy of a seat being restored.
-        None after a restore from disk: every seat then completes its state with one all-gather."""
-        if view.restores_from_disk(seat) or view.world_size < 2:
-            return []
-        return [(other, RestorePart.SLICE, view.restore_from.get(other, view.seats[other]))
-                for other in range(view.world_size) if other != seat]
-
-    def _fetch(self, view: View, asked: Sequence[Asked]) -> list[Fetched]:
-        """Ask for every (seat, part, member) of `asked` at once and wait for all the answers (``_wait``)."""
-        return self._wait(view.epoch, f"of step {view.resume_step}", asked, self._ask(view.resume_step, asked))
-
-    def _ask(self, step: int, asked: Sequence[Asked], newest: bool = False) -> Answers:
-        """Hand the snapshot actor a Fetch of step `step` (or the `newest` held) for each part asked for."""
-        answers: Answers = []
-        for seat, part, member in asked:
-            future: concurrent.futures.Future[Fetched] = concurrent.futures.Future()
-            future.add_done_callback(lambda _: self._handoff.wake())
-            self._handoff.post(Fetch(seat, step, member, future, part, newest))
-            answers.append(future)
-        return answers
-
-    def _wait(self, epoch: int, which: str, asked: Sequence[Asked], answers: Answers) -> list[Fetched]:
-        """The answers to what was asked (`which` snapshots, for messages), once all are in; a view newer than
-        `epoch` interrupts the wait.
-
-        Raises:
-            CollectiveAborted: a newer view interrupted the wait.
-            RestoreFailed: an answer is a refusal.
-            WaitTimeout: not all answered within ``restore_timeout``.
-        """
-        what = f"fetching snapshots {which} ({len(asked)} parts)"
-        started = time.perf_counter()
-        if not self._handoff.wait_until(lambda: all(f.done() for f in answers), epoch,
-                                        self._config.restore_timeout, what):
-            raise CollectiveAborted("restore", "interrupted by a newer view", interrupted=True)
-        fetched = []
-        for (seat, part, member), future in zip(asked, answers, strict=True):
-            try:
-                fetched.append(future.result())
-            except (ActorStopped, RestoreFailed) as err:
-                raise RestoreFailed(f"fetching seat {seat}'s {part.value} snapshot {which} from {member}: "
-                                    f"{err}") from err
-        self._fetch_s = time.perf_counter() - started
-        return fetched
-
-    @staticmethod
-    def _place_slices(
-        step: int, world: int, manifest: Manifest, arena: torch.Tensor, asked: Sequence[Asked],
-        slices: Sequence[Fetched],
-    ) -> None:
-        """Put each fetched slice where its seat's slice lies in `arena`.
-
-        Raises:
-            RestoreFailed: a slice was taken under another layout, or has the wrong size.
-        """
-        target = arena.numpy().data.cast("B")
-        for (seat, _, member), fetched in zip(asked, slices, strict=True):
-            theirs, frames = fetched.manifest, fetched.frames
-            if replicated_layout(theirs) != replicated_layout(manifest):
-                raise RestoreFailed(f"seat {seat}'s slice of step {step} (from {member}) was "
-                                    "taken under another layout of the state")
-            first, last = replicated_slice(manifest, seat, world)
-            try:
-                scatter(frames, [(first, last)] if last > first else [], target)
-            except ValueError as err:
-                raise RestoreFailed(f"seat {seat}'s slice of step {step} (from {member}): {err}") from err
-            if sum(len(f) for f in frames) != last - first:
-                raise RestoreFailed(f"seat {seat}'s slice of step {step} (from {member}): "
-                                    f"{sum(len(f) for f in frames)} bytes where it is {last - first}")
 
     def _gather_replicated(self, manifest: Manifest, arena: torch.Tensor, seat: int, view: View) -> None:
         """Complete a restored arena: every seat's snapshot holds only its slice of the replicated region.
