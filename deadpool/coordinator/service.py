@@ -503,8 +503,8 @@ class Coordinator:
             return  # tick retries while the lease comes back
         resume, sources, why = decisions.plan_restore(view, sorted(rnd.failed), rnd.acks)
         from_disk = False
-        if resume is None and any(ack.early for ack in rnd.acks.values()):
-            return  # an early answer names only the newest snapshot: the full ones (from the boundary) may find one
+        if any(ack.early for ack in rnd.acks.values()) and (resume is None or set(sources) - rnd.failed.keys()):
+            return  # early answers name only the newest snapshots: the full ones may find a step, or a local copy
         if resume is None:
             resume = decisions.disk_resume_step(rnd.acks)
             if resume is None:

@@ -315,3 +315,17 @@ def test_early_acks_that_name_a_common_step_commit_at_once() -> None:
     job.handle(dataclasses.replace(ack("m2", 2, [8], {1: [7, 8]}), early=True))
     assert job.coordinator.view is not None and job.coordinator.view.epoch == 2
     assert job.coordinator.view.resume_step == 8 and job.coordinator.view.restore_from == {1: "m2"}
+
+
+def test_early_acks_that_would_restore_a_survivor_from_its_buddy_wait_for_the_full_ones() -> None:
+    """Seat 1's copy lags at step 7 while the survivors' newest is 8: their early answers name only 8, so the
+    plan would fetch the survivors' step 7 from their buddies; their full answers say they hold 7 themselves."""
+    job = Job(seats=3, spares=1)
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    job.handle(dataclasses.replace(ack("m0", 2, [8], {2: [7, 8]}), early=True))
+    job.handle(dataclasses.replace(ack("m2", 2, [8], {1: [7], 0: [7, 8]}), early=True))
+    assert job.coordinator.view is not None and job.coordinator.view.epoch == 1, "wait for the full answers"
+    job.handle(ack("m0", 2, [7, 8], {2: [7, 8]}))
+    job.handle(ack("m2", 2, [7, 8], {1: [7], 0: [7, 8]}))
+    assert job.coordinator.view.epoch == 2 and job.coordinator.view.resume_step == 7
+    assert job.coordinator.view.restore_from == {1: "m2"}, "only the lost seat restores from a copy"
