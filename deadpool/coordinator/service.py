@@ -488,8 +488,7 @@ class Coordinator:
         rnd, view = self.round, self.view
         if rnd is None or view is None or rnd.waiting_since is not None:
             return
-        # Cheap bound first: survivors >= seats - failed - fenced, so fewer acks cannot cover them all
-        # (listing the survivors on every ack would make a round O(seats^2)).
+        # Cheap bound first (survivors >= seats - failed - fenced): listing them on every ack is O(seats^2).
         if len(rnd.acks) < len(view.seats) - len(rnd.failed) - len(self.fenced):
             return
         survivors = self._survivors()

@@ -355,12 +355,14 @@ class Recovery:
         self._state.poison = None
         self._state.gated_step = -2
         self._progress.step = view.resume_step
+        # Every seat starts the step when the last one is ready: where ranks share cores, a survivor computing
+        # ahead (it would wait for the replacement in its first collective anyway) only slows the replacement
+        # down; where they do not, it changes nothing.  Every seat of every view waits, the first view's too: a
+        # replacement seated at resume step -1 adopts "first" while the survivors do not, and a barrier only
+        # some seats enter would meet the others' first all-reduce.
+        ready = time.perf_counter()
+        self._collectives.barrier(f"waiting for every seat to adopt view {view.epoch}", view.epoch)
         if not first_view:
-            # Every seat starts the step when the last one is ready: where ranks share cores, a survivor computing
-            # ahead (it would wait for the replacement in its first collective anyway) only slows the replacement
-            # down; where they do not, it changes nothing.
-            ready = time.perf_counter()
-            self._collectives.barrier(f"waiting for every seat to adopt view {view.epoch}", view.epoch)
             self._recovering_epoch = view.epoch
             self._events.emit(Event.RESTORED, epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
                               bytes=nbytes, live_bytes=sum(t.nbytes for t in kept.values()), s=round(restore_s, 6),

@@ -23,6 +23,7 @@ from deadpool.events.log import EventLog
 from deadpool.protocol.messages import PrepareAck, RestorePart
 from deadpool.protocol.transport import open_transport
 from deadpool.protocol.view import View
+from deadpool.snapshot import ward_copies
 from deadpool.snapshot.statetree import replicated_slice
 
 pytestmark = pytest.mark.timeout(30)
@@ -79,6 +80,27 @@ async def test_a_spare_fetches_the_newest_copy_and_each_seats_slice_before_the_s
         assert fetched.step == 4 and b"".join(bytes(f) for f in fetched.frames) == held[-(last - first):]
     with pytest.raises(RestoreFailed, match="holds no snapshot of step 2"):
         await _fetch(spare, 0, 2, WARD, RestorePart.SLICE)
+
+
+async def test_a_slice_travels_in_frames_no_larger_than_a_chunk(
+    shm_dir: str, make_pair: Callable[[str, str], Pair], monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+) -> None:
+    """A slice is as big as the replicated region over the world size (half of it with two seats): sent as one
+    frame, one over the bulk socket's limit was dropped and the restore waited out its timeout."""
+    monkeypatch.setattr(ward_copies, "CHUNK_BYTES", 4096)  # the slice (8 KiB) spans frames
+    pair = make_pair(shm_dir, shm_dir)
+    spare, _ = await _with_spare(pair)
+    state, replicated = _replicated_state(5)
+    slot = pair.store.capture(5, GENERATION, state, set(), replicated, seat=0, world=2)
+    pair.store.wait_copy(10.0)
+    pair.actors[WARD].inbox.post(LocalReady(slot))
+    await until(lambda: pair.handoffs[WARD].is_confirmed(GENERATION, 5))
+    held = bytes(slot.payload())
+    for member in (WARD, BUDDY):  # the ward's own snapshot, the buddy's copy of it
+        fetched = await _fetch(spare, 0, 5, member, RestorePart.SLICE)
+        first, last = replicated_slice(fetched.manifest, 0, 2)
+        assert len(fetched.frames) == 2 and all(len(f) <= 4096 for f in fetched.frames)
+        assert b"".join(bytes(f) for f in fetched.frames) == held[-(last - first):]
 
 
 async def test_a_restore_request_from_outside_the_view_is_refused(
