@@ -157,19 +157,28 @@ def plan_restore(
 
     A survivor restores from its own snapshots; a failed seat, or a survivor that
     holds nothing yet (a spare whose adoption was interrupted by this failure),
-    restores from the copy its buddy keeps.  Returns the step (None when there is
+    restores from the copy its buddy keeps, or one another surviving seat still
+    keeps (its buddy in an earlier view).  Returns the step (None when there is
     none, with the reason naming the seat), the seats that must fetch from a
     buddy (seat -> member), and the reason.
     """
     failed = set(failed_seats)
+    # Copies held by a surviving seat other than the buddy: the buddy of an earlier view, kept for a seat whose
+    # replacement was still restoring from it (WardCopies.on_view) when this round began.
+    others: dict[int, dict[int, str]] = {}
+    for seat, member in enumerate(view.seats):
+        report = reports.get(member) if seat not in failed else None
+        for ward, steps in report.ward_steps.items() if report else ():
+            if 0 <= ward < len(view.seats) and ward != seat and view.buddies[ward] != seat:
+                others.setdefault(ward, {}).update(dict.fromkeys(steps, member))
     per_seat: list[dict[int, str | None]] = []
     for seat, member in enumerate(view.seats):
-        held: dict[int, str | None] = {}
+        held: dict[int, str | None] = dict(others.get(seat, {}))
         buddy_seat = view.buddies[seat]
         if buddy_seat not in failed and buddy_seat != seat:
             buddy_report = reports.get(view.seats[buddy_seat])
             for step in buddy_report.ward_steps.get(seat, ()) if buddy_report else ():
-                held[step] = view.seats[buddy_seat]
+                held[step] = view.seats[buddy_seat]  # the buddy's copy first
         report = reports.get(member) if seat not in failed else None
         for step in report.local_steps if report else ():
             held[step] = None  # local beats a copy

@@ -75,8 +75,11 @@ class PeerFetch:
         prefetch, self.prefetch = self.prefetch, None
         fetched = None
         if prefetch is not None and prefetch.asked == asked:
-            fetched = self.wait(view.epoch, f"of step {view.resume_step}", asked, prefetch.answers)
-            if any(part.step != view.resume_step for part in fetched):
+            try:
+                fetched = self.wait(view.epoch, f"of step {view.resume_step}", asked, prefetch.answers)
+            except RestoreFailed:
+                fetched = None  # a seat holds no slice of the step the newest copy is of: the resume step is older
+            if fetched is not None and any(part.step != view.resume_step for part in fetched):
                 fetched = None  # the newest copies were not the step every seat can restore
         if fetched is None:
             fetched = self._fetch(view, asked)

@@ -105,6 +105,22 @@ def test_interrupted_adoption_restores_from_the_buddy_again() -> None:
     assert step == 19 and sources == {2: "m3"}
 
 
+def test_a_replacement_restores_from_the_buddy_of_an_earlier_view() -> None:
+    """Seat 2's replacement failed to adopt (a blind rebuild follows); the committed view moved seat 2's buddy to
+    seat 3, which holds no copy yet, but seat 0 (its buddy before, asked by the failed adoption) still does."""
+    view = make_view()
+    reports = {
+        "m0": decisions.Snapshots([19], {3: [19], 2: [18, 19]}),
+        "m1": decisions.Snapshots([19], {0: [19]}),
+        "m2": decisions.Snapshots([], {}),
+        "m3": decisions.Snapshots([19], {}),
+    }
+    step, sources, _ = decisions.plan_restore(view, [], reports)
+    assert step == 19 and sources == {2: "m0"}
+    reports["m3"] = decisions.Snapshots([19], {2: [19]})  # where both hold it, the buddy of the view serves
+    assert decisions.plan_restore(view, [], reports)[1] == {2: "m3"}
+
+
 def test_resume_step_names_seat_lost_with_its_buddy() -> None:
     view = make_view()
     step, reason = resume_step(
