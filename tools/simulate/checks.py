@@ -17,7 +17,7 @@ from deadpool.config import Config
 from deadpool.coordinator.decisions import Trigger
 from deadpool.coordinator.service import Coordinator
 from deadpool.events.catalogue import Event
-from deadpool.protocol.messages import HeartbeatBatch, Message
+from deadpool.protocol.messages import HeartbeatBatch, HostHeartbeat, Message, PrepareAcks
 
 from .cluster import Failure, SimConfig
 
@@ -138,6 +138,10 @@ class Checker:
         """For each fenced member a message speaks for: the coordinator state it must not change."""
         if isinstance(message, HeartbeatBatch):
             senders = [beat.sender for beat in message.beats]
+        elif isinstance(message, HostHeartbeat):
+            senders = message.members
+        elif isinstance(message, PrepareAcks):
+            senders = [ack.sender for ack in message.acks]
         else:
             sender = getattr(message, "sender", None)
             senders = [sender] if isinstance(sender, str) else []

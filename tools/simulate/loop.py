@@ -70,6 +70,7 @@ class Simulation:
         self._assembly: dict[bytes, viewsync.Reassembly] = {}  # digest -> pieces of a chunked view so far
         self._pieces: dict[bytes, View] = {}  # digest -> the chunked view, once every piece was sent
         self._current: ViewInfo | None = None  # newest view delivered to the members
+        self._coordinator_info: ViewInfo | None = None  # lookups over the coordinator's view, for picking victims
         self._quiet_after = 0  # tick after which the newest rebuilt view has reported its first step
         self._settle_view: tuple[View, set[str]] | None = None  # the coordinator's view and its members
         self._agents: list[SimAgent] = []
@@ -259,10 +260,13 @@ class Simulation:
             candidates = [m.member for m in self._members if m.running]
         else:
             protected: set[int] = set()
-            pending = [view.seat_of(m) for m, f in self._victims.items() if f.fired_tick >= 0]
+            if self._coordinator_info is None or self._coordinator_info.view is not view:
+                self._coordinator_info = view_info(view)  # the coordinator's own copy: not the members' cache
+            info = self._coordinator_info
+            pending = [info.seat_of.get(m) for m, f in self._victims.items() if f.fired_tick >= 0]
             rnd = self.coordinator.round
             for seat in [*(s for s in pending if s is not None), *(rnd.failed if rnd else ())]:
-                protected.update((view.buddies[seat], *(w for w, b in enumerate(view.buddies) if b == seat)))
+                protected.update((view.buddies[seat], *info.wards.get(seat, ())))
             seats = [m for s, m in enumerate(view.seats) if s not in protected]
             if failure.spare:
                 candidates = list(view.spares) or seats
