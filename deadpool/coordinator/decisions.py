@@ -143,8 +143,16 @@ def _fill(failed_seats: Sequence[int], view: View, spares: Sequence[str], hosts:
     available = [spare for spare in spares if spare not in chosen.values()]
     for seat in sorted(set(failed_seats) - set(chosen)):
         buddy_host = hosts.get(view.buddy_member(seat), "")
-        # min() keeps the first of equals: join order within a preference class.
-        spare = min(available, key=lambda s: (hosts.get(s, "") in failed_hosts, hosts.get(s, "") == buddy_host))
+        # The first of the best (join order within a preference class); stops at the first of the best class,
+        # so a swap costs O(failed) with a large pool instead of O(failed x spares).
+        spare, best = available[0], (True, True, True)
+        for candidate in available:
+            host = hosts.get(candidate, "")
+            rank = (host in failed_hosts, host == buddy_host, False)
+            if rank < best:
+                spare, best = candidate, rank
+                if rank == (False, False, False):
+                    break
         available.remove(spare)
         chosen[seat] = spare
     return chosen

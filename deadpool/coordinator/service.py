@@ -157,11 +157,11 @@ class Coordinator:
 
     def _broadcast(self, members: list[str], message: Message) -> None:
         """One message object for every recipient: the caller encodes it once (a CommitView grows with the job)."""
-        message = self.terms.stamp(message)
+        message, outbox, records = self.terms.stamp(message), self._outbox, self.members
         for member in members:
-            record = self.members.get(member)
-            if record is not None:
-                self.send(record.control_addr, message)
+            record = records.get(member)
+            if record is not None and record.control_addr:
+                outbox.append(Send(record.control_addr, message))
 
     @property
     def world_size(self) -> int:
@@ -245,7 +245,7 @@ class Coordinator:
             self.chaos.fire_armed(self, record)
         elif isinstance(message, PrepareAck):
             rnd = self.round
-            if rnd is None or message.epoch != rnd.epoch:  # the committed epoch's: a full answer after an early one
+            if rnd is None or not rnd.first_epoch <= message.epoch <= rnd.epoch:  # or a full answer after an early one
                 if rnd is not None or message.epoch != self._epoch():
                     self.events.emit(Event.REJECTED, reason="stale_ack", peer=message.sender, ack_epoch=message.epoch)
                 return
@@ -442,15 +442,18 @@ class Coordinator:
         epoch = max(self.view.epoch, previous.epoch if previous else 0) + 1
         acks = dict(previous.acks) if previous else {}  # still true: a survivor's state does not change paused
         self.round = Round(epoch, failed, replacements, acks, now + self._config.prepare_timeout, f"{reason}; {why}",
-                           trigger, joined, waiting_since)
+                           trigger, joined, waiting_since, first_epoch=previous.first_epoch if previous else epoch)
         self._suspect_since = None
         survivors = self._survivors()
         self.events.emit(Event.VIEW_PREPARED, epoch=epoch, failed_seats=sorted(failed), reason=self.round.reason,
                          replacements={str(k): v for k, v in replacements.items()}, trigger=trigger)
         prepare = Prepare(epoch, sorted(failed), self.round.reason, dict(replacements), reanswer=previous is None)
         # The chosen spares hear it too: one that wraps its model for its seat (rt.device_mesh) does it now,
-        # while the survivors finish their step, instead of after the commit.
-        self._broadcast([*survivors, *replacements.values()], prepare)
+        # while the survivors finish their step, instead of after the commit. A grown round skips the survivors
+        # whose full answer it keeps: they stopped at the boundary and learn the outcome from the commit.
+        told = survivors if previous is None else [m for m in survivors if m not in acks or acks[m].early]
+        chosen = {*replacements.values(), *(previous.replacements.values() if previous else ())}
+        self._broadcast([*told, *chosen], prepare)
         self._maybe_commit()
 
     def _pick_spares(self, failed: dict[int, str], joined: list[str],
