@@ -298,9 +298,9 @@ class Coordinator:
             self._seats_joined.add(join.seat_hint)
         self.send(join.control_addr, Welcome(self._epoch(), join.sender, self._world_size,
                                               standby=self.terms.standby))
-        rnd = self.round
-        if rnd is not None and (join.sender in self._survivors_cache.set_of(self.view, rnd, self.fenced)
-                                or join.sender in rnd.replacements.values()):
+        rnd, view = self.round, self.view
+        if rnd is not None and view is not None and (join.sender in self._survivors_cache.set_of(view, rnd, self.fenced)
+                                                     or join.sender in rnd.replacements.values()):
             # A re-join during a round (after a takeover the Prepare went out before this member's address was
             # known again): it needs the Prepare to pause and answer.
             self.send(join.control_addr, Prepare(rnd.epoch, sorted(rnd.failed), rnd.reason, dict(rnd.replacements)))
