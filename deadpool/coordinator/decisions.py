@@ -125,7 +125,7 @@ def pick_spares(
     chosen = _fill(failed_seats, view, spares, hosts, failed_hosts, held)
     if held:
         fresh = _fill(failed_seats, view, spares, hosts, failed_hosts, {})
-        if not _copies_cross_hosts(view, chosen, hosts) and _copies_cross_hosts(view, fresh, hosts):
+        if fresh != chosen and not _copies_cross_hosts(view, chosen, hosts) and _copies_cross_hosts(view, fresh, hosts):
             chosen = fresh
     reason = ", ".join(f"seat {seat} <- {spare}" for seat, spare in sorted(chosen.items()))
     return chosen, reason

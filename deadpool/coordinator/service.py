@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from deadpool.config import Config
@@ -24,7 +24,7 @@ from deadpool.coordinator.coverage import Coverage
 from deadpool.coordinator.decisions import NoSpare, RaisedError, Suspicion, Trigger
 from deadpool.coordinator.liveness import Liveness
 from deadpool.coordinator.operator_chaos import OperatorChaos
-from deadpool.coordinator.pools import JoiningSpares, RejoinAsks, Survivors
+from deadpool.coordinator.pools import HostsOf, JoiningSpares, RejoinAsks, Survivors
 from deadpool.coordinator.ratelimit import RateLimit
 from deadpool.coordinator.records import Agent, MemberRecord, PendingSwap, Round, Send
 from deadpool.coordinator.status import compact, status_document
@@ -482,8 +482,9 @@ class Coordinator:
         # (listing the survivors on every ack would make a round O(seats^2)).
         if len(rnd.acks) < len(view.seats) - len(rnd.failed) - len(self.fenced):
             return
-        survivors = self._survivors()
-        if any(member not in rnd.acks for member in survivors):
+        if rnd.awaited in rnd.acks or rnd.awaited in self.fenced or not rnd.awaited:  # else: still waiting for it
+            rnd.awaited = next((m for m in self._survivors() if m not in rnd.acks), "")
+        if rnd.awaited:
             return
         held, why = self.terms.lease(self._now, self.agents)
         if not held:
@@ -685,8 +686,8 @@ class Coordinator:
 
     # -- views for operators ------------------------------------------------------------------
 
-    def _hosts(self) -> dict[str, str]:
-        return {m: r.host for m, r in self.members.items()}
+    def _hosts(self) -> Mapping[str, str]:
+        return HostsOf(self.members)  # looked up, not copied: a spare pick reads a few of 131,072
 
     def _bulk_addrs(self) -> dict[str, str]:
         return {m: r.bulk_addr for m, r in self.members.items()}
