@@ -69,8 +69,16 @@ def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> Non
                       detail="HostHeartbeat columns of different lengths")
         return
     before = c.coverage.previous(message.sender)
-    if before is not None and before.listed == message.members and before.columns == columns:
-        c.coverage.renew(message.sender, now)  # the steady state: one comparison for the whole host
+    if before is not None and before.listed == message.members and len(before.vouched) == count:
+        # The steady state: one comparison for the whole host (every member it lists is still vouched for;
+        # one that is not, fenced or a stranger, takes the path below, which answers for it).
+        c.coverage.renew(message.sender, now)
+        if before.columns != columns:  # a step finished: the same members, their progress moved
+            before.columns = columns
+            records, fenced = c.members, c.fenced
+            for i, member in enumerate(message.members):
+                if member in before.vouched and member not in fenced:
+                    _progress(c, records[member], message, i, now)
         return
     vouched: list[str] = []
     for i, member in enumerate(message.members):
@@ -86,12 +94,17 @@ def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> Non
             c.send(record.control_addr, Fenced(member, c.view.epoch if c.view else 0, c.fenced[member]))
             continue
         vouched.append(member)
-        record.last_seen = now
-        record.epoch, record.step = message.epochs[i], message.steps[i]
-        record.snapshot_step, record.confirmed_step = message.snapshot_steps[i], message.confirmed_steps[i]
-        if c.chaos.armed:
-            c.chaos.fire_armed(c, record)
+        _progress(c, record, message, i, now)
     c.coverage.cover(message.sender, now, message.members, columns, frozenset(vouched))
+
+
+def _progress(c: Coordinator, record: MemberRecord, message: HostHeartbeat, i: int, now: float) -> None:
+    """Column `i` of `message` into the member's record, as its own Heartbeat would have put it."""
+    record.last_seen = now
+    record.epoch, record.step = message.epochs[i], message.steps[i]
+    record.snapshot_step, record.confirmed_step = message.snapshot_steps[i], message.confirmed_steps[i]
+    if c.chaos.armed:
+        c.chaos.fire_armed(c, record)
 
 
 def relay(c: Coordinator, message: PrepareAcks | HeartbeatBatch, now: float,

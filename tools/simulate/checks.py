@@ -223,6 +223,7 @@ class Checker:
             "view_change_s_p99": _quantile(change, 0.99),
             "view_change_s_max": _round(max(change, default=None)),
             "swaps_completed": self._swaps,
+            "failures_on_spares": sum(1 for f in fired if f.on_spare),  # resolved without a swap
             "job": "running" if outcome is None else ("finished" if outcome[0] else "failed"),
             "job_failure_reason": "" if outcome is None or outcome[0] else _shorten(outcome[1]),
             "false_positives": self._false_positives,

@@ -143,6 +143,7 @@ class Failure:
     spare: bool  # strike a spare
     member: str = ""  # the victim, once fired
     fired_tick: int = -1
+    on_spare: bool = False  # the victim sat in no seat (a spare): resolved by a pool view, not by a swap
 
 
 class World(Protocol):

@@ -242,6 +242,7 @@ class Simulation:
         self._victims[member.member] = failure
         current = self._current
         seat = current.seat_of.get(member.member) if current else None
+        failure.on_spare = current is not None and seat is None
         if failure.kind == FailureKind.CRASH:
             self.stop_member(member, ProcessState.DEAD, returncode=-9, delay=self._rng.randint(1, 5))
             if current is not None and seat is not None and self.stall_tick == self.tick:
