@@ -132,8 +132,31 @@ def pick_spares(
 
 
 def _copies_cross_hosts(view: View, pick: Mapping[int, str], hosts: Mapping[str, str]) -> bool:
-    """With `pick` seated, some buddy placement keeps every copy on another host than its seat."""
+    """With `pick` seated, some buddy placement keeps every copy on another host than its seat.
+
+    First the view's own ring offset, checked at the picked seats only (O(picked)) when the view
+    crosses hosts with it (checked once per view); else every offset (O(seats) each).
+    """
+    world = len(view.seats)
+    offset = (view.buddies[0] if world > 1 else 0) % max(world, 1)
+    if offset and _crosses(view, hosts, offset):
+        def host(seat: int) -> str:
+            return hosts.get(pick.get(seat, view.seats[seat]), "")
+        if all(host(s) != host((s + offset) % world) and host((s - offset) % world) != host(s) for s in pick):
+            return True
     return crossing_offset([pick.get(seat, member) for seat, member in enumerate(view.seats)], hosts) is not None
+
+
+_CROSSING: list[tuple[View, int, bool]] = []  # the last view checked: a pure memo (views never change)
+
+
+def _crosses(view: View, hosts: Mapping[str, str], offset: int) -> bool:
+    """Every seat of `view` has its copy on another host at ring `offset`."""
+    if not _CROSSING or _CROSSING[0][0] is not view or _CROSSING[0][1] != offset:
+        host_of = [hosts.get(member, "") for member in view.seats]
+        crosses = all(host_of[seat] != host_of[(seat + offset) % len(host_of)] for seat in range(len(host_of)))
+        _CROSSING[:] = [(view, offset, crosses)]
+    return _CROSSING[0][2]
 
 
 def _fill(failed_seats: Sequence[int], view: View, spares: Sequence[str], hosts: Mapping[str, str],

@@ -88,6 +88,10 @@ class HostsOf(Mapping[str, str]):
     def __getitem__(self, member: str) -> str:
         return self._records[member].host
 
+    def get(self, member: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        record = self._records.get(member)
+        return record.host if record is not None else default
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._records)
 
