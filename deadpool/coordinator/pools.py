@@ -24,6 +24,7 @@ class Survivors:
         self._key: tuple[View | None, Round | None, int] = (None, None, -1)
         self._list: list[str] = []
         self._set: set[str] = set()
+        self._scan: tuple[list[str], object, int] = ([], None, 0)  # (survivors, answers, first unanswered)
 
     def _build(self, view: View, rnd: Round | None, fenced: Container[str], fenced_count: int) -> None:
         if self._key[0] is view and self._key[1] is rnd and self._key[2] == fenced_count:
@@ -40,6 +41,21 @@ class Survivors:
     def set_of(self, view: View, rnd: Round | None, fenced: dict[str, str]) -> set[str]:
         self._build(view, rnd, fenced, len(fenced))
         return self._set
+
+    def first_unanswered(self, view: View, rnd: Round, fenced: dict[str, str]) -> str:
+        """A survivor `rnd` has no answer from ("": none), scanning on from where the last scan stopped.
+
+        Answers are only ever added during a round, so the survivors before that point have all
+        answered: collecting a round's answers costs O(survivors) in all, not per answer.
+        """
+        survivors = self.of(view, rnd, fenced)
+        if self._scan[0] is not survivors or self._scan[1] is not rnd.acks:
+            self._scan = (survivors, rnd.acks, 0)
+        acks, position = rnd.acks, self._scan[2]
+        while position < len(survivors) and survivors[position] in acks:
+            position += 1
+        self._scan = (survivors, acks, position)
+        return survivors[position] if position < len(survivors) else ""
 
 
 class JoiningSpares:

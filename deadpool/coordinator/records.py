@@ -58,7 +58,6 @@ class Round:
     waiting_since: float | None = None  # no_spare_policy "wait": when the wait for a spare began
     withheld: bool = False  # its commit waits for the lease (commit_withheld was emitted once)
     first_epoch: int = 0  # the epoch of its first Prepare: answers to any Prepare of the round count
-    awaited: str = ""  # a survivor whose answer is missing, looked at first (not every survivor on every answer)
 
 
 @dataclass

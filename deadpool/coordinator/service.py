@@ -482,9 +482,7 @@ class Coordinator:
         # (listing the survivors on every ack would make a round O(seats^2)).
         if len(rnd.acks) < len(view.seats) - len(rnd.failed) - len(self.fenced):
             return
-        if rnd.awaited in rnd.acks or rnd.awaited in self.fenced or not rnd.awaited:  # else: still waiting for it
-            rnd.awaited = next((m for m in self._survivors() if m not in rnd.acks), "")
-        if rnd.awaited:
+        if self._survivors_cache.first_unanswered(view, rnd, self.fenced):
             return
         held, why = self.terms.lease(self._now, self.agents)
         if not held:
