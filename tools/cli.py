@@ -35,11 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     simulate_parser.add_argument("--members", type=int, default=1024, help="simulated members (seats + 5%% spares)")
     simulate_parser.add_argument("--failures", type=int, default=4, help="members that die, at seeded random times")
     simulate_parser.add_argument("--seed", type=int, default=0, help="seed of the member ids and failure schedule")
-    simulate_parser.add_argument("--heartbeat-interval", type=float, default=0.1, help="virtual seconds")
+    simulate_parser.add_argument("--heartbeat-interval", type=float, default=0.0,
+                                 help="virtual seconds (0: 0.1, grown with the job: see simulate.scaled)")
     simulate_parser.add_argument("--duration", type=float, default=10.0,
                                  help="virtual seconds in which failures fall (the run goes on until they resolve)")
-    simulate_parser.add_argument("--aggregate", action="store_true",
-                                 help="host agents batch their members' heartbeats (one message per host)")
+    simulate_parser.add_argument("--aggregate", action=argparse.BooleanOptionalAction, default=None,
+                                 help="host agents batch their members' heartbeats, one message per host "
+                                      "(default: from 4,096 members)")
     simulate_parser.add_argument("--max-frame-bytes", type=int, default=0,
                                  help="members' control-frame limit (0: the real one, 1 MiB)")
     simulate_parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -62,10 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
             from . import simulate
 
-            config = simulate.SimConfig(
-                members=args.members, failures=args.failures, seed=args.seed,
-                heartbeat_interval=args.heartbeat_interval, duration=args.duration, aggregate=args.aggregate,
-            )
+            config = simulate.scaled(args.members, args.failures, args.seed, args.duration, args.aggregate,
+                                     args.heartbeat_interval)
             if args.max_frame_bytes:
                 config = dataclasses.replace(config, max_frame_bytes=args.max_frame_bytes)
             result = simulate.simulate(config)

@@ -5,6 +5,12 @@ rides along (read from ``Progress``, written by the compute thread with plain
 attribute stores, which are atomic under the GIL).  A missed send (the
 coordinator is down or slow) is logged once per outage and never blocks the
 next beat: training goes on without the coordinator.
+
+Started by ``deadpool launch``, a worker beats to its host agent instead
+(``agent``: its address), which forwards its host's beats as one message per
+interval (``agent/relay.py``).  The agent is the worker's parent process: once
+it is gone (the worker was re-parented) or a send to it fails, the beat goes to
+the coordinator directly, so a lost agent costs its host's seats nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 
 from deadpool.actors.handoff import Progress
 from deadpool.protocol import codec
@@ -36,8 +43,11 @@ class HeartbeatActor:
         interval: float,
         secret: bytes | None,
         control_addr: str,
+        agent: str = "",
+        agent_pid: int = 0,
     ) -> None:
         self._member = member
+        self._agent, self._agent_pid = agent, agent_pid  # the host agent that relays beats ("": none)
         self._control_addr = control_addr
         self._link = link
         self._transport = transport
@@ -74,6 +84,9 @@ class HeartbeatActor:
             if standby:  # the standby learns who is alive, and where, from the same beats, whatever the active does
                 with contextlib.suppress(TransportError):
                     await self._transport.send(standby, [last[1]], STANDBY_SEND_TIMEOUT_S)
+            if await self._via_agent(last[1]):
+                await asyncio.sleep(self._interval)
+                continue
             try:
                 await self._transport.send(self._link.active, [last[1]], self._interval)
                 self.sent += 1
@@ -88,3 +101,14 @@ class HeartbeatActor:
                     log.warning("heartbeat not sent (%s); training goes on, retrying every beat", err)
                 outage = True
             await asyncio.sleep(self._interval)
+
+    async def _via_agent(self, frame: bytes) -> bool:
+        """Hand the beat to the host agent; False when there is none, it is gone, or it does not take it."""
+        if not self._agent or os.getppid() != self._agent_pid:
+            return False
+        try:
+            await self._transport.send(self._agent, [frame], self._interval)
+        except TransportError:
+            return False
+        self.sent += 1
+        return True

@@ -146,8 +146,8 @@ class RuntimeThread:
         link = CoordinatorLink(self._coordinator)  # shared: a newer term moves both actors to its coordinator
         heartbeat = HeartbeatActor(
             self.member, link, control, self._progress, config.heartbeat_interval, self._secret,
-            control.address,
-        )
+            control.address, os.environ.get("DEADPOOL_AGENT", ""), int(os.environ.get("DEADPOOL_AGENT_PID", "0")),
+        )  # the host agent `deadpool launch` that started this worker relays its beats (agent/relay.py)
         membership = MembershipActor(
             self.member, link, control, self._handoff, self._events, snapshots.inbox.post,
             self._secret, config.send_timeout, heartbeat.joined, heartbeat.reconnected,

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deadpool.agent import coordinators, determinism, jobfile, progress
+from deadpool.agent import coordinators, determinism, jobfile, progress, relay
 from deadpool.agent.closing import summarize
+from deadpool.agent.relay import BeatRelay
 from deadpool.chaos import SIGNALS, ChaosAction, ChaosSpec, unreachable
 from deadpool.chaos import parse as parse_chaos
 from deadpool.config import Config, is_loopback, raise_priority
@@ -44,6 +45,7 @@ from deadpool.protocol.messages import (
     AgentHello,
     Coordinators,
     FenceKill,
+    Heartbeat,
     ProcessExited,
     SignalMember,
     SilenceQuery,
@@ -311,6 +313,7 @@ class Launcher:
         self.terminated = False  # SIGTERM arrived
         self.last_contact = time.monotonic()  # last answer from the coordinator (it answers every hello)
         self._drops = DropLog()  # frames the inbox could not use
+        self.relay = BeatRelay(self.agent_id, [])  # this host's workers' heartbeats, one message per interval
 
     def _config_env(self) -> dict[str, str]:
         overrides: dict[str, Any] = {}
@@ -362,7 +365,8 @@ class Launcher:
                 "DEADPOOL_CHAOS": spec, "DEADPOOL_HOST": self.host, "DEADPOOL_BIND_HOST": bind,
                 "WORLD_SIZE": str(self.world if args.nproc else 0),
                 "MASTER_ADDR": store_host, "MASTER_PORT": store_port,
-                "LOCAL_WORLD_SIZE": str(args.nproc), "PYTHONUNBUFFERED": "1"}
+                "LOCAL_WORLD_SIZE": str(args.nproc), "PYTHONUNBUFFERED": "1",
+                "DEADPOOL_AGENT": self.transport.address, "DEADPOOL_AGENT_PID": str(os.getpid())}  # relay.py
         for local in range(args.nproc + args.spares):
             spare = local >= args.nproc
             rank = -1 if spare else args.node_rank * args.nproc + local
@@ -377,6 +381,7 @@ class Launcher:
             )
             _normal_priority(proc.pid)
             self.workers.append(Worker(label, member, "spare" if spare else "active", proc, rank))
+        self.relay = BeatRelay(self.agent_id, [w.member for w in self.workers])
         if coordinator_proc is not None or self.standby_proc is not None:
             self._write_job_file()
             if coordinator_proc is not None:
@@ -418,6 +423,9 @@ class Launcher:
         async with asyncio.TaskGroup() as tasks:
             background = [tasks.create_task(self.transport.run()), tasks.create_task(self._inbox())]
             background.append(tasks.create_task(self._hello()))
+            background.append(tasks.create_task(relay.forward(self.relay, self.transport, self.link,
+                                                              Config.from_env(self.env).heartbeat_interval,
+                                                              self.secret)))
             background.append(tasks.create_task(self._watch_contact()))
             if not getattr(self.args, "no_progress", False):
                 background.append(tasks.create_task(progress.follow(self.events_path, self.world,
@@ -555,7 +563,11 @@ class Launcher:
             elif isinstance(message, StartStandby):
                 print(f"deadpool: starting a standby coordinator here: {message.reason}", file=sys.stderr, flush=True)
                 self._keep(self._start_standby())
+            elif isinstance(message, Heartbeat):
+                if not self.relay.heard(message):
+                    self._drops.note(f"heartbeat of {message.sender}, not a worker of this host")
             elif isinstance(message, FenceKill):
+                self.relay.forget(message.member)
                 self._fence_kill(message.member)
             elif isinstance(message, SignalMember):
                 self._signal(message.member, message.action)
@@ -611,6 +623,7 @@ class Launcher:
         while (code := worker.proc.returncode) is None:  # the child watcher reaps it right after
             await asyncio.sleep(0.01)
         worker.returncode = code
+        self.relay.forget(worker.member)
         self._remove_shm_files(worker)
         if self.transport is None or self.stop is not None or self.coordinator_gone:
             # The job has ended: nobody needs the report, and a send to a coordinator that has exited

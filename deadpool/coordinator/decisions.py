@@ -125,15 +125,38 @@ def pick_spares(
     chosen = _fill(failed_seats, view, spares, hosts, failed_hosts, held)
     if held:
         fresh = _fill(failed_seats, view, spares, hosts, failed_hosts, {})
-        if not _copies_cross_hosts(view, chosen, hosts) and _copies_cross_hosts(view, fresh, hosts):
+        if fresh != chosen and not _copies_cross_hosts(view, chosen, hosts) and _copies_cross_hosts(view, fresh, hosts):
             chosen = fresh
     reason = ", ".join(f"seat {seat} <- {spare}" for seat, spare in sorted(chosen.items()))
     return chosen, reason
 
 
 def _copies_cross_hosts(view: View, pick: Mapping[int, str], hosts: Mapping[str, str]) -> bool:
-    """With `pick` seated, some buddy placement keeps every copy on another host than its seat."""
+    """With `pick` seated, some buddy placement keeps every copy on another host than its seat.
+
+    First the view's own ring offset, checked at the picked seats only (O(picked)) when the view
+    crosses hosts with it (checked once per view); else every offset (O(seats) each).
+    """
+    world = len(view.seats)
+    offset = (view.buddies[0] if world > 1 else 0) % max(world, 1)
+    if offset and _crosses(view, hosts, offset):
+        def host(seat: int) -> str:
+            return hosts.get(pick.get(seat, view.seats[seat]), "")
+        if all(host(s) != host((s + offset) % world) and host((s - offset) % world) != host(s) for s in pick):
+            return True
     return crossing_offset([pick.get(seat, member) for seat, member in enumerate(view.seats)], hosts) is not None
+
+
+_CROSSING: list[tuple[View, int, bool]] = []  # the last view checked: a pure memo (views never change)
+
+
+def _crosses(view: View, hosts: Mapping[str, str], offset: int) -> bool:
+    """Every seat of `view` has its copy on another host at ring `offset`."""
+    if not _CROSSING or _CROSSING[0][0] is not view or _CROSSING[0][1] != offset:
+        host_of = [hosts.get(member, "") for member in view.seats]
+        crosses = all(host_of[seat] != host_of[(seat + offset) % len(host_of)] for seat in range(len(host_of)))
+        _CROSSING[:] = [(view, offset, crosses)]
+    return _CROSSING[0][2]
 
 
 def _fill(failed_seats: Sequence[int], view: View, spares: Sequence[str], hosts: Mapping[str, str],
@@ -143,8 +166,16 @@ def _fill(failed_seats: Sequence[int], view: View, spares: Sequence[str], hosts:
     available = [spare for spare in spares if spare not in chosen.values()]
     for seat in sorted(set(failed_seats) - set(chosen)):
         buddy_host = hosts.get(view.buddy_member(seat), "")
-        # min() keeps the first of equals: join order within a preference class.
-        spare = min(available, key=lambda s: (hosts.get(s, "") in failed_hosts, hosts.get(s, "") == buddy_host))
+        # The first of the best (join order within a preference class); stops at the first of the best class,
+        # so a swap costs O(failed) with a large pool instead of O(failed x spares).
+        spare, best = available[0], (True, True, True)
+        for candidate in available:
+            host = hosts.get(candidate, "")
+            rank = (host in failed_hosts, host == buddy_host, False)
+            if rank < best:
+                spare, best = candidate, rank
+                if rank == (False, False, False):
+                    break
         available.remove(spare)
         chosen[seat] = spare
     return chosen

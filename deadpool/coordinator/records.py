@@ -57,6 +57,7 @@ class Round:
     joined: list[str] = field(default_factory=list)  # spares that joined during the round: pooled at the commit
     waiting_since: float | None = None  # no_spare_policy "wait": when the wait for a spare began
     withheld: bool = False  # its commit waits for the lease (commit_withheld was emitted once)
+    first_epoch: int = 0  # the epoch of its first Prepare: answers to any Prepare of the round count
 
 
 @dataclass

@@ -15,14 +15,16 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from deadpool.config import Config
-from deadpool.coordinator import decisions
-from deadpool.coordinator.decisions import NoSpare, Raised, RaisedError, Suspicion, Trigger
+from deadpool.coordinator import decisions, hostbeats, raised
+from deadpool.coordinator.coverage import Coverage
+from deadpool.coordinator.decisions import NoSpare, RaisedError, Suspicion, Trigger
 from deadpool.coordinator.liveness import Liveness
 from deadpool.coordinator.operator_chaos import OperatorChaos
+from deadpool.coordinator.pools import HostsOf, JoiningSpares, RejoinAsks, Survivors
 from deadpool.coordinator.ratelimit import RateLimit
 from deadpool.coordinator.records import Agent, MemberRecord, PendingSwap, Round, Send
 from deadpool.coordinator.status import compact, status_document
@@ -42,10 +44,12 @@ from deadpool.protocol.messages import (
     Finished,
     Heartbeat,
     HeartbeatBatch,
+    HostHeartbeat,
     Join,
     Message,
     Prepare,
     PrepareAck,
+    PrepareAcks,
     ProcessExited,
     Recovered,
     Rejoin,
@@ -65,8 +69,6 @@ from deadpool.protocol.view import View
 
 log = logging.getLogger("deadpool.coordinator.service")
 
-REJOIN_ASK_INTERVAL_S = 1.0  # a member we cannot reach is asked for its Join at most this often
-MAX_REJOIN_ASKS = 4096  # members remembered as asked, before the memory is cleared
 RECENT_EVENTS = 20  # events kept for `deadpool status`
 
 
@@ -102,10 +104,14 @@ class Coordinator:
         self.chaos = OperatorChaos()
         self.outcome: tuple[bool, str] | None = None  # (ok, reason) once the job ended
         self._rate = RateLimit(events)
-        self._live = Liveness()  # members by when they were last heard from, for the silence check
+        self._live = Liveness()  # members by when they were last heard from directly, for the silence check
+        self.coverage = Coverage()  # members their host agent vouches for (HostHeartbeat)
         self._views = ViewSender()  # deltas for members that hold the previous view, the whole view for others
+        self._seats_joined: set[int] = set()  # seats an active member joined for (the first view needs them all)
+        self._joining = JoiningSpares()  # spares that joined the running job, pooled by one view at a time
+        self._survivors_cache = Survivors()
         self._blind_rebuilds = 0  # rebuilds with nobody dead since the last finished step (bounded)
-        self._rejoin_asked: dict[str, float] = {}  # member -> when we last sent it a Rejoin
+        self._rejoins = RejoinAsks()  # when we last sent each unreachable member a Rejoin
         self._raised: list[RaisedError] = []  # the scripts' exceptions reported so far (one per member at most)
         # A restarted coordinator knows nobody: it learns the view from the members (highest epoch wins)
         # instead of forming a first view, until this deadline passes with no member holding a view.
@@ -151,11 +157,11 @@ class Coordinator:
 
     def _broadcast(self, members: list[str], message: Message) -> None:
         """One message object for every recipient: the caller encodes it once (a CommitView grows with the job)."""
-        message = self.terms.stamp(message)
+        message, outbox, records = self.terms.stamp(message), self._outbox, self.members
         for member in members:
-            record = self.members.get(member)
-            if record is not None:
-                self.send(record.control_addr, message)
+            record = records.get(member)
+            if record is not None and record.control_addr:
+                outbox.append(Send(record.control_addr, message))
 
     @property
     def world_size(self) -> int:
@@ -190,26 +196,17 @@ class Coordinator:
             self.send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status(now))))
         elif isinstance(message, ProcessExited):
             self._on_exit(message, now)
-        elif isinstance(message, HeartbeatBatch):
-            # One message per host agent per interval; each beat is handled as if its member had sent it, and
-            # an agent vouches only for the members it registered in its AgentHello.
-            agent = self.agents.get(message.sender)
-            if agent is None:
-                self.events.emit(Event.REJECTED, reason="unknown_agent", peer=message.sender)
-                return
-            for beat in message.beats:
-                if beat.sender in agent.members:
-                    self._handle(now, beat)
-                else:
-                    self.events.emit(Event.REJECTED, reason="not_agents_member", peer=message.sender,
-                                     detail=beat.sender)
+        elif isinstance(message, HostHeartbeat):  # one host's beats (coverage.py)
+            hostbeats.on_host_heartbeat(self, message, now)
+        elif isinstance(message, (PrepareAcks, HeartbeatBatch)):  # each as if its member had sent it
+            hostbeats.relay(self, message, now, self._handle)
         else:
             sender = getattr(message, "sender", None)
             if not isinstance(sender, str) or sender not in self.members:
                 self.events.emit(Event.REJECTED, reason="unknown_peer",
                                  detail=f"{type(message).__name__} from {sender}")
                 if isinstance(message, Heartbeat):
-                    self._ask_to_rejoin(message, now)
+                    self.ask_to_rejoin(message.sender, message.control_addr, now)
                 return
             if sender in self.fenced:
                 self.events.emit(Event.REJECTED, reason="fenced_peer", peer=sender, kind=type(message).__name__)
@@ -241,17 +238,20 @@ class Coordinator:
         record = self.members[sender]
         if isinstance(message, Heartbeat):
             if not record.control_addr:
-                self._ask_to_rejoin(message, now)  # known only from a reported view
+                self.ask_to_rejoin(message.sender, message.control_addr, now)  # known only from a reported view
             record.step, record.epoch = message.step, message.epoch
             record.snapshot_step, record.confirmed_step = message.snapshot_step, message.confirmed_step
             record.stall_p99_s = message.stall_p99_s
             self.chaos.fire_armed(self, record)
         elif isinstance(message, PrepareAck):
             rnd = self.round
-            if rnd is None or message.epoch != rnd.epoch:  # the committed epoch's: a full answer after an early one
+            if rnd is None or not rnd.first_epoch <= message.epoch <= rnd.epoch:  # or a full answer after an early one
                 if rnd is not None or message.epoch != self._epoch():
                     self.events.emit(Event.REJECTED, reason="stale_ack", peer=message.sender, ack_epoch=message.epoch)
                 return
+            held = rnd.acks.get(message.sender)
+            if message.early and held is not None and not held.early:
+                return  # a full answer (kept from an earlier Prepare of the round) beats a later early one
             rnd.acks[message.sender] = decisions.Snapshots(message.local_steps, message.ward_steps,
                                                            message.disk_steps, message.dirty_groups, message.early)
             self._maybe_commit()
@@ -273,35 +273,12 @@ class Coordinator:
             record.step = message.step
             self._adopt_reported_view(message, now)
         elif isinstance(message, UserException):
-            self._on_user_exception(message, now)
+            raised.on_user_exception(self, message, now)
         elif isinstance(message, ViewRequest) and self.view is not None and message.epoch <= self.view.epoch:
             for piece in self._views.whole(self.view, self.terms.term):  # it missed a delta's base
                 self.send(record.control_addr, piece)
         else:
             self.events.emit(Event.REJECTED, reason="unexpected_type", detail=type(message).__name__)
-
-    def _on_user_exception(self, report: UserException, now: float) -> None:
-        """The script raised in `report.sender`: replace the member once, or stop the job (``user_exception``)."""
-        if any(r.member == report.sender for r in self._raised) or self.outcome is not None:
-            return
-        seat = self.view.seat_of(report.sender) if self.view else None
-        raised = RaisedError(report.sender, -1 if seat is None else seat, report.step, report.kind)
-        verdict, why = decisions.user_exception(self._raised, raised)
-        if self.view is None and self.members[report.sender].role == Role.ACTIVE:
-            verdict, why = Raised.STOP, f"{why}; but training has not started, so no spare can take the seat"
-        self._raised.append(raised)
-        self.events.emit(Event.USER_EXCEPTION, raised_by=report.sender, rank=raised.seat, step=report.step,
-                         exception=report.kind, message=report.message, verdict=verdict, reason=why,
-                         traceback=report.traceback)
-        if verdict is Raised.STOP:
-            message = report.message.splitlines()[0][:300] if report.message else ""
-            self._fail_job(
-                f"{report.kind}: {message}. {why}. Stopped at once, the remaining spares unused; fix the script "
-                "(its traceback is in the launcher's summary and the job_failed event) and relaunch.",
-                cause="user_error", exception=report.kind, step=report.step, raised_by=report.sender,
-                rank=raised.seat, traceback=report.traceback)
-            return
-        self._declare_dead(now, report.sender, "exception", f"raised {report.kind} at step {report.step}")
 
     def _on_join(self, join: Join, now: float) -> None:
         if join.sender in self.fenced:
@@ -317,10 +294,13 @@ class Coordinator:
             now, now,
         )
         self._live.seen(join.sender, now)
+        if join.role == Role.ACTIVE:
+            self._seats_joined.add(join.seat_hint)
         self.send(join.control_addr, Welcome(self._epoch(), join.sender, self._world_size,
                                               standby=self.terms.standby))
-        rnd = self.round
-        if rnd is not None and join.sender in [*self._survivors(), *rnd.replacements.values()]:
+        rnd, view = self.round, self.view
+        if rnd is not None and view is not None and (join.sender in self._survivors_cache.set_of(view, rnd, self.fenced)
+                                                     or join.sender in rnd.replacements.values()):
             # A re-join during a round (after a takeover the Prepare went out before this member's address was
             # known again): it needs the Prepare to pause and answer.
             self.send(join.control_addr, Prepare(rnd.epoch, sorted(rnd.failed), rnd.reason, dict(rnd.replacements)))
@@ -334,19 +314,15 @@ class Coordinator:
         elif not self.view.contains(join.sender):
             self._add_spare(join.sender, now)
 
-    def _ask_to_rejoin(self, beat: Heartbeat, now: float) -> None:
+    def ask_to_rejoin(self, member: str, control_addr: str, now: float) -> None:
         """A member we cannot reach is alive: ask it for its Join (once a second, not every beat).
 
         After a restart on the same address a member's heartbeats may never have failed, so it
         does not know to re-join; without its Join a Prepare could not reach it (prepare_timeout).
         """
-        if not beat.control_addr or now - self._rejoin_asked.get(beat.sender, -1e9) < REJOIN_ASK_INTERVAL_S:
-            return
-        if len(self._rejoin_asked) >= MAX_REJOIN_ASKS:
-            self._rejoin_asked.clear()  # bounded: strangers cannot grow it
-        self._rejoin_asked[beat.sender] = now
-        self.events.emit(Event.REJOIN_ASKED, member=beat.sender)
-        self.send(beat.control_addr, Rejoin(self._epoch(), beat.sender))
+        if self._rejoins.due(member, control_addr, now):
+            self.events.emit(Event.REJOIN_ASKED, member=member)
+            self.send(control_addr, Rejoin(self._epoch(), member))
 
     def _adopt_reported_view(self, report: ViewReport, now: float) -> None:
         """After a restart: take the highest-epoch view any member holds, as it is (no new epoch)."""
@@ -370,7 +346,7 @@ class Coordinator:
             self._on_finished(finished)
 
     def _maybe_first_view(self) -> None:
-        if len(self.members) < self._world_size:
+        if len(self._seats_joined) < self._world_size:
             return  # seats cannot all be filled yet (building the view on every Join made startup O(members^2))
         seat_members = {r.seat_hint: r.member for r in self.members.values()
                         if r.role == Role.ACTIVE and r.member not in self.fenced}
@@ -381,16 +357,25 @@ class Coordinator:
             self._commit(view, reason, failed={}, trigger=Trigger.FIRST_VIEW)
 
     def _add_spare(self, member: str, now: float) -> None:
+        self._joining.waiting.append(member)
+        if self.round is not None or self._joining.due(now):
+            self._pool_spares(now)  # else the tick pools them: one view for a storm of joins, not one each
+
+    def _pool_spares(self, now: float) -> None:
         assert self.view is not None
+        joining, names = self._joining.take(self.fenced)
         rnd = self.round
         if rnd is not None:
-            rnd.joined.append(member)  # pooled when the round commits
-            if rnd.waiting_since is not None:  # a seat has been waiting for exactly this
-                self._start_round(now, {}, f"spare {member} joined", Trigger.SPARE_JOINED)
+            rnd.joined.extend(joining)  # pooled when the round commits
+            if rnd.waiting_since is not None and joining:  # a seat has been waiting for exactly this
+                self._start_round(now, {}, f"spare {names} joined", Trigger.SPARE_JOINED)
             return
-        view = decisions.next_view(self.view, self.view.epoch + 1, {}, [*self.view.spares, member],
+        if not joining:
+            return
+        self._joining.pooled_at = now
+        view = decisions.next_view(self.view, self.view.epoch + 1, {}, [*self.view.spares, *joining],
                                    self.view.resume_step, self._hosts(), self._bulk_addrs(), rebuild=False)
-        self._commit(view, f"spare {member} joined the pool", failed={}, trigger=Trigger.SPARE_JOINED)
+        self._commit(view, f"spare {names} joined the pool", failed={}, trigger=Trigger.SPARE_JOINED)
 
     # -- failures and rounds ------------------------------------------------------------------
 
@@ -398,8 +383,9 @@ class Coordinator:
         if member in self.fenced or self.outcome is not None:
             return
         self.fenced[member] = f"{detected_by}: {detail}"
+        self.coverage.forget(member)
         record = self.members.get(member)
-        seat = self.view.seat_of(member) if self.view else None
+        seat = self._views.seat_of(self.view, member) if self.view else None
         self._failure_wall[member] = min(self.wall(), self.chaos.injected_at.get(member, float("inf")))
         injected = self.chaos.injected_at.get(member)  # detection time is known only for injected failures
         self.events.emit(Event.MEMBER_FAILED, member=member, failed_member=member, rank=-1 if seat is None else seat,
@@ -454,24 +440,29 @@ class Coordinator:
                 return
             replacements = {}  # the survivors pause (Prepare) while the seat waits for a spare to join
         epoch = max(self.view.epoch, previous.epoch if previous else 0) + 1
-        self.round = Round(epoch, failed, replacements, {}, now + self._config.prepare_timeout, f"{reason}; {why}",
-                           trigger, joined, waiting_since)
+        acks = dict(previous.acks) if previous else {}  # still true: a survivor's state does not change paused
+        self.round = Round(epoch, failed, replacements, acks, now + self._config.prepare_timeout, f"{reason}; {why}",
+                           trigger, joined, waiting_since, first_epoch=previous.first_epoch if previous else epoch)
         self._suspect_since = None
         survivors = self._survivors()
         self.events.emit(Event.VIEW_PREPARED, epoch=epoch, failed_seats=sorted(failed), reason=self.round.reason,
                          replacements={str(k): v for k, v in replacements.items()}, trigger=trigger)
-        prepare = Prepare(epoch, sorted(failed), self.round.reason, dict(replacements))
+        prepare = Prepare(epoch, sorted(failed), self.round.reason, dict(replacements), reanswer=previous is None)
         # The chosen spares hear it too: one that wraps its model for its seat (rt.device_mesh) does it now,
-        # while the survivors finish their step, instead of after the commit.
-        self._broadcast([*survivors, *replacements.values()], prepare)
+        # while the survivors finish their step, instead of after the commit. A grown round skips the survivors
+        # whose full answer it keeps: they stopped at the boundary and learn the outcome from the commit.
+        told = survivors if previous is None else [m for m in survivors if m not in acks or acks[m].early]
+        chosen = {*replacements.values(), *(previous.replacements.values() if previous else ())}
+        self._broadcast([*told, *chosen], prepare)
         self._maybe_commit()
 
     def _pick_spares(self, failed: dict[int, str], joined: list[str],
                      kept: dict[int, str] | None = None) -> tuple[dict[int, str] | None, str]:
         assert self.view is not None
         candidates = [*self.view.spares, *joined]
-        pool, _ = decisions.order_spares(
-            candidates, {s: self.members[s].last_seen for s in candidates if s in self.members}, self.fenced)
+        heard = {s: max(self.members[s].last_seen, self.coverage.vouched_at(s))
+                 for s in candidates if s in self.members}
+        pool, _ = decisions.order_spares(candidates, heard, self.fenced)
         return decisions.pick_spares(sorted(failed), self.view, pool, self._hosts(), kept)
 
     def _no_spare(self, now: float, failed: dict[int, str], waiting_since: float, why: str) -> tuple[NoSpare, str]:
@@ -481,8 +472,7 @@ class Coordinator:
 
     def _survivors(self) -> list[str]:
         assert self.view is not None
-        failed = set(self.round.failed) if self.round else set()
-        return [m for seat, m in enumerate(self.view.seats) if seat not in failed and m not in self.fenced]
+        return self._survivors_cache.of(self.view, self.round, self.fenced)
 
     def _maybe_commit(self) -> None:
         rnd, view = self.round, self.view
@@ -491,8 +481,7 @@ class Coordinator:
         # Cheap bound first (survivors >= seats - failed - fenced): listing them on every ack is O(seats^2).
         if len(rnd.acks) < len(view.seats) - len(rnd.failed) - len(self.fenced):
             return
-        survivors = self._survivors()
-        if any(member not in rnd.acks for member in survivors):
+        if self._survivors_cache.first_unanswered(view, rnd, self.fenced):
             return
         held, why = self.terms.lease(self._now, self.agents)
         if not held:
@@ -544,7 +533,7 @@ class Coordinator:
                              group_s=round(message.group_s, 6))
 
     def _on_finished(self, message: Finished) -> None:
-        if self.view is None or self.view.seat_of(message.sender) != message.seat:
+        if self.view is None or self._views.seat_of(self.view, message.sender) != message.seat:
             return
         self._finished[message.seat] = message
         if len(self._finished) < self._world_size:
@@ -638,6 +627,7 @@ class Coordinator:
             for record in self.members.values():  # nobody's silence is known
                 record.last_seen = now
             self._live.all_seen(now)
+            self.coverage.all_seen(now)
             for agent in self.agents.values():
                 agent.seen = now
         self._ticked = now
@@ -655,12 +645,16 @@ class Coordinator:
                     self._on_finished(finished)
                 return
             self._maybe_first_view()
-        silent = self._live.silent(now, self._config.failure_timeout)
+        silent = self.coverage.silent(now, self._config.failure_timeout, self._live,
+                                     lambda m: self.members[m].last_seen if m in self.members else float("-inf"))
         for member in [m for m in silent if m in self.fenced or self._seat_finished(m)]:
             self._live.forget(member)  # no longer watched
+            self.coverage.forget(member)
             del silent[member]
         for member, why in decisions.silent_members(now, silent, self._config.failure_timeout):
             self._declare_dead(now, member, "heartbeat", why)
+        if self.view is not None and self._joining.due(now):
+            self._pool_spares(now)
         rnd = self.round
         if rnd is not None and rnd.waiting_since is not None:
             refusal = self._pick_spares(rnd.failed, rnd.joined)[1]
@@ -689,8 +683,8 @@ class Coordinator:
 
     # -- views for operators ------------------------------------------------------------------
 
-    def _hosts(self) -> dict[str, str]:
-        return {m: r.host for m, r in self.members.items()}
+    def _hosts(self) -> Mapping[str, str]:
+        return HostsOf(self.members)  # looked up, not copied: a spare pick reads a few of 131,072
 
     def _bulk_addrs(self) -> dict[str, str]:
         return {m: r.bulk_addr for m, r in self.members.items()}

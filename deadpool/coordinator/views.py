@@ -3,7 +3,7 @@
 A member that was in the previous view gets a :class:`ViewDelta` against it (the
 size of the change); a new member, or one that asks (``ViewRequest``), gets the
 whole view as one ``CommitView`` or in pieces (``protocol/viewsync.py``). The
-digest of the view committed last is computed once here.
+digest of the view committed last, and its seat of each member, are computed once here.
 """
 
 from __future__ import annotations
@@ -21,6 +21,13 @@ class ViewSender:
         self._digest = b""
         self._whole: list[CommitView | ViewChunk] = []
         self._term = -1
+        self._seats: tuple[View | None, dict[str, int]] = (None, {})
+
+    def seat_of(self, view: View, member: str) -> int | None:
+        """`member`'s seat in `view` (None: a spare or a stranger), from an index built once per view."""
+        if self._seats[0] is not view:
+            self._seats = (view, {m: seat for seat, m in enumerate(view.seats)})
+        return self._seats[1].get(member)
 
     def digest(self, view: View) -> bytes:
         if view is not self._view:

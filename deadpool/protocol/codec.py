@@ -99,6 +99,17 @@ def _checker_for(annotation: Any) -> Checker:
     if origin is list:
         (item_type,) = typing.get_args(annotation)
         check_item = _checker_for(item_type)
+        if item_type in (int, str):  # the columns of a HostHeartbeat: one C-speed pass over the types
+            allowed = frozenset({item_type})
+
+            def check_scalars(value: Any) -> list[Any]:
+                if not isinstance(value, list):
+                    raise _FieldError(f"expected list, got {type(value).__name__}")
+                if not allowed.issuperset(map(type, value)):
+                    for item in value:
+                        check_item(item)  # raises for the first bad item, naming its type
+                return value
+            return check_scalars
 
         def check_list(value: Any) -> list[Any]:
             if not isinstance(value, list):

@@ -83,6 +83,9 @@ class Prepare:
     reason: str  # human-readable reason, logged by every member
     replacements: dict[int, str] = field(default_factory=dict)  # seat -> the spare chosen for it (told too)
     term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
+    # False when the round grew (another seat lost): an answer to an earlier Prepare of the same pause still
+    # counts, so a member that gave one does not answer again (a round at 131,072 members costs one answer each).
+    reanswer: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,6 +351,34 @@ class HeartbeatBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class HostHeartbeat:
+    """A host agent's heartbeats for its members in columns: one message per host and interval.
+
+    The agent hears its workers' heartbeats on the host and forwards, once per
+    interval, the members it heard from since its previous message (a hung one
+    drops out).  Column i of every list belongs to ``members[i]``.  The coordinator
+    counts an unchanged member list as one message, not one per member, so a job's
+    steady-state cost grows with its hosts (``coordinator/coverage.py``).
+    """
+
+    sender: str  # agent id, registered with AgentHello; it vouches only for its own members
+    members: list[str]  # the members heard from since the previous HostHeartbeat
+    epochs: list[int]  # per member: the newest view it holds
+    steps: list[int]  # per member: its last finished step (-1 before the first)
+    snapshot_steps: list[int]  # per member: its newest complete local snapshot (-2 if none)
+    confirmed_steps: list[int]  # per member: the newest snapshot its buddy confirmed (-2 if none)
+    control_addrs: list[str]  # per member: where a coordinator that does not know it asks it to re-join
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareAcks:
+    """A host agent's batch of its members' answers to one Prepare (relayed: one message per host)."""
+
+    sender: str  # agent id, registered with AgentHello; it answers only for its own members
+    acks: list[PrepareAck]  # the answers that reached the agent since its previous batch
+
+
+@dataclass(frozen=True, slots=True)
 class ViewReport:
     """A member tells a restarted coordinator the view it holds (the highest epoch wins)."""
 
@@ -534,6 +565,8 @@ Message = (
     | ViewChunk
     | ViewRequest
     | PeerPaused
+    | HostHeartbeat
+    | PrepareAcks
 )
 
 # Append-only: a tag, once given, is never reused or renumbered.
@@ -576,5 +609,7 @@ REGISTRY: dict[int, type[Message]] = {
     36: ViewChunk,
     37: ViewRequest,
     45: PeerPaused,
+    60: HostHeartbeat,
+    61: PrepareAcks,
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}

@@ -8,12 +8,17 @@ member adopts a view only if its epoch is newer than the one it holds.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 # A `restore_from` value that names no member: the seat reads its state from the disk checkpoint of
 # `resume_step` (the fallback when a seat and the buddy holding its copy are lost together).
 DISK_SOURCE = "@disk"
+# Ring offsets tried for a buddy placement that crosses hosts: hosts hold a handful of seats, so a crossing
+# offset is small where one exists; trying every offset of a 131,072-seat ring would cost O(seats^2).
+MAX_OFFSET = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +70,7 @@ def place_buddies(seats: Sequence[str], hosts: Mapping[str, str]) -> tuple[list[
     """Choose, for every seat, the seat that keeps its snapshot copy.
 
     A uniform ring offset keeps the load even (every seat holds exactly one
-    ward).  The smallest offset that puts every copy on another host wins, so a
+    ward).  The smallest offset (up to MAX_OFFSET) that puts every copy on another host wins, so a
     whole-host loss never takes a seat and its copy together.  Where no offset
     crosses hosts (one host, or hosts too uneven for any ring offset) the
     offset is 1.  Returns the placement and the reason for it.
@@ -80,10 +85,12 @@ def place_buddies(seats: Sequence[str], hosts: Mapping[str, str]) -> tuple[list[
 
 
 def crossing_offset(seats: Sequence[str], hosts: Mapping[str, str]) -> int | None:
-    """The smallest ring offset that puts every seat's copy on another host than the seat; None if none does."""
+    """The smallest ring offset (up to MAX_OFFSET) putting every seat's copy on another host than the seat, or None."""
     world = len(seats)
     host_of = [hosts.get(member, "") for member in seats]
-    for offset in range(1, world):
-        if all(host_of[seat] != host_of[(seat + offset) % world] for seat in range(world)):
+    for offset in range(1, min(world, MAX_OFFSET + 1)):
+        # Seat i against seat i + offset, compared in C without copying the list; a wrong offset usually
+        # fails within the first host's seats.
+        if all(map(operator.ne, host_of, itertools.chain(itertools.islice(host_of, offset, None), host_of))):
             return offset
     return None

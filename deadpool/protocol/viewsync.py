@@ -22,7 +22,7 @@ from deadpool.protocol import codec
 from deadpool.protocol.messages import CommitView, ViewChunk, ViewDelta
 from deadpool.protocol.view import View
 
-CHUNK_BYTES = 512 * 1024  # one piece of a chunked view: half the 1 MiB frame limit, room for the envelope
+CHUNK_BYTES = 1020 * 1024  # one piece of a chunked view: the 1 MiB frame limit less 4 KiB for the envelope
 FULL_VIEW_BYTES = CHUNK_BYTES  # a whole view up to this size goes as one CommitView
 MAX_VIEW_BYTES = 256 * 1024 * 1024  # a reassembled view may not exceed this (about 2M members)
 

@@ -248,7 +248,7 @@ class Recovery:
                 raise JobStopped(command.reason)
             if isinstance(command, Fenced):
                 exit_fenced(self._events, self._env.member, command)
-            if isinstance(command, Prepare) and command.epoch >= acked:
+            if isinstance(command, Prepare) and command.epoch >= acked and (command.reanswer or not acked):
                 acked = command.epoch
                 self._snapshots.wait_copy(self._config.copy_timeout)
                 world = state.view.world_size if state.view else self._env.world_size

@@ -18,8 +18,9 @@ import pytest
 from deadpool.actors.handoff import Handoff
 from deadpool.actors.membership import Inbound, MembershipActor, Outbound
 from deadpool.config import Config
+from deadpool.coordinator.pools import REJOIN_ASK_INTERVAL_S
 from deadpool.coordinator.records import Send
-from deadpool.coordinator.service import REJOIN_ASK_INTERVAL_S, Coordinator
+from deadpool.coordinator.service import Coordinator
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.link import CoordinatorLink

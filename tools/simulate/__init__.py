@@ -17,11 +17,12 @@ from deadpool.errors import MisuseError
 
 from .checks import REAL_TIME_KEYS, format_table
 from .cluster import SimConfig
-from .loop import Simulation, adaptive_interval, simulate
+from .loop import AGGREGATE_FROM, Simulation, adaptive_interval, scaled, simulate
 
 run = simulate  # the name the command line may use: run(SimConfig(...)) -> metrics
 
 __all__ = [
+    "AGGREGATE_FROM",
     "REAL_TIME_KEYS",
     "MisuseError",
     "SimConfig",
@@ -29,5 +30,6 @@ __all__ = [
     "adaptive_interval",
     "format_table",
     "run",
+    "scaled",
     "simulate",
 ]

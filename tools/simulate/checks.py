@@ -17,7 +17,7 @@ from deadpool.config import Config
 from deadpool.coordinator.decisions import Trigger
 from deadpool.coordinator.service import Coordinator
 from deadpool.events.catalogue import Event
-from deadpool.protocol.messages import HeartbeatBatch, Message
+from deadpool.protocol.messages import HeartbeatBatch, HostHeartbeat, Message, PrepareAcks
 
 from .cluster import Failure, SimConfig
 
@@ -138,6 +138,10 @@ class Checker:
         """For each fenced member a message speaks for: the coordinator state it must not change."""
         if isinstance(message, HeartbeatBatch):
             senders = [beat.sender for beat in message.beats]
+        elif isinstance(message, HostHeartbeat):
+            senders = message.members
+        elif isinstance(message, PrepareAcks):
+            senders = [ack.sender for ack in message.acks]
         else:
             sender = getattr(message, "sender", None)
             senders = [sender] if isinstance(sender, str) else []
@@ -219,6 +223,7 @@ class Checker:
             "view_change_s_p99": _quantile(change, 0.99),
             "view_change_s_max": _round(max(change, default=None)),
             "swaps_completed": self._swaps,
+            "failures_on_spares": sum(1 for f in fired if f.on_spare),  # resolved without a swap
             "job": "running" if outcome is None else ("finished" if outcome[0] else "failed"),
             "job_failure_reason": "" if outcome is None or outcome[0] else _shorten(outcome[1]),
             "false_positives": self._false_positives,

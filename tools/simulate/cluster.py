@@ -20,7 +20,7 @@ from deadpool.protocol.messages import (
     Fenced,
     FenceKill,
     Heartbeat,
-    HeartbeatBatch,
+    HostHeartbeat,
     Message,
     Prepare,
     PrepareAck,
@@ -143,6 +143,7 @@ class Failure:
     spare: bool  # strike a spare
     member: str = ""  # the victim, once fired
     fired_tick: int = -1
+    on_spare: bool = False  # the victim sat in no seat (a spare): resolved by a pool view, not by a swap
 
 
 class World(Protocol):
@@ -268,6 +269,9 @@ class SimMember:
         elif isinstance(message, Prepare):
             # Only a seated member holding a view answers; one waiting for its first view ignores it.
             if self.seat is not None and message.epoch > held and message.epoch > self.prep_acked:
+                if self.paused_step is not None and not message.reanswer:
+                    self.prep_acked = message.epoch  # its answer to an earlier Prepare of this round still counts
+                    return
                 if self.paused_step is None:
                     self.paused_step = self.step(world)
                 self.prep_acked = message.epoch
@@ -313,13 +317,16 @@ class SimAgent:
         self.batch_frame = b""
 
     def batch(self, world: World) -> bytes:
-        """The HeartbeatBatch frame for this interval: only members that beat since the last one ("" if none)."""
+        """The HostHeartbeat frame for this interval: only members that beat since the last one ("" if none)."""
         beats = [m.heartbeat(world) for m in self.members if m.running and m.welcomed]
         if not beats:
             return b""
         if len(beats) != len(self.batch_key) or any(a is not b for a, b in zip(beats, self.batch_key, strict=True)):
             self.batch_key = beats
-            self.batch_frame = codec.encode(HeartbeatBatch(self.agent_id, beats))
+            self.batch_frame = codec.encode(HostHeartbeat(
+                self.agent_id, [b.sender for b in beats], [b.epoch for b in beats], [b.step for b in beats],
+                [b.snapshot_step for b in beats], [b.confirmed_step for b in beats],
+                [b.control_addr for b in beats]))
         return self.batch_frame
 
     def receive(self, message: Message, world: World) -> None:

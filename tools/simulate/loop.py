@@ -70,6 +70,8 @@ class Simulation:
         self._assembly: dict[bytes, viewsync.Reassembly] = {}  # digest -> pieces of a chunked view so far
         self._pieces: dict[bytes, View] = {}  # digest -> the chunked view, once every piece was sent
         self._current: ViewInfo | None = None  # newest view delivered to the members
+        self._not_running: set[str] = set()  # members stopped (dead or frozen), for picking victims
+        self._coordinator_info: ViewInfo | None = None  # lookups over the coordinator's view, for picking victims
         self._quiet_after = 0  # tick after which the newest rebuilt view has reported its first step
         self._settle_view: tuple[View, set[str]] | None = None  # the coordinator's view and its members
         self._agents: list[SimAgent] = []
@@ -192,6 +194,7 @@ class Simulation:
             return
         was_running = member.running
         member.state = state
+        self._not_running.add(member.member)
         current = self._current
         if was_running and current is not None and member.member in current.seat_of and self.stall_tick is None:
             self.stall_tick = self.tick
@@ -226,6 +229,7 @@ class Simulation:
         """A zombie resumes with stale state: its messages must be rejected and it must learn it is fenced."""
         if member.state == ProcessState.FROZEN and self.coordinator.outcome is None:
             member.state = ProcessState.RUNNING
+            self._not_running.discard(member.member)
             epoch = member.view.view.epoch if member.view else 0
             self.send(CollectiveFailed(member.member, epoch, member.step(self), "woke up: the collective timed out"))
 
@@ -238,6 +242,7 @@ class Simulation:
         self._victims[member.member] = failure
         current = self._current
         seat = current.seat_of.get(member.member) if current else None
+        failure.on_spare = current is not None and seat is None
         if failure.kind == FailureKind.CRASH:
             self.stop_member(member, ProcessState.DEAD, returncode=-9, delay=self._rng.randint(1, 5))
             if current is not None and seat is not None and self.stall_tick == self.tick:
@@ -259,10 +264,13 @@ class Simulation:
             candidates = [m.member for m in self._members if m.running]
         else:
             protected: set[int] = set()
-            pending = [view.seat_of(m) for m, f in self._victims.items() if f.fired_tick >= 0]
+            if self._coordinator_info is None or self._coordinator_info.view is not view:
+                self._coordinator_info = view_info(view)  # the coordinator's own copy: not the members' cache
+            info = self._coordinator_info
+            pending = [info.seat_of.get(m) for m, f in self._victims.items() if f.fired_tick >= 0]
             rnd = self.coordinator.round
             for seat in [*(s for s in pending if s is not None), *(rnd.failed if rnd else ())]:
-                protected.update((view.buddies[seat], *(w for w, b in enumerate(view.buddies) if b == seat)))
+                protected.update((view.buddies[seat], *info.wards.get(seat, ())))
             seats = [m for s, m in enumerate(view.seats) if s not in protected]
             if failure.spare:
                 candidates = list(view.spares) or seats
@@ -270,7 +278,8 @@ class Simulation:
                 candidates = seats
             else:
                 candidates = [*seats, *view.spares]
-            candidates = [m for m in candidates if self._by_id[m].running and m not in self._victims]
+            out = self._not_running.union(self._victims)  # a handful: filtering by it keeps a pick O(members) cheap
+            candidates = [m for m in candidates if m not in out]
         return self._by_id[self._rng.choice(candidates)] if candidates else None
 
     # -- the loop -------------------------------------------------------------------------------
@@ -452,6 +461,28 @@ def simulate(config: SimConfig, coordinator_class: type[Coordinator] = Coordinat
         MisuseError: the configuration is out of range.
     """
     return Simulation(config, coordinator_class).run()
+
+
+AGGREGATE_FROM = 4096  # members from which the simulated host agents batch heartbeats by default
+HOST_MESSAGES_PER_S = 32_768.0  # HostHeartbeats per second the default interval of a batched job allows
+
+
+def scaled(members: int, failures: int, seed: int, duration: float = 10.0, aggregate: bool | None = None,
+           heartbeat_interval: float = 0.0) -> SimConfig:
+    """The configuration ``deadpool simulate`` runs: batching from AGGREGATE_FROM members, the interval scaled.
+
+    Unbatched, one Heartbeat per member per interval (``adaptive_interval`` over members); batched,
+    one HostHeartbeat per host per interval, the interval growing once the hosts would send more than
+    HOST_MESSAGES_PER_S (0.5 s at 16,384 hosts, that is 131,072 members).  ``failure_timeout`` stays
+    at its default while it spans at least four intervals.
+    """
+    batched = members >= AGGREGATE_FROM if aggregate is None else aggregate
+    if not heartbeat_interval:
+        hosts = -(-members // SimConfig().members_per_host)
+        heartbeat_interval = (adaptive_interval(hosts, HOST_MESSAGES_PER_S) if batched
+                              else adaptive_interval(members))
+    return SimConfig(members=members, failures=failures, seed=seed, duration=duration, aggregate=batched,
+                     heartbeat_interval=heartbeat_interval)
 
 
 def adaptive_interval(members: int, beats_per_s: float = 65_536.0, base: float = 0.1) -> float:

@@ -1,0 +1,74 @@
+"""The host agent's heartbeat relay: its workers beat to it, and it sends the coordinator one message per interval.
+
+Each worker's ``HeartbeatActor`` sends its ``Heartbeat`` to the agent that
+started it (``DEADPOOL_AGENT``) instead of to the coordinator; the agent keeps
+the newest beat of each of its workers and, every heartbeat interval, forwards
+those heard within the last :data:`HEARD_WITHIN` intervals as one
+``HostHeartbeat``.  A hung worker stops beating and drops out of the message,
+which the coordinator counts as silence from the last message that listed it
+(``coordinator/coverage.py``); a worker whose agent is gone beats to the
+coordinator itself (``actors/heartbeat.py``), so the agent is no single point
+of failure for its host's seats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Collection
+
+from deadpool.protocol import codec
+from deadpool.protocol.link import CoordinatorLink
+from deadpool.protocol.messages import Heartbeat, HostHeartbeat
+from deadpool.protocol.transport import Transport, TransportError
+
+HEARD_WITHIN = 2.0  # intervals: a worker beating at the same period never misses a message by phase drift
+
+
+class BeatRelay:
+    """The newest heartbeat of each of this host's workers, and when it arrived."""
+
+    def __init__(self, agent_id: str, members: Collection[str], clock: Callable[[], float] = time.monotonic) -> None:
+        self._agent_id = agent_id
+        self._members = frozenset(members)
+        self._clock = clock
+        self._latest: dict[str, tuple[float, Heartbeat]] = {}
+        self.refused = 0  # beats from processes this agent did not start
+
+    def heard(self, beat: Heartbeat) -> bool:
+        """Keep `beat` if it is from one of this agent's workers."""
+        if beat.sender not in self._members:
+            self.refused += 1
+            return False
+        self._latest[beat.sender] = (self._clock(), beat)
+        return True
+
+    def forget(self, member: str) -> None:
+        """The worker exited (or was fenced): never vouch for it again."""
+        self._latest.pop(member, None)
+
+    def message(self, interval: float) -> HostHeartbeat | None:
+        """The HostHeartbeat of the workers heard within the last HEARD_WITHIN intervals (None: nobody)."""
+        since = self._clock() - HEARD_WITHIN * interval
+        beats = [beat for heard, beat in self._latest.values() if heard >= since]
+        if not beats:
+            return None
+        return HostHeartbeat(self._agent_id, [b.sender for b in beats], [b.epoch for b in beats],
+                             [b.step for b in beats], [b.snapshot_step for b in beats],
+                             [b.confirmed_step for b in beats], [b.control_addr for b in beats])
+
+
+async def forward(relay: BeatRelay, transport: Transport, link: CoordinatorLink, interval: float,
+                  secret: bytes | None) -> None:
+    """Send the relay's message to the active coordinator every `interval` until cancelled.
+
+    A send that fails (the coordinator is restarting, or its queue is full) is dropped: the next
+    interval's message says the same and more.
+    """
+    while True:
+        await asyncio.sleep(interval)
+        message = relay.message(interval)
+        if message is not None and link.active:
+            with contextlib.suppress(TransportError):
+                await transport.send(link.active, [codec.encode(message, secret)], interval)

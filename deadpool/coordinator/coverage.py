@@ -1,0 +1,113 @@
+"""Members whose host agent vouches for them: failure detection on the batched path and on the direct one.
+
+A host agent forwards its workers' heartbeats as one ``HostHeartbeat`` per
+interval.  A member it lists is *covered*: alive as long as its agent's messages
+keep listing it.  Covered members stay in the coordinator's :class:`Liveness`
+with the time of their last direct message; when that entry comes up as silent,
+a member still covered is only put back for another look one timeout later, so a
+job's steady-state cost grows with its hosts and not with its members.  A member
+its agent stops listing (hung, dead, or the agent itself silent for longer than
+the failure timeout) is *dropped*: it is silent from the last message that
+listed it, unless it is heard directly (a worker whose agent is gone beats to
+the coordinator itself).  Either path is enough to stay alive; silence on both
+for ``failure_timeout`` is death.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from deadpool.coordinator.liveness import Liveness
+
+
+@dataclass
+class Batch:
+    """The newest HostHeartbeat of one agent, as the coordinator last accepted it."""
+
+    at: float  # when it arrived
+    listed: list[str]  # its member column, as sent (an unchanged list is compared in one C call)
+    columns: tuple[list[int], ...]  # epochs, steps, snapshot steps, confirmed steps: their records need no update
+    vouched: frozenset[str]  # the listed members it may vouch for (its own, known, not fenced)
+
+
+class Coverage:
+    """Which agent vouches for which member, and the members that lost their agent's word."""
+
+    def __init__(self) -> None:
+        self._batches: dict[str, Batch] = {}
+        self._by_member: dict[str, str] = {}  # covered member -> its agent
+        self._agents = Liveness()  # agents by their newest HostHeartbeat
+        self._dropped: dict[str, float] = {}  # member -> when an agent last listed it
+
+    def previous(self, agent: str) -> Batch | None:
+        return self._batches.get(agent)
+
+    def renew(self, agent: str, now: float) -> None:
+        """`agent` sent the same member list as before: everyone it vouched for is heard at `now`."""
+        self._batches[agent].at = now
+        self._agents.seen(agent, now)
+
+    def cover(self, agent: str, now: float, listed: list[str], columns: tuple[list[int], ...],
+              vouched: frozenset[str]) -> None:
+        """A changed member list: members it no longer lists are dropped (heard last at its previous message)."""
+        before = self._batches.get(agent)
+        if before is not None:
+            for member in before.vouched - vouched:
+                if self._by_member.get(member) == agent:
+                    del self._by_member[member]
+                    self._dropped[member] = before.at
+        for member in vouched:
+            self._by_member[member] = agent
+            self._dropped.pop(member, None)
+        self._batches[agent] = Batch(now, listed, columns, vouched)
+        self._agents.seen(agent, now)
+
+    def vouched_at(self, member: str) -> float:
+        """When an agent last listed `member` (-inf: never, or not since it was forgotten)."""
+        agent = self._by_member.get(member)
+        if agent is not None:
+            return self._batches[agent].at
+        return self._dropped.get(member, float("-inf"))
+
+    def forget(self, member: str) -> None:
+        """No longer watched (declared dead, or finished): no agent's word counts for it again."""
+        agent = self._by_member.pop(member, None)
+        if agent is not None:
+            batch = self._batches[agent]
+            batch.vouched = batch.vouched - {member}
+        self._dropped.pop(member, None)
+
+    def all_seen(self, now: float) -> None:
+        """This process did not run for a while: every agent counts as heard at `now` (no silence is known)."""
+        for batch in self._batches.values():
+            batch.at = now
+        self._agents.all_seen(now)
+        self._dropped = dict.fromkeys(self._dropped, now)
+
+    def silent(self, now: float, timeout: float, live: Liveness,
+               heard_directly: Callable[[str], float]) -> dict[str, float]:
+        """Members silent on both paths for more than `timeout`, with when they were last heard.
+
+        `live` holds every member by its last direct message; `heard_directly` gives the same time for
+        one member (from the coordinator's records).  Covered members that come up silent in `live` are put
+        back for another look one timeout later.
+        """
+        for agent in self._agents.silent(now, timeout):
+            self._agents.forget(agent)
+            batch = self._batches.pop(agent)
+            for member in batch.vouched:
+                if self._by_member.get(member) == agent:
+                    del self._by_member[member]
+                    self._dropped[member] = batch.at
+        found: dict[str, float] = {}
+        for member, when in live.silent(now, timeout).items():
+            if member in self._by_member:
+                live.seen(member, now)
+            elif member not in self._dropped:
+                found[member] = when
+        for member, listed_at in self._dropped.items():  # kept while not covered again: a few per lost agent
+            last = max(listed_at, heard_directly(member))
+            if now - last > timeout:
+                found[member] = last
+        return found

@@ -1,0 +1,118 @@
+"""The coordinator's side of a host agent's batches: ``HostHeartbeat``, ``PrepareAcks`` and ``HeartbeatBatch``.
+
+An agent forwards what its workers would have sent the coordinator themselves.
+It may speak only for the members it registered in its ``AgentHello``; a fenced
+member it still lists is told so and not vouched for.  A ``HostHeartbeat`` whose
+member list and columns equal the agent's previous one costs one comparison, not
+one update per member (:mod:`deadpool.coordinator.coverage` keeps who is covered);
+a changed one updates the members' records, as their own heartbeats would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from deadpool.coordinator.coverage import Coverage
+from deadpool.coordinator.operator_chaos import OperatorChaos
+from deadpool.coordinator.records import Agent, MemberRecord
+from deadpool.events.catalogue import Event
+from deadpool.events.log import EventLog
+from deadpool.protocol.messages import Fenced, HeartbeatBatch, HostHeartbeat, Message, PrepareAcks
+from deadpool.protocol.view import View
+
+
+class Coordinator(Protocol):
+    """What the batches read and change of the coordinator (``service.Coordinator``)."""
+
+    view: View | None
+    members: dict[str, MemberRecord]
+    agents: dict[str, Agent]
+    fenced: dict[str, str]
+    events: EventLog
+    chaos: OperatorChaos
+    coverage: Coverage
+    wall: Callable[[], float]
+
+    def send(self, addr: str, message: Message) -> None: ...
+
+    def ask_to_rejoin(self, member: str, control_addr: str, now: float) -> None: ...
+
+
+def agent_of(c: Coordinator, message: HostHeartbeat | PrepareAcks | HeartbeatBatch, now: float) -> Agent | None:
+    """The registered agent that sent `message` (heard at `now`), or None (rejected: unknown agent)."""
+    agent = c.agents.get(message.sender)
+    if agent is None:
+        c.events.emit(Event.REJECTED, reason="unknown_agent", peer=message.sender)
+        return None
+    agent.seen = now
+    return agent
+
+
+def speaks_for(c: Coordinator, agent: Agent, member: str) -> bool:
+    """`agent` may speak for `member`: it started it. Rejected (and logged) otherwise."""
+    if member in agent.members:
+        return True
+    c.events.emit(Event.REJECTED, reason="not_agents_member", peer=agent.agent_id, detail=member)
+    return False
+
+
+def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> None:
+    """Renew the agent's word for its members; update their records where the columns changed."""
+    agent = agent_of(c, message, now)
+    if agent is None:
+        return
+    columns = (message.epochs, message.steps, message.snapshot_steps, message.confirmed_steps)
+    count = len(message.members)
+    if len(message.control_addrs) != count or any(len(column) != count for column in columns):
+        c.events.emit(Event.REJECTED, reason="bad_field", peer=message.sender,
+                      detail="HostHeartbeat columns of different lengths")
+        return
+    before = c.coverage.previous(message.sender)
+    if before is not None and before.listed == message.members and len(before.vouched) == count:
+        # The steady state: one comparison for the whole host (every member it lists is still vouched for;
+        # one that is not, fenced or a stranger, takes the path below, which answers for it).
+        c.coverage.renew(message.sender, now)
+        if before.columns != columns:  # a step finished: the same members, their progress moved
+            before.columns = columns
+            records, fenced = c.members, c.fenced
+            for i, member in enumerate(message.members):
+                if member in before.vouched and member not in fenced:
+                    _progress(c, records[member], message, i, now)
+        return
+    vouched: list[str] = []
+    for i, member in enumerate(message.members):
+        if not speaks_for(c, agent, member):
+            continue
+        record = c.members.get(member)
+        if record is None or not record.control_addr:  # unknown (a restarted coordinator): ask for its Join
+            c.ask_to_rejoin(member, message.control_addrs[i], now)
+            if record is None:
+                continue
+        if member in c.fenced:
+            c.events.emit(Event.REJECTED, reason="fenced_peer", peer=member, kind="HostHeartbeat")
+            c.send(record.control_addr, Fenced(member, c.view.epoch if c.view else 0, c.fenced[member]))
+            continue
+        vouched.append(member)
+        _progress(c, record, message, i, now)
+    c.coverage.cover(message.sender, now, message.members, columns, frozenset(vouched))
+
+
+def _progress(c: Coordinator, record: MemberRecord, message: HostHeartbeat, i: int, now: float) -> None:
+    """Column `i` of `message` into the member's record, as its own Heartbeat would have put it."""
+    record.last_seen = now
+    record.epoch, record.step = message.epochs[i], message.steps[i]
+    record.snapshot_step, record.confirmed_step = message.snapshot_steps[i], message.confirmed_steps[i]
+    if c.chaos.armed:
+        c.chaos.fire_armed(c, record)
+
+
+def relay(c: Coordinator, message: PrepareAcks | HeartbeatBatch, now: float,
+          handle: Callable[[float, Message], None]) -> None:
+    """Each member's message in an agent's batch, handled as if the member had sent it."""
+    agent = agent_of(c, message, now)
+    if agent is None:
+        return
+    for inner in message.acks if isinstance(message, PrepareAcks) else message.beats:
+        if speaks_for(c, agent, inner.sender):
+            handle(now, inner)

@@ -1,0 +1,115 @@
+"""Small pieces of the coordinator's state that keep its per-view work O(members), and its asks bounded.
+
+:class:`Survivors` lists the seated members a round still counts on; building the
+list is O(seats), so it is built once per (view, round, fenced count) instead of
+on every acknowledgement.  :class:`JoiningSpares` pools spares that join a
+running job: one view for a storm of joins (131,072 members start within a
+second), not one O(members) view per spare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterator, Mapping
+
+from deadpool.coordinator.records import MemberRecord, Round
+from deadpool.protocol.view import View
+
+SPARE_BATCH_S = 0.2  # spares joining a running job are pooled by at most one view this often
+
+
+class Survivors:
+    """The members seated in `view`, not failed in `round` and not fenced: a list and a set, cached."""
+
+    def __init__(self) -> None:
+        self._key: tuple[View | None, Round | None, int] = (None, None, -1)
+        self._list: list[str] = []
+        self._set: set[str] = set()
+        self._scan: tuple[list[str], object, int] = ([], None, 0)  # (survivors, answers, first unanswered)
+
+    def _build(self, view: View, rnd: Round | None, fenced: Container[str], fenced_count: int) -> None:
+        if self._key[0] is view and self._key[1] is rnd and self._key[2] == fenced_count:
+            return
+        failed = set(rnd.failed) if rnd else set()
+        self._list = [m for seat, m in enumerate(view.seats) if seat not in failed and m not in fenced]
+        self._set = set(self._list)
+        self._key = (view, rnd, fenced_count)
+
+    def of(self, view: View, rnd: Round | None, fenced: dict[str, str]) -> list[str]:
+        self._build(view, rnd, fenced, len(fenced))  # fenced only grows: its size tells a change
+        return self._list
+
+    def set_of(self, view: View, rnd: Round | None, fenced: dict[str, str]) -> set[str]:
+        self._build(view, rnd, fenced, len(fenced))
+        return self._set
+
+    def first_unanswered(self, view: View, rnd: Round, fenced: dict[str, str]) -> str:
+        """A survivor `rnd` has no answer from ("": none), scanning on from where the last scan stopped.
+
+        Answers are only ever added during a round, so the survivors before that point have all
+        answered: collecting a round's answers costs O(survivors) in all, not per answer.
+        """
+        survivors = self.of(view, rnd, fenced)
+        if self._scan[0] is not survivors or self._scan[1] is not rnd.acks:
+            self._scan = (survivors, rnd.acks, 0)
+        acks, position = rnd.acks, self._scan[2]
+        while position < len(survivors) and survivors[position] in acks:
+            position += 1
+        self._scan = (survivors, acks, position)
+        return survivors[position] if position < len(survivors) else ""
+
+
+class JoiningSpares:
+    """Spares that joined since the last view that pooled them."""
+
+    def __init__(self) -> None:
+        self.waiting: list[str] = []
+        self.pooled_at = float("-inf")  # when the last view pooling joined spares was committed
+
+    def due(self, now: float) -> bool:
+        """A view pooling the waiting spares may be committed now."""
+        return bool(self.waiting) and now - self.pooled_at >= SPARE_BATCH_S
+
+    def take(self, fenced: Container[str]) -> tuple[list[str], str]:
+        """The waiting spares still alive (the rest are dropped), and how to name them in a reason."""
+        joining, self.waiting = [m for m in self.waiting if m not in fenced], []
+        return joining, joining[0] if len(joining) == 1 else f"{len(joining)} spares"
+
+
+REJOIN_ASK_INTERVAL_S = 1.0  # a member we cannot reach is asked for its Join at most this often
+MAX_REJOIN_ASKS = 4096  # members remembered as asked, before the memory is cleared
+
+
+class RejoinAsks:
+    """When each member we could not reach was last asked for its Join (bounded: strangers cannot grow it)."""
+
+    def __init__(self) -> None:
+        self._asked: dict[str, float] = {}
+
+    def due(self, member: str, control_addr: str, now: float) -> bool:
+        """Ask `member` now (and remember it): it gave an address and was not asked within the interval."""
+        if not control_addr or now - self._asked.get(member, -1e9) < REJOIN_ASK_INTERVAL_S:
+            return False
+        if len(self._asked) >= MAX_REJOIN_ASKS:
+            self._asked.clear()
+        self._asked[member] = now
+        return True
+
+
+class HostsOf(Mapping[str, str]):
+    """member -> host, read from the member records where it is asked for (no O(members) copy per decision)."""
+
+    def __init__(self, records: Mapping[str, MemberRecord]) -> None:
+        self._records = records
+
+    def __getitem__(self, member: str) -> str:
+        return self._records[member].host
+
+    def get(self, member: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        record = self._records.get(member)
+        return record.host if record is not None else default
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)

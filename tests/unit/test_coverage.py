@@ -1,0 +1,95 @@
+"""Failure detection on both paths: a host agent's HostHeartbeat, and a member's own heartbeats.
+
+The sans-I/O coordinator on a virtual clock (the ``Job`` of test_coordinator_service):
+a member its agent lists stays alive without beating itself; one the agent stops
+listing, or whose agent falls silent, is dead a failure timeout after the last
+message that listed it, unless it beats to the coordinator directly.
+"""
+
+from __future__ import annotations
+
+from test_coordinator_service import AGENT, Job
+
+from deadpool.events.catalogue import Event
+from deadpool.protocol.messages import Fenced, Heartbeat, HostHeartbeat, PrepareAck, PrepareAcks
+
+
+def host_beat(members: list[str], step: int = 5, agent: str = AGENT) -> HostHeartbeat:
+    n = len(members)
+    return HostHeartbeat(agent, list(members), [1] * n, [step] * n, [step] * n, [step - 1] * n,
+                         [f"inproc://{m}" for m in members])
+
+
+def run(job: Job, seconds: float, listed: list[str], direct: tuple[str, ...] = (), agent_beats: bool = True) -> None:
+    """Time passes in 0.25 s steps: the agent lists `listed`, the `direct` members beat themselves."""
+    end = job.now + seconds
+    while job.now < end:
+        job.now = round(job.now + 0.25, 6)
+        if agent_beats:
+            job.handle(host_beat(listed))
+        for member in direct:
+            job.handle(Heartbeat(member, job.epoch, 5, 5, 4, 0.0, f"inproc://{member}"))
+        job.tick()
+
+
+def dead(job: Job) -> dict[str, str]:
+    return {r["failed_member"]: r["detected_by"] for r in job.of(Event.MEMBER_FAILED)}
+
+
+def test_members_listed_by_their_agent_stay_alive_without_their_own_heartbeats() -> None:
+    job = Job(seats=3, spares=1)
+    run(job, 10.0, ["m0", "m1", "m2", "s0"])  # four failure timeouts, not one direct beat
+    assert dead(job) == {}
+    assert job.coordinator.members["m1"].step == 5  # the columns reach the records
+
+
+def test_a_member_the_agent_stops_listing_is_dead_one_timeout_after_the_last_listing() -> None:
+    job = Job(seats=3, spares=1)
+    run(job, 1.0, ["m0", "m1", "m2", "s0"])
+    last_listed = job.now
+    run(job, 1.75, ["m0", "m2", "s0"])  # m1 hung: its agent no longer hears it
+    assert dead(job) == {}, "not before failure_timeout (2 s) has passed"
+    run(job, 0.5, ["m0", "m2", "s0"])
+    assert dead(job) == {"m1": "heartbeat"}
+    failed = job.of(Event.MEMBER_FAILED)[0]
+    assert failed["ts"] - last_listed == 2.25  # the first tick past the timeout, counted from the last listing
+    assert "no heartbeat for 2.25s" in failed["reason"]
+
+
+def test_members_whose_agent_is_gone_survive_on_their_own_heartbeats_and_the_silent_ones_die() -> None:
+    job = Job(seats=3, spares=1)
+    run(job, 1.0, ["m0", "m1", "m2", "s0"])
+    # The agent dies: m0, m2 and s0 beat to the coordinator themselves; m1 does not (it died with the host's agent).
+    run(job, 6.0, [], direct=("m0", "m2", "s0"), agent_beats=False)
+    assert dead(job) == {"m1": "heartbeat"}
+
+
+def test_a_fenced_member_in_a_host_heartbeat_is_told_and_not_vouched_for() -> None:
+    job = Job(seats=3, spares=1)
+    run(job, 0.5, ["m0", "m1", "m2", "s0"])
+    job.coordinator.declare_dead(job.now, "m1", "exit", "test")
+    before = job.coordinator.members["m1"].last_seen
+    job.handle(host_beat(["m0", "m1", "m2", "s0"], step=9))
+    assert [f.member for f in job.to("inproc://m1", Fenced)] != []
+    assert job.coordinator.members["m1"].last_seen == before and job.coordinator.members["m1"].step != 9
+    assert any(r.get("reason") == "fenced_peer" for r in job.of(Event.REJECTED))
+
+
+def test_an_agent_speaks_only_for_its_own_members_and_in_columns_of_one_length() -> None:
+    job = Job(seats=3, spares=1)
+    job.handle(host_beat(["m0", "ghost"]))
+    assert {r.get("detail") for r in job.of(Event.REJECTED) if r.get("reason") == "not_agents_member"} == {"ghost"}
+    job.handle(HostHeartbeat(AGENT, ["m0", "m1"], [1], [5, 5], [5, 5], [4, 4], ["", ""]))
+    assert any(r.get("reason") == "bad_field" for r in job.of(Event.REJECTED))
+    job.handle(host_beat(["m0"], agent="agent-unknown"))
+    assert any(r.get("reason") == "unknown_agent" for r in job.of(Event.REJECTED))
+
+
+def test_prepare_answers_relayed_by_the_agent_count_as_the_members_own() -> None:
+    job = Job(seats=3, spares=1)
+    run(job, 0.5, ["m0", "m1", "m2", "s0"])
+    job.coordinator.declare_dead(job.now, "m1", "exit", "test")
+    epoch = job.coordinator.round.epoch if job.coordinator.round else 0
+    job.handle(PrepareAcks(AGENT, [PrepareAck(m, epoch, 8, [7, 8], {s: [7, 8] for s in range(3)}) for m in ("m0", "m2")]))
+    view = job.coordinator.view
+    assert view is not None and view.epoch == epoch and view.seats == ["m0", "s0", "m2"]
