@@ -433,7 +433,7 @@ class SnapshotActor:
             size = Manifest.decode(header.manifest, MAX_SNAPSHOT_BYTES).replicated // view.world_size
         except ValueError as err:
             return f"the copy of seat {request.seat} step {request.step} has a bad manifest: {err}"
-        return dataclasses.replace(header, nbytes=size), payload_chunks(memoryview(_tail(copy.frames, size)))
+        return dataclasses.replace(header, nbytes=size), _chunks(_tail(copy.frames, size))
 
     def _own_slice(self, seat: int, step: int | None, world: int) -> tuple[SnapshotHeader, list[Frame]] | str:
         """This member's slice of the replicated region in its own snapshot of `step` (None: the newest),
@@ -450,9 +450,8 @@ class SnapshotActor:
         if slot.sequence != sequence or not slot.complete:
             return f"seat {seat}'s snapshot of step {served} was replaced while it was being read"
         view_epoch = self._view.epoch if self._view else 0
-        # In frames of at most CHUNK_BYTES, like every snapshot: the bulk socket drops (and disconnects) larger ones.
         return SnapshotHeader(self._member, view_epoch, seat, served, size, manifest.encode()), \
-            payload_chunks(memoryview(data))
+            _chunks(data)
 
     async def _send(self, address: str, frames: list[Frame], what: str) -> None:
         try:
@@ -504,6 +503,11 @@ class SnapshotActor:
             _fail(future, RestoreFailed(f"bad manifest in restore reply: {err}"))
             return
         future.set_result(Fetched(reply.header.step, manifest, frames))
+
+
+def _chunks(data: bytes) -> list[Frame]:
+    """`data` as frames of at most CHUNK_BYTES, like every snapshot: the bulk socket drops larger ones."""
+    return list(payload_chunks(memoryview(data)))
 
 
 def _tail(frames: list[memoryview], size: int) -> bytes:

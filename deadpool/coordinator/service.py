@@ -49,7 +49,6 @@ from deadpool.protocol.messages import (
     Message,
     Prepare,
     PrepareAck,
-    PrepareAcks,
     ProcessExited,
     Recovered,
     Rejoin,
@@ -198,7 +197,7 @@ class Coordinator:
             self._on_exit(message, now)
         elif isinstance(message, HostHeartbeat):  # one host's beats (coverage.py)
             hostbeats.on_host_heartbeat(self, message, now)
-        elif isinstance(message, (PrepareAcks, HeartbeatBatch)):  # each as if its member had sent it
+        elif isinstance(message, HeartbeatBatch):  # each as if its member had sent it
             hostbeats.relay(self, message, now, self._handle)
         else:
             sender = getattr(message, "sender", None)

@@ -371,14 +371,6 @@ class HostHeartbeat:
 
 
 @dataclass(frozen=True, slots=True)
-class PrepareAcks:
-    """A host agent's batch of its members' answers to one Prepare (relayed: one message per host)."""
-
-    sender: str  # agent id, registered with AgentHello; it answers only for its own members
-    acks: list[PrepareAck]  # the answers that reached the agent since its previous batch
-
-
-@dataclass(frozen=True, slots=True)
 class ViewReport:
     """A member tells a restarted coordinator the view it holds (the highest epoch wins)."""
 
@@ -566,7 +558,6 @@ Message = (
     | ViewRequest
     | PeerPaused
     | HostHeartbeat
-    | PrepareAcks
 )
 
 # Append-only: a tag, once given, is never reused or renumbered.
@@ -610,6 +601,5 @@ REGISTRY: dict[int, type[Message]] = {
     37: ViewRequest,
     45: PeerPaused,
     60: HostHeartbeat,
-    61: PrepareAcks,
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from test_coordinator_service import AGENT, Job
 
 from deadpool.events.catalogue import Event
-from deadpool.protocol.messages import Fenced, Heartbeat, HostHeartbeat, PrepareAck, PrepareAcks
+from deadpool.protocol.messages import Fenced, Heartbeat, HostHeartbeat
 
 
 def host_beat(members: list[str], step: int = 5, agent: str = AGENT) -> HostHeartbeat:
@@ -83,13 +83,3 @@ def test_an_agent_speaks_only_for_its_own_members_and_in_columns_of_one_length()
     assert any(r.get("reason") == "bad_field" for r in job.of(Event.REJECTED))
     job.handle(host_beat(["m0"], agent="agent-unknown"))
     assert any(r.get("reason") == "unknown_agent" for r in job.of(Event.REJECTED))
-
-
-def test_prepare_answers_relayed_by_the_agent_count_as_the_members_own() -> None:
-    job = Job(seats=3, spares=1)
-    run(job, 0.5, ["m0", "m1", "m2", "s0"])
-    job.coordinator.declare_dead(job.now, "m1", "exit", "test")
-    epoch = job.coordinator.round.epoch if job.coordinator.round else 0
-    job.handle(PrepareAcks(AGENT, [PrepareAck(m, epoch, 8, [7, 8], {s: [7, 8] for s in range(3)}) for m in ("m0", "m2")]))
-    view = job.coordinator.view
-    assert view is not None and view.epoch == epoch and view.seats == ["m0", "s0", "m2"]

@@ -17,7 +17,7 @@ from deadpool.config import Config
 from deadpool.coordinator.decisions import Trigger
 from deadpool.coordinator.service import Coordinator
 from deadpool.events.catalogue import Event
-from deadpool.protocol.messages import HeartbeatBatch, HostHeartbeat, Message, PrepareAcks
+from deadpool.protocol.messages import HeartbeatBatch, HostHeartbeat, Message
 
 from .cluster import Failure, SimConfig
 
@@ -140,8 +140,6 @@ class Checker:
             senders = [beat.sender for beat in message.beats]
         elif isinstance(message, HostHeartbeat):
             senders = message.members
-        elif isinstance(message, PrepareAcks):
-            senders = [ack.sender for ack in message.acks]
         else:
             sender = getattr(message, "sender", None)
             senders = [sender] if isinstance(sender, str) else []
