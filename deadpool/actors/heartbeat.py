@@ -84,22 +84,20 @@ class HeartbeatActor:
             if standby:  # the standby learns who is alive, and where, from the same beats, whatever the active does
                 with contextlib.suppress(TransportError):
                     await self._transport.send(standby, [last[1]], STANDBY_SEND_TIMEOUT_S)
-            if await self._via_agent(last[1]):
-                await asyncio.sleep(self._interval)
-                continue
-            try:
-                await self._transport.send(self._link.active, [last[1]], self._interval)
-                self.sent += 1
-                if outage:
-                    log.info("coordinator reachable again")
-                    self.reconnected.set()
-                outage = False
-            except TransportClosed:
-                return  # shutting down
-            except TransportError as err:
-                if not outage:
-                    log.warning("heartbeat not sent (%s); training goes on, retrying every beat", err)
-                outage = True
+            if not await self._via_agent(last[1]):
+                try:
+                    await self._transport.send(self._link.active, [last[1]], self._interval)
+                    self.sent += 1
+                    if outage:
+                        log.info("coordinator reachable again")
+                        self.reconnected.set()
+                    outage = False
+                except TransportClosed:
+                    return  # shutting down
+                except TransportError as err:
+                    if not outage:
+                        log.warning("heartbeat not sent (%s); training goes on, retrying every beat", err)
+                    outage = True
             await asyncio.sleep(self._interval)
 
     async def _via_agent(self, frame: bytes) -> bool:

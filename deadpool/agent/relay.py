@@ -56,7 +56,8 @@ class BeatRelay:
             return None
         return HostHeartbeat(self._agent_id, [b.sender for b in beats], [b.epoch for b in beats],
                              [b.step for b in beats], [b.snapshot_step for b in beats],
-                             [b.confirmed_step for b in beats], [b.control_addr for b in beats])
+                             [b.confirmed_step for b in beats], [b.control_addr for b in beats],
+                             [b.stall_p99_s for b in beats])
 
 
 async def forward(relay: BeatRelay, transport: Transport, link: CoordinatorLink, interval: float,

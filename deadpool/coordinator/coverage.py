@@ -27,7 +27,7 @@ class Batch:
 
     at: float  # when it arrived
     listed: list[str]  # its member column, as sent (an unchanged list is compared in one C call)
-    columns: tuple[list[int], ...]  # epochs, steps, snapshot steps, confirmed steps: their records need no update
+    columns: tuple[list[int] | list[float], ...]  # epochs, steps, snapshots, stalls: unchanged, no record update
     vouched: frozenset[str]  # the listed members it may vouch for (its own, known, not fenced)
 
 
@@ -48,7 +48,7 @@ class Coverage:
         self._batches[agent].at = now
         self._agents.seen(agent, now)
 
-    def cover(self, agent: str, now: float, listed: list[str], columns: tuple[list[int], ...],
+    def cover(self, agent: str, now: float, listed: list[str], columns: tuple[list[int] | list[float], ...],
               vouched: frozenset[str]) -> None:
         """A changed member list: members it no longer lists are dropped (heard last at its previous message)."""
         before = self._batches.get(agent)

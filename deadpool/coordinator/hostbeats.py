@@ -62,7 +62,7 @@ def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> Non
     agent = agent_of(c, message, now)
     if agent is None:
         return
-    columns = (message.epochs, message.steps, message.snapshot_steps, message.confirmed_steps)
+    columns = (message.epochs, message.steps, message.snapshot_steps, message.confirmed_steps, message.stall_p99_s)
     count = len(message.members)
     if len(message.control_addrs) != count or any(len(column) != count for column in columns):
         c.events.emit(Event.REJECTED, reason="bad_field", peer=message.sender,
@@ -103,6 +103,7 @@ def _progress(c: Coordinator, record: MemberRecord, message: HostHeartbeat, i: i
     record.last_seen = now
     record.epoch, record.step = message.epochs[i], message.steps[i]
     record.snapshot_step, record.confirmed_step = message.snapshot_steps[i], message.confirmed_steps[i]
+    record.stall_p99_s = message.stall_p99_s[i]
     if c.chaos.armed:
         c.chaos.fire_armed(c, record)
 

@@ -368,6 +368,7 @@ class HostHeartbeat:
     snapshot_steps: list[int]  # per member: its newest complete local snapshot (-2 if none)
     confirmed_steps: list[int]  # per member: the newest snapshot its buddy confirmed (-2 if none)
     control_addrs: list[str]  # per member: where a coordinator that does not know it asks it to re-join
+    stall_p99_s: list[float]  # per member: p99 of its pre-step wait for the snapshot copy (Heartbeat's)
 
 
 @dataclass(frozen=True, slots=True)

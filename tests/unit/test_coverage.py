@@ -17,7 +17,7 @@ from deadpool.protocol.messages import Fenced, Heartbeat, HostHeartbeat
 def host_beat(members: list[str], step: int = 5, agent: str = AGENT) -> HostHeartbeat:
     n = len(members)
     return HostHeartbeat(agent, list(members), [1] * n, [step] * n, [step] * n, [step - 1] * n,
-                         [f"inproc://{m}" for m in members])
+                         [f"inproc://{m}" for m in members], [0.25] * n)
 
 
 def run(job: Job, seconds: float, listed: list[str], direct: tuple[str, ...] = (), agent_beats: bool = True) -> None:
@@ -41,6 +41,7 @@ def test_members_listed_by_their_agent_stay_alive_without_their_own_heartbeats()
     run(job, 10.0, ["m0", "m1", "m2", "s0"])  # four failure timeouts, not one direct beat
     assert dead(job) == {}
     assert job.coordinator.members["m1"].step == 5  # the columns reach the records
+    assert job.coordinator.members["m1"].stall_p99_s == 0.25  # the stall too (status, metrics)
 
 
 def test_a_member_the_agent_stops_listing_is_dead_one_timeout_after_the_last_listing() -> None:
@@ -79,7 +80,7 @@ def test_an_agent_speaks_only_for_its_own_members_and_in_columns_of_one_length()
     job = Job(seats=3, spares=1)
     job.handle(host_beat(["m0", "ghost"]))
     assert {r.get("detail") for r in job.of(Event.REJECTED) if r.get("reason") == "not_agents_member"} == {"ghost"}
-    job.handle(HostHeartbeat(AGENT, ["m0", "m1"], [1], [5, 5], [5, 5], [4, 4], ["", ""]))
+    job.handle(HostHeartbeat(AGENT, ["m0", "m1"], [1], [5, 5], [5, 5], [4, 4], ["", ""], [0.0, 0.0]))
     assert any(r.get("reason") == "bad_field" for r in job.of(Event.REJECTED))
     job.handle(host_beat(["m0"], agent="agent-unknown"))
     assert any(r.get("reason") == "unknown_agent" for r in job.of(Event.REJECTED))

@@ -326,7 +326,7 @@ class SimAgent:
             self.batch_frame = codec.encode(HostHeartbeat(
                 self.agent_id, [b.sender for b in beats], [b.epoch for b in beats], [b.step for b in beats],
                 [b.snapshot_step for b in beats], [b.confirmed_step for b in beats],
-                [b.control_addr for b in beats]))
+                [b.control_addr for b in beats], [b.stall_p99_s for b in beats]))
         return self.batch_frame
 
     def receive(self, message: Message, world: World) -> None:
