@@ -231,6 +231,8 @@ class ZmqTransport:
             if self._closed:
                 raise TransportClosed(f"send to {address} abandoned: the transport was closed") from err
             raise TransportError(f"send to {address} failed: {err}") from err
+        except RuntimeError as err:  # pyzmq's zero-copy frames need its gc thread, gone once the process exits
+            raise TransportClosed(f"send to {address} abandoned: the process is exiting ({err})") from err
 
     def forget(self, address: str) -> None:
         """Close the PUSH socket to a peer that left, dropping what was queued for it."""

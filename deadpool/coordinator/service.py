@@ -551,10 +551,11 @@ class Coordinator:
     def _fail_job(self, reason: str, cause: str = "", **fields: Any) -> None:
         """End the job as failed; `reason` is the prose, `cause` (if any) the machine field (``user_error``).
 
-        Not while the lease is lost: a coordinator that hears too few hosts cannot tell a failed job
-        from its own host being cut off (the other side may run the job on), so it stands down instead.
+        Only while most hosts were heard within ``Terms.verdict_window`` (under a failure timeout): a
+        coordinator that hears too few cannot tell a failed job from its own host being cut off (the
+        other side may run the job on), so it stands down instead.
         """
-        held, why = self.terms.lease(self._now, self.agents)
+        held, why = self.terms.lease(self._now, self.agents, self.terms.verdict_window)
         if not held:
             self._stand_down(StandDown.CUT_OFF, f"{why}; the job may go on without this host ({reason})")
             return

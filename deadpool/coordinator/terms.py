@@ -96,11 +96,22 @@ class Terms:
             return None
         return now - self.standby_seen
 
-    def lease(self, now: float, agents: Mapping[str, Agent]) -> tuple[bool, str]:
+    @property
+    def verdict_window(self) -> float:
+        """Hosts heard within this long let a coordinator fail the job; a cut-off one stands down instead.
+
+        Shorter than a failure timeout: the silence that made members fail is, where its own host is
+        cut off, also the hosts' silence, and is then longer than this.  Longer than an agent's hello
+        period (1 s) at the default timeout, so an agent with no workers left still counts.
+        """
+        return min(self.lease_window, 0.75 * self.failure_timeout)
+
+    def lease(self, now: float, agents: Mapping[str, Agent], window: float | None = None) -> tuple[bool, str]:
         """May this coordinator commit a view now (``decisions.holds_lease``, once the job has a standby)?"""
         if not self.had_standby or self.hosts < 3:
             return True, "no standby: no other coordinator can commit"
-        return decisions.holds_lease(now, {a: r.seen for a, r in agents.items()}, self.hosts, self.lease_window)
+        return decisions.holds_lease(now, {a: r.seen for a, r in agents.items()}, self.hosts,
+                                     self.lease_window if window is None else window)
 
     def supersede(self, now: float, old_active: str) -> None:
         """This coordinator took over from `old_active`: tell it of the new term until it is gone."""

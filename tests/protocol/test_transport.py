@@ -33,6 +33,7 @@ from typing import Any, cast
 import pytest
 import pytest_asyncio
 import zmq
+import zmq.utils.garbage
 from deadpool.transports import zmq_transport
 from deadpool.transports.partitioned import PartitionedTransport, PartitionSwitch
 
@@ -448,6 +449,19 @@ async def test_zmq_send_accepted_at_once_arms_no_timer_and_a_pending_one_keeps_i
     with pytest.raises(TransportError, match="not accepted within"):
         await sender.send(endpoints.unused_address(), [b"anyone?"], timeout=0.3)
     assert waits == [0.3] and time.monotonic() - started < 0.3 + 1.0
+
+
+async def test_a_send_while_the_process_exits_is_transport_closed_not_a_crash(
+    endpoints: Endpoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyzmq's zero-copy frames need its garbage-collector thread, shut down at interpreter exit;
+    a runtime thread still resending a snapshot then must see TransportClosed (its loops end quietly)."""
+    if endpoints.scheme == "inproc":
+        pytest.skip("pyzmq's gc thread is ZeroMQ's")
+    receiver, sender = endpoints.open(), endpoints.open()
+    monkeypatch.setattr(zmq.utils.garbage.gc, "_stay_down", True, raising=False)  # what atexit sets
+    with pytest.raises(TransportClosed, match="the process is exiting"):
+        await sender.send(receiver.address, [bytes(4 * zmq.COPY_THRESHOLD)], timeout=RECV_TIMEOUT)
 
 
 # --- the partition wrapper, cut -------------------------------------------------------------------

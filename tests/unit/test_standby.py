@@ -15,6 +15,9 @@ from deadpool.protocol.messages import (
     CommitView,
     Coordinators,
     Finished,
+    Join,
+    ProcessExited,
+    Role,
     SilenceQuery,
     SilenceReport,
     StandbyHello,
@@ -116,6 +119,25 @@ def test_a_cut_off_coordinator_stands_down_after_the_view_timeout() -> None:
         coordinator.handle(now, StandbyHello(STANDBY, 1))
         coordinator.tick(now)
     assert coordinator.stood_down is StandDown.CUT_OFF, coordinator.outcome
+
+
+def test_a_coordinator_fails_the_job_only_while_most_hosts_are_heard_more_recently_than_a_failure_timeout() -> None:
+    """Its own host cut off, the members on the other hosts go silent exactly when their agents do:
+    the silence that fails them is then the hosts' silence too, and it must stand down, not fail the job."""
+    for other_hosts_silent, expected in [(0.3, None), (0.8 * CONFIG.failure_timeout, StandDown.CUT_OFF)]:
+        coordinator = _active()  # 2 seats, no spare: losing one fails the job
+        coordinator.handle(0.0, StandbyHello(STANDBY, 1))
+        for seat in range(2):
+            coordinator.handle(0.0, Join(f"m{seat}", Role.ACTIVE, seat, 2, 10, "host0", f"tcp://10.0.0.10:{20 + seat}",
+                                         f"tcp://10.0.0.10:{30 + seat}"))
+        now = 1.0
+        for h in range(3):
+            coordinator.handle(now - (0 if h == 0 else other_hosts_silent),
+                               AgentHello(f"agent{h}", f"host{h}", f"tcp://10.0.0.{10 + h}:9", {}))
+        coordinator.handle(now, ProcessExited("agent0", "m1", -9))
+        assert coordinator.outcome is not None
+        assert coordinator.stood_down is expected, coordinator.outcome
+        assert coordinator.terms.lease(now, coordinator.agents)[0], "a commit would still hold the lease"
 
 
 def test_a_lost_standby_is_replaced_on_another_host() -> None:
