@@ -32,11 +32,30 @@ _OPEN = 0  # transports open on _CONTEXT
 _LOCK = threading.Lock()  # transports open and close on several threads (each runtime has its own loop)
 
 
+def _max_sockets(limit: int) -> int:
+    """Sockets a context may open: as many as the process may open descriptors (each needs at least one).
+
+    libzmq's default is 1,023, and this transport opens one PUSH socket per peer it sends to: a
+    coordinator of more than about a thousand members could not reach the rest (its sends failed
+    with "Too many open files").  The descriptor limit is the real bound.
+    """
+    try:
+        import resource  # POSIX only
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 1023
+    if soft == resource.RLIM_INFINITY:
+        return limit
+    return max(1023, min(limit, soft))
+
+
 def _current_context() -> zmq.asyncio.Context:
     """The process's context; the caller holds _LOCK."""
     global _CONTEXT, _CONTEXT_PID, _OPEN
     if _CONTEXT is None or os.getpid() != _CONTEXT_PID:
-        _CONTEXT = zmq.asyncio.Context()
+        context = zmq.asyncio.Context()
+        context.set(zmq.MAX_SOCKETS, _max_sockets(context.get(zmq.SOCKET_LIMIT)))  # before its first socket
+        _CONTEXT = context
         _CONTEXT_PID = os.getpid()
         _OPEN = 0
     return _CONTEXT
