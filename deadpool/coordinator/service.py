@@ -450,7 +450,7 @@ class Coordinator:
         # The chosen spares hear it too: one that wraps its model for its seat (rt.device_mesh) does it now,
         # while the survivors finish their step, instead of after the commit. A grown round skips the survivors
         # whose full answer it keeps: they stopped at the boundary and learn the outcome from the commit.
-        told = survivors if previous is None else [m for m in survivors if m not in acks or acks[m].early]
+        told = survivors if previous is None else self._survivors_cache.unanswered(self.view, self.round, self.fenced)
         chosen = {*replacements.values(), *(previous.replacements.values() if previous else ())}
         self._broadcast([*told, *chosen], prepare)
         self._maybe_commit()

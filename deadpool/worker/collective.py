@@ -33,7 +33,6 @@ from deadpool.worker.faults import FaultInjector
 from deadpool.worker.groups import install_default_group
 from deadpool.worker.mesh import Rebuilt, SeatMesh
 from deadpool.worker.step import StepState
-from deadpool.worker.zero import ZeroShard
 
 
 def connect_store(addr: str, timeout: float) -> TCPStore:
@@ -271,12 +270,17 @@ class GroupCollectives:
             CollectiveAborted: interrupted by a newer view, or a peer died meanwhile.
             WaitTimeout: a group did not form in time.
         """
-        install_default_group(self, seat, view.world_size,
-                              PrefixStore(f"{view.store_prefix}/default_pg", self._connect(view)))
+        self.seat_default_group(view, seat)
         self.mesh = SeatMesh(shape, names, seat, view.world_size, self)
         if first:
             self.last_rebuild = self.mesh.rebuild(view, self._builder(view))
         return self.mesh
+
+    def seat_default_group(self, view: View, seat: int) -> None:
+        """Install torch's default group for `seat` before `view` is adopted (its collectives complete locally
+        until then): what a parallel wrapper built before the first step needs (a DeviceMesh, ZeRO)."""
+        install_default_group(self, seat, view.world_size,
+                              PrefixStore(f"{view.store_prefix}/default_pg", self._connect(view)))
 
     def _connect(self, view: View) -> TCPStore:
         """A fresh connection to `view`'s store, kept alive (an abandoned build may still block in a call on it)."""
@@ -392,8 +396,8 @@ class GroupCollectives:
 
     # -- the script's own collectives (torch's default group, groups.py) ------------------------
 
-    def issue_user(self, issue: Callable[[Any], dist.Work]) -> dist.Work | None:
-        """Start one of the script's collectives on the view's group: `issue(group)`.
+    def issue_user(self, issue: Callable[[Any], dist.Work], point: ChaosPoint) -> dist.Work | None:
+        """Start one of the script's collectives on the view's group: `issue(group)`, then the chaos `point`.
 
         None when the step is poisoned or the seat has no group: the caller completes the
         collective locally (the step is rolled back anyway).
@@ -405,7 +409,7 @@ class GroupCollectives:
         except RuntimeError as err:
             self.poison(err)
             return None
-        self._faults.point(ChaosPoint.USER_COLLECTIVE)
+        self._faults.point(point)
         return work
 
     def await_user(self, work: dist.Work, what: str) -> bool:
@@ -429,34 +433,6 @@ class GroupCollectives:
             self.poison(err)
             return False
         return True
-
-    def broadcast_zero_shards(self, shard: ZeroShard) -> None:
-        """ZeRO's parameter broadcast after its local step: on the view's group, waited on interruptibly.
-
-        Other seats' shards are received into fresh buffers and copied into the parameters only
-        once every broadcast completed: an abandoned broadcast may still complete later (a
-        SIGSTOPped peer resumes) and must not write into live parameters.
-        """
-        if self._state.poison is not None or self.group is None:
-            return  # the step is rolled back anyway
-        received: list[tuple[torch.Tensor, torch.Tensor]] = []
-        try:
-            works = []
-            for rank, tensor in shard.shard_tensors():
-                options = BroadcastOptions()
-                options.rootRank = rank
-                if rank != self._state.rank:
-                    received.append((tensor, torch.empty_like(tensor)))
-                    tensor = received[-1][1]
-                works.append(self.group.broadcast([tensor], options))
-            self._faults.point(ChaosPoint.BROADCAST)
-            for work in works:
-                self._waiter.wait(work, f"ZeRO parameter broadcast of step {self._state.step}", self._timeout)
-        except (CollectiveAborted, RuntimeError) as err:
-            self.poison(err)
-            return
-        for live, staged in received:
-            live.copy_(staged)
 
     def exchange_digests(self, gathered: list[torch.Tensor], mine: torch.Tensor) -> bool:
         """Every seat's final digest into `gathered`; False (the step poisoned) when the exchange failed."""

@@ -35,6 +35,7 @@ from torch._C._distributed_c10d import (
 )
 from torch.distributed.distributed_c10d import GroupName
 
+from deadpool.chaos import ChaosPoint
 from deadpool.errors import MisuseError
 from deadpool.worker import syncbn
 from deadpool.worker.exit import GUARD
@@ -48,8 +49,8 @@ BACKEND = "gloo"  # what the collectives really run on; torch code branches on i
 class UserCollectives(Protocol):
     """What the default group needs from the runtime (``GroupCollectives`` is the runtime's)."""
 
-    def issue_user(self, issue: Callable[[Any], dist.Work]) -> dist.Work | None:
-        """Run `issue(group)` on the view's group; None when the step is poisoned (complete locally)."""
+    def issue_user(self, issue: Callable[[Any], dist.Work], point: ChaosPoint) -> dist.Work | None:
+        """Run `issue(group)` on the view's group, then the chaos `point`; None when the step is poisoned."""
         ...
 
     def await_user(self, work: dist.Work, what: str) -> bool:
@@ -429,7 +430,9 @@ class DefaultGroup(SeatGroup):
         self.collectives = collectives
 
     def _issue(self, issue: Callable[[Any], dist.Work], op: Op) -> dist.Work | None:
-        return self.collectives.issue_user(issue)
+        # A broadcast is where ZeroRedundancyOptimizer sends each seat's updated parameters (at=broadcast).
+        return self.collectives.issue_user(issue, ChaosPoint.BROADCAST if op is Op.BROADCAST
+                                           else ChaosPoint.USER_COLLECTIVE)
 
     def _await(self, work: dist.Work, op: Op) -> bool:
         return self.collectives.await_user(work, op.value)

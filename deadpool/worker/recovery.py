@@ -10,7 +10,7 @@ seat's first snapshot under the new view.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,6 @@ from deadpool.worker.exit import exit_fenced
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.fetch import Asked, PeerFetch, Restored
 from deadpool.worker.step import StepState
-from deadpool.worker.zero import ZeroShard
 
 SPARE_WAIT_S = 7 * 24 * 3600.0  # a spare may wait this long for a seat (the job's life, in practice)
 
@@ -85,7 +84,6 @@ class Recovery:
         capture: Callable[[int, View, int], None],
         load: Callable[[dict[str, Any]], None],
         unchanged: Callable[[Manifest], dict[int, torch.Tensor] | None],
-        zero_shards: Sequence[ZeroShard],
         seat_samplers: Callable[[int, int], None],
     ) -> None:
         self._env = env
@@ -101,10 +99,9 @@ class Recovery:
         self._capture = capture  # (step, view, seat): snapshot the live state as the seat's of that step
         self._load = load  # the tracked objects and RNGs take a materialized state
         self._unchanged = unchanged  # live tensors only optimizer.step() changes, by manifest index (None: mismatch)
-        self._zero_shards = zero_shards
         self._seat_samplers = seat_samplers  # (seat, world): DistributedSamplers take the adopted seat
         self._recovering_epoch = 0  # epoch whose first finished step is reported as Recovered
-        self._offer: CommitView | Reserved | Stop | None = None  # what rt.device_mesh waited for, not yet adopted
+        self._offer: CommitView | Reserved | Stop | None = None  # what rt.device_mesh or rt.zero_optimizer waited for
         self._held: View | None = None  # the newest view a waiting spare was told of (it sits in its spares)
         self._fetch = PeerFetch(env.member, handoff, env.config.restore_timeout)
         self._preloaded: Preloaded | None = None  # a reserved spare's prefetch, already loaded
@@ -299,8 +296,6 @@ class Recovery:
             # the failure was reported, and the repair is for the same failure either way.
             self._faults.point(ChaosPoint.RECOVERY, self._progress.step + 1)
         self._seat_samplers(seat, view.world_size)  # before a loader's pass is rebuilt from the snapshot
-        for shard in self._zero_shards:  # a spare takes the dead seat's partition before loading its shard
-            shard.seat(seat, view.world_size, None)
         self._fetch.seconds = 0.0
         restored: Restored | None = None
         preloaded: Preloaded | None = None
@@ -349,8 +344,6 @@ class Recovery:
         self._snapshots.forget_all(keep=held)
         self._capture(view.resume_step, view, seat)
         restore_s = time.perf_counter() - started - group_s
-        for shard in self._zero_shards:
-            shard.seat(seat, view.world_size, self._collectives.group)
         self.set_view(view)
         self._state.poison = None
         self._state.gated_step = -2
@@ -407,8 +400,6 @@ class Recovery:
         except (CollectiveAborted, RestoreFailed, WaitTimeout):
             return  # a newer Prepare, or a copy not there or not whole: the adoption fetches what its view names
         self._seat_samplers(reserved.seat, world)
-        for shard in self._zero_shards:
-            shard.seat(reserved.seat, world, None)
         state = materialize(manifest, arena)
         rng = state["__rng__"]
         self._load(state)

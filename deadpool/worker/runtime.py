@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 from torch.distributed.device_mesh import DeviceMesh
 
 from deadpool.actors.handoff import Command, Handoff, LocalReady, Progress
@@ -41,8 +43,9 @@ from deadpool.worker.data import DataSeats, LoaderWatch, TrackedLoader
 from deadpool.worker.ddp import DEFAULT_BUCKET_MB, DataParallel
 from deadpool.worker.exit import GUARD, ExceptionReport
 from deadpool.worker.faults import FaultInjector
+from deadpool.worker.groups import DefaultGroup
 from deadpool.worker.lost_step import AbandonableBackward, skip_when_lost
-from deadpool.worker.recovery import Recovery
+from deadpool.worker.recovery import Recovery, Seating
 from deadpool.worker.step import StepState
 
 log = logging.getLogger("deadpool")
@@ -104,7 +107,6 @@ class Runtime:
         self._sharded = False  # the script has a mesh (rt.device_mesh): tracked state may hold DTensors
         self._snapshots_on = True  # rt.set_snapshots
         self._optimizers: list[torch.optim.Optimizer] = []
-        self._zero_shards: list[zero_mod.ZeroShard] = []
         self._replicated_params: list[torch.nn.Parameter] = []  # averaged by rt.ddp: the same on every seat
         self._data_seats = DataSeats()  # DistributedSamplers: seated at every adopted view
         self._loader_watch = LoaderWatch(lambda: self._state.step >= 0, self._untracked_loader)
@@ -113,7 +115,7 @@ class Runtime:
         self._backward.install()
         self._recovery = Recovery(
             env, self._state, self._handoff, self._progress, self.events, self._snapshots, self._disk,
-            self._collectives, self._faults, self._capture_state, self._load, self._unchanged, self._zero_shards,
+            self._collectives, self._faults, self._capture_state, self._load, self._unchanged,
             self._data_seats.seat,
         )
         self._stalls: deque[float] = deque(maxlen=200)
@@ -173,9 +175,7 @@ class Runtime:
                 for sampler in loader.samplers:
                     self._data_seats.add(sampler)
             if zero_mod.is_zero(obj):
-                shard = zero_mod.ZeroShard(obj, self._collectives.broadcast_zero_shards)
-                self._tracked[name] = shard  # a seat snapshots its own shard, not the (unconsolidated) whole
-                self._zero_shards.append(shard)
+                self._tracked[name] = zero_mod.ZeroShard(obj)  # a seat snapshots its own shard, not the whole
             if isinstance(obj, torch.optim.Optimizer):
                 self._optimizers.append(obj)
                 obj.register_step_pre_hook(self._optimizer_pre_step)
@@ -217,11 +217,7 @@ class Runtime:
         # DTensor imports torch._dynamo on first use (about 1.5 s of CPU): a spare pays it while it waits
         # for a seat, not while the survivors wait for it to wrap its model.
         importlib.import_module("torch._dynamo")
-        seating = self._recovery.wait_for_offer()
-        if seating is None:  # a spare the job finished without
-            self._recovery.wait_for_seat()
-            self._shutdown()
-            raise SystemExit(0)
+        seating = self._seating()
         mesh = self._collectives.seat_mesh(shape, names, seating.view, seating.seat, first=seating.first)
         self._sharded = True
         self._progress.answers_early = False  # a mesh seat's PrepareAck lists the groups its step left dirty
@@ -230,17 +226,41 @@ class Runtime:
     def zero_optimizer(
         self, params: Any, optimizer_class: type[torch.optim.Optimizer], **defaults: Any,
     ) -> torch.optim.Optimizer:
-        """A ``torch.distributed.optim.ZeroRedundancyOptimizer`` (optimizer state sharded across seats).
+        """torch's ``ZeroRedundancyOptimizer`` over the seats (optimizer state sharded across them).
 
-        Build it here rather than directly: it needs a process group when it is built, and
-        DeadPool's groups change with every view (a spare does not know its seat yet).  Track it
-        like any optimizer; each seat's snapshot then holds its own shard, and a swap restores the
-        dead seat's shard from its buddy.
+        Built once this member knows its seat, on torch's default group, which keeps its identity
+        across swaps (its collectives run on the current view's group): a spare blocks here until
+        the coordinator chooses it for a seat, so that it holds that seat's partition, as
+        ``rt.device_mesh`` does.  Track it like any optimizer; each seat's snapshot then holds its
+        own shard, and a swap restores the dead seat's shard from its buddy.
 
         Raises:
-            MisuseError: torch.distributed has a default group already, or an unsupported option.
+            MisuseError: called after the first step, torch.distributed has a default group of the
+                script's, or ``overlap_with_ddp`` (it needs torch DDP's hooks).
         """
-        return zero_mod.build(params, optimizer_class, **defaults)
+        if defaults.get("overlap_with_ddp"):
+            raise MisuseError("rt.zero_optimizer(): overlap_with_ddp=True is not supported (it needs DDP hooks)")
+        if self._state.step >= 0:
+            raise MisuseError("rt.zero_optimizer() must be called before the first step")
+        if dist.is_initialized() and not isinstance(c10d._world.default_pg, DefaultGroup):
+            raise MisuseError("rt.zero_optimizer(): torch.distributed already has a default process group; under "
+                              "DeadPool the runtime owns the groups (do not call init_process_group)")
+        from torch.distributed.optim import ZeroRedundancyOptimizer  # FSDP and DTensor come with it: only here
+
+        seating = self._seating()
+        self._collectives.seat_default_group(seating.view, seating.seat)
+        optimizer: torch.optim.Optimizer = ZeroRedundancyOptimizer(params, optimizer_class, **defaults)
+        return optimizer
+
+    def _seating(self) -> Seating:
+        """This member's seat, waited for (a spare until a Prepare or view chooses it); a spare the job
+        finished without exits here (status 0)."""
+        seating = self._recovery.wait_for_offer()
+        if seating is None:
+            self._recovery.wait_for_seat()
+            self._shutdown()
+            raise SystemExit(0)
+        return seating
 
     def ddp(
         self, model: torch.nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB, broadcast_buffers: bool = True,

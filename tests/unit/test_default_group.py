@@ -100,8 +100,10 @@ class Runtime:
         self.poisoned = False
         self.fail = False
         self.late: list[Callable[[], None]] = []  # what the group would still do after an abandoned wait
+        self.points: list[ChaosPoint] = []  # where each issued collective would fire a chaos spec
 
-    def issue_user(self, issue: Callable[[Any], Any]) -> Any:
+    def issue_user(self, issue: Callable[[Any], Any], point: ChaosPoint) -> Any:
+        self.points.append(point)
         if self.poisoned:
             return None
         if not self.fail:
@@ -155,6 +157,8 @@ def test_collectives_run_on_the_runtimes_group(runtime: Runtime) -> None:
     dist.broadcast(sent, src=0)
     assert torch.equal(sent, torch.full((3,), 7.0))
     dist.barrier()
+    broadcast = ChaosPoint.BROADCAST  # ZeRO's post-step broadcast: where at=broadcast fires
+    assert runtime.points == [*[ChaosPoint.USER_COLLECTIVE] * 3, broadcast, ChaosPoint.USER_COLLECTIVE]
 
 
 def test_an_async_collective_writes_only_when_waited_on(runtime: Runtime) -> None:
@@ -260,13 +264,14 @@ def seat(chaos: tuple[ChaosSpec, ...] = ()) -> tuple[GroupCollectives, StepState
 def test_a_users_collective_that_times_out_poisons_the_step_and_is_reported() -> None:
     collectives, state, recorder = seat()
     collectives.group = object()
-    work = collectives.issue_user(lambda group: Pending())
+    work = collectives.issue_user(lambda group: Pending(), ChaosPoint.USER_COLLECTIVE)
     assert work is not None
     assert collectives.await_user(work, "all_reduce") is False
     assert state.poison is not None and "all_reduce of step 4" in state.poison
     assert collectives.group is None, "the group is retired"
     assert [type(m) for m in recorder.posted if isinstance(m, CollectiveFailed)] == [CollectiveFailed]
-    assert collectives.issue_user(lambda group: pytest.fail("nothing is issued on a poisoned step")) is None
+    assert collectives.issue_user(lambda group: pytest.fail("nothing is issued on a poisoned step"),
+                                  ChaosPoint.USER_COLLECTIVE) is None
 
 
 def test_a_users_collective_that_raises_at_issue_poisons_the_step() -> None:
@@ -276,7 +281,7 @@ def test_a_users_collective_that_raises_at_issue_poisons_the_step() -> None:
     def issue(group: Any) -> Any:
         raise RuntimeError("Connection closed by peer")
 
-    assert collectives.issue_user(issue) is None
+    assert collectives.issue_user(issue, ChaosPoint.USER_COLLECTIVE) is None
     assert state.poison is not None and "Connection closed" in state.poison
 
 
@@ -286,7 +291,7 @@ def test_the_usercollective_chaos_point_fires_after_the_issue(monkeypatch: pytes
     collectives.group = object()
     order: list[str] = []
     monkeypatch.setattr("deadpool.chaos.inject", lambda s, switch: order.append("fired"))
-    collectives.issue_user(lambda group: order.append("issued") or Done())
+    collectives.issue_user(lambda group: order.append("issued") or Done(), ChaosPoint.USER_COLLECTIVE)
     assert order == ["issued", "fired"], "the collective is in flight when the spec fires"
 
 

@@ -1,21 +1,33 @@
-"""ZeroShard without a job: seating re-partitions exactly as ZeRO would, and a shard round-trips only into its seat."""
+"""ZeroShard without a job: torch's ZeroRedundancyOptimizer in a world of one; a shard round-trips only into its seat."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import HashStore
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from deadpool.errors import MisuseError, RestoreFailed
 from deadpool.worker import zero as zero_mod
 
 
-def make(seed: int = 0) -> tuple[torch.nn.Module, zero_mod.ZeroShard, list[object]]:
+@pytest.fixture(autouse=True)
+def world_of_one() -> Iterator[None]:
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def make(seed: int = 0, **options: bool) -> tuple[torch.nn.Module, zero_mod.ZeroShard]:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    zero = zero_mod.build(model.parameters(), torch.optim.AdamW, lr=1e-2)
-    calls: list[object] = []
-    return model, zero_mod.ZeroShard(zero, calls.append), calls
+    return model, zero_mod.ZeroShard(ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-2,
+                                                             **options))
 
 
 def step(model: torch.nn.Module, shard: zero_mod.ZeroShard) -> None:
@@ -24,52 +36,35 @@ def step(model: torch.nn.Module, shard: zero_mod.ZeroShard) -> None:
     shard.zero.zero_grad()
 
 
-def test_build_leaves_no_global_group_and_starts_as_a_world_of_one() -> None:
-    _, shard, _ = make()
-    assert not dist.is_initialized()
-    zero = shard.zero
-    assert (zero.rank, zero.world_size) == (0, 1)
-    assert sum(p.numel() for g in shard.local.param_groups for p in g["params"]) == 8 * 16 + 16 + 16 * 4 + 4
-
-
-def test_seat_partitions_like_zero_and_the_runtime_broadcasts() -> None:
-    model, shard, calls = make()
-    shard.seat(1, 3, None)
-    local = {p.data_ptr() for g in shard.local.param_groups for p in g["params"]}
-    owners = {t.data_ptr(): r for r, t in shard.shard_tensors()}
-    assert local and local == {i for i, r in owners.items() if r == 1}
-    assert set(owners.values()) <= {0, 1, 2} and len(owners) == len(list(model.parameters()))
-    step(model, shard)
-    assert calls == [shard], "ZeRO's own broadcast is replaced by the runtime's"
-    assert all(p.data_ptr() in local for p in shard.local.state), "the local optimizer holds state for its shard only"
+def test_is_zero_tells_a_zero_optimizer_from_a_plain_one() -> None:
+    _, shard = make()
+    assert zero_mod.is_zero(shard.zero)
+    assert not zero_mod.is_zero(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))
 
 
 def test_shard_round_trip_restores_state_and_hyperparameters() -> None:
-    model, shard, _ = make()
-    shard.seat(1, 2, None)
+    model, shard = make()
     step(model, shard)
     shard.zero.param_groups[0]["lr"] = 0.5  # what an LR scheduler does between steps
     saved = shard.state_dict()
 
-    spare_model, spare, _ = make()
-    spare.seat(1, 2, None)  # the adopted spare takes the seat first, then loads the seat's shard
+    _, spare = make(seed=1)
     spare.load_state_dict(saved)
     assert spare.zero.param_groups[0]["lr"] == 0.5 == spare.local.param_groups[0]["lr"]
+    assert spare.local.state, "the shard's Adam moments came back"
     for (pa, sa), (pb, sb) in zip(shard.local.state.items(), spare.local.state.items(), strict=True):
         assert pa.shape == pb.shape
         assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 def test_shard_of_another_seat_is_refused() -> None:
-    model, shard, _ = make()
-    shard.seat(0, 2, None)
+    model, shard = make()
     step(model, shard)
-    _, other, _ = make()
-    other.seat(1, 2, None)
-    with pytest.raises(RestoreFailed, match="rank 0/2 cannot load into rank 1/2"):
-        other.load_state_dict(shard.state_dict())
+    saved = {**shard.state_dict(), "rank": 1, "world_size": 2}
+    with pytest.raises(RestoreFailed, match="rank 1/2 cannot load into rank 0/1"):
+        shard.load_state_dict(saved)
 
 
 def test_overlap_with_ddp_is_refused() -> None:
     with pytest.raises(MisuseError, match="overlap_with_ddp"):
-        zero_mod.build(torch.nn.Linear(2, 2).parameters(), torch.optim.SGD, lr=0.1, overlap_with_ddp=True)
+        make(overlap_with_ddp=True)
