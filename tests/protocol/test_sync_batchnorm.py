@@ -32,7 +32,7 @@ class Issuer:
     def __init__(self, group: ProcessGroupGloo) -> None:
         self.group = group
 
-    def issue_user(self, issue: Callable[[Any], Any]) -> Any:
+    def issue_user(self, issue: Callable[[Any], Any], point: object) -> Any:
         return issue(self.group)
 
     def await_user(self, work: Any, what: str) -> bool:

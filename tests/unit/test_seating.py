@@ -27,7 +27,7 @@ def spare(posted: list[Any] | None = None) -> tuple[Recovery, Handoff]:
     faults = FaultInjector(env, state, handoff, events, partition=type("Switch", (), {"cut": False})())
     unused: Any = None  # what seating never touches: snapshots, disk, collectives, the state callbacks
     recovery = Recovery(env, state, handoff, Progress(), events, unused, unused, unused, faults, unused, unused, unused,
-                        [], unused)
+                        unused)
     handoff.bind(posted.append if posted is not None else None)  # what the runtime thread would be handed
     return recovery, handoff
 

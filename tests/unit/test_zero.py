@@ -1,4 +1,4 @@
-"""ZeroShard without a job: torch's ZeroRedundancyOptimizer in a world of one; a shard round-trips only into its seat."""
+"""ZeroShard without a job: torch's ZeroRedundancyOptimizer in a world of one; a shard loads only into its seat."""
 
 from __future__ import annotations
 
