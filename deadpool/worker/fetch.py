@@ -32,13 +32,11 @@ Answers = list[concurrent.futures.Future[Fetched]]  # one per part asked for, in
 
 @dataclass(frozen=True)
 class Prefetch:
-    """What a restoring seat asked for and the answers to come: a spare's prefetch, asked when a Prepare chose
-    it (before the view that seats it names the step), or an adoption's asks."""
+    """What a spare asked for when a Prepare chose it, before the view that seats it names the step."""
 
     seat: int
     asked: list[Asked]
     answers: Answers
-    prefetched: bool = True  # asked for the newest copies before the step was known (False: of the resume step)
 
 
 class PeerFetch:
@@ -65,34 +63,26 @@ class PeerFetch:
         return [(other, RestorePart.SLICE, view.restore_from.get(other, view.seats[other]))
                 for other in range(view.world_size) if other != seat]
 
-    def ask_buddy(self, view: View, seat: int) -> Prefetch:
-        """Ask now for the seat's snapshot from its buddy's copy and the other seats' slices (all at once), or
-        keep what the Prepare that chose this spare asked for; ``from_buddy`` waits for the answers, so that
-        the group forms meanwhile."""
-        asked = self.sources(view, seat)
-        prefetch, self.prefetch = self.prefetch, None
-        if prefetch is not None and prefetch.asked == asked:
-            return prefetch
-        return Prefetch(seat, asked, self._ask(view.resume_step, asked), prefetched=False)
-
-    def from_buddy(self, view: View, seat: int, pending: Prefetch | None = None) -> Restored:
-        """The seat's snapshot from its buddy's copy and the other seats' slices: the answers to `pending`
-        (``ask_buddy``; asked now without it).
+    def from_buddy(self, view: View, seat: int) -> Restored:
+        """The seat's snapshot from its buddy's copy and the other seats' slices, all asked for at once, or
+        already fetched when the Prepare chose this spare.
 
         Raises:
             CollectiveAborted: a newer view interrupted the wait.
             RestoreFailed: a part is refused or does not fit; WaitTimeout: not all answered in time.
         """
-        pending = pending or self.ask_buddy(view, seat)
-        asked, fetched = pending.asked, None
-        try:
-            fetched = self.wait(view.epoch, f"of step {view.resume_step}", asked, pending.answers)
-        except RestoreFailed:
-            if not pending.prefetched:
-                raise
-            # a seat holds no slice of the step the newest copy is of: the resume step is older
-        if fetched is None or any(part.step != view.resume_step for part in fetched):
-            fetched = self._fetch(view, asked)  # the prefetched newest copies were not the step every seat restores
+        asked = self.sources(view, seat)
+        prefetch, self.prefetch = self.prefetch, None
+        fetched = None
+        if prefetch is not None and prefetch.asked == asked:
+            try:
+                fetched = self.wait(view.epoch, f"of step {view.resume_step}", asked, prefetch.answers)
+            except RestoreFailed:
+                fetched = None  # a seat holds no slice of the step the newest copy is of: the resume step is older
+            if fetched is not None and any(part.step != view.resume_step for part in fetched):
+                fetched = None  # the newest copies were not the step every seat can restore
+        if fetched is None:
+            fetched = self._fetch(view, asked)
         return self.assemble(seat, view.world_size, asked, fetched)
 
     def slices_into(self, view: View, seat: int, manifest: Manifest, arena: torch.Tensor) -> None:

@@ -32,7 +32,7 @@ from deadpool.worker import rng as rng_mod
 from deadpool.worker.collective import GroupCollectives
 from deadpool.worker.exit import exit_fenced
 from deadpool.worker.faults import FaultInjector
-from deadpool.worker.fetch import Asked, PeerFetch, Prefetch, Restored
+from deadpool.worker.fetch import Asked, PeerFetch, Restored
 from deadpool.worker.step import StepState
 
 SPARE_WAIT_S = 7 * 24 * 3600.0  # a spare may wait this long for a seat (the job's life, in practice)
@@ -300,7 +300,6 @@ class Recovery:
         restored: Restored | None = None
         preloaded: Preloaded | None = None
         kept: dict[int, torch.Tensor] = {}  # live tensors that already hold the restored values
-        pending: Prefetch | None = None  # the buddy's copy and the slices, asked for before the group forms
         held = None  # the local snapshot restored from: kept for peers asking for its slice
         if first_view:
             source = "initial"
@@ -310,7 +309,7 @@ class Recovery:
             source, preloaded, self._preloaded = "buddy", self._preloaded, None
             if preloaded is None or (preloaded.seat, preloaded.step, preloaded.asked) != (
                     seat, view.resume_step, PeerFetch.sources(view, seat)):
-                preloaded, pending = None, self._fetch.ask_buddy(view, seat)  # answered while the group forms
+                preloaded, restored = None, self._fetch.from_buddy(view, seat)
             self._fetch.prefetch = None
         else:
             held = self._snapshots.find(view.resume_step)
@@ -325,8 +324,6 @@ class Recovery:
         fetched = time.perf_counter()
         self._collectives.rebuild(view, seat)
         group_s = time.perf_counter() - fetched
-        if pending is not None:
-            restored = self._fetch.from_buddy(view, seat, pending)
         self._adopted_groups = (len(self._collectives.last_rebuild.rebuilt) if self._collectives.mesh else 0, group_s)
         nbytes = 0
         if preloaded is not None:
