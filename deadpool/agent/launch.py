@@ -61,6 +61,7 @@ log = logging.getLogger("deadpool.agent.launch")
 
 DROP_LOG_INTERVAL = 10.0  # seconds between two lines about dropped frames (each line counts the drops it covers)
 WORKER_EXIT_GRACE = 30.0
+OUTPUT_DRAIN_GRACE = 5.0  # the workers' groups are gone: their output is read this long at most (a setsid child)
 
 # glibc malloc settings for the workers: a training step allocates and frees the same activations every
 # step, and by default glibc gives the top of the heap back to the kernel whenever more than twice its
@@ -96,6 +97,13 @@ async def _exited(pid: int) -> None:
     finally:
         loop.remove_reader(fd)
         os.close(fd)
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL (then SIGCONT, for a stopped one) to every process left in group `pgid`, if any."""
+    for signum in (signal.SIGKILL, signal.SIGCONT):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signum)
 
 
 def _set_once(future: asyncio.Future[None]) -> None:
@@ -445,7 +453,8 @@ class Launcher:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*watches, return_exceptions=True), grace)
             await self._terminate_all()
-            await asyncio.gather(*forwards, return_exceptions=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*forwards, return_exceptions=True), OUTPUT_DRAIN_GRACE)
             for task in background:
                 task.cancel()
         return 0 if ok else 1
@@ -611,9 +620,7 @@ class Launcher:
     def _fence_kill(self, member: str) -> None:
         for worker in self.workers:
             if worker.member == member and worker.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker.proc.pid, signal.SIGKILL)
-                    os.kill(worker.proc.pid, signal.SIGCONT)
+                _kill_group(worker.proc.pid)
 
     async def _watch(self, worker: Worker) -> None:
         """Report a worker's exit to the coordinator at once: the fastest failure signal."""
@@ -623,6 +630,7 @@ class Launcher:
         while (code := worker.proc.returncode) is None:  # the child watcher reaps it right after
             await asyncio.sleep(0.01)
         worker.returncode = code
+        _kill_group(worker.proc.pid)  # its children (DataLoader workers) would hold its sockets and pipe on
         self.relay.forget(worker.member)
         self._remove_shm_files(worker)
         if self.transport is None or self.stop is not None or self.coordinator_gone:
@@ -644,6 +652,8 @@ class Launcher:
                   file=sys.stderr, flush=True)
 
     async def _terminate_all(self) -> None:
+        """SIGTERM to every worker, SIGKILL to what is left of its session after 3 s: its children too (a
+        DataLoader worker stuck where it cannot see its parent die would hold the output pipe for ever)."""
         alive = [w for w in self.workers if w.proc.returncode is None]
         for worker in alive:
             with contextlib.suppress(ProcessLookupError):
@@ -651,12 +661,11 @@ class Launcher:
         deadline = time.monotonic() + 3.0
         for worker in alive:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(worker.proc.wait(), max(0.1, deadline - time.monotonic()))
-            if worker.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    worker.proc.kill()
-                    os.kill(worker.proc.pid, signal.SIGCONT)
-                await worker.proc.wait()
+                await asyncio.wait_for(_exited(worker.proc.pid), max(0.1, deadline - time.monotonic()))
+        for worker in alive:
+            _kill_group(worker.proc.pid)
+        for worker in alive:
+            await _exited(worker.proc.pid)  # SIGKILL (and SIGCONT, for a stopped one) cannot be ignored
 
 
 def run(args: argparse.Namespace) -> int:
