@@ -74,17 +74,9 @@ RECENT_EVENTS = 20  # events kept for `deadpool status`
 class Coordinator:
     """State and message handling of the membership service; every call returns what to send."""
 
-    def __init__(
-        self,
-        config: Config,
-        world_size: int,
-        store_addr: str,
-        events: EventLog,
-        started: float = 0.0,
-        wall_clock: Callable[[], float] = time.time,
-        recovering: bool = False,
-        terms: Terms | None = None,
-    ) -> None:
+    def __init__(self, config: Config, world_size: int, store_addr: str, events: EventLog, started: float = 0.0,
+                 wall_clock: Callable[[], float] = time.time, recovering: bool = False,
+                 terms: Terms | None = None) -> None:
         self.wall = wall_clock  # injected: the simulator runs on a virtual clock
         self._config = config
         self._world_size = world_size
@@ -99,6 +91,7 @@ class Coordinator:
         self._swaps: list[PendingSwap] = []
         self._failure_wall: dict[str, float] = {}
         self._suspect_since: float | None = None
+        self._groups_epoch = 0  # the view that built the groups in use: an older collective report is stale
         self._finished: dict[int, Finished] = {}
         self.chaos = OperatorChaos()
         self.outcome: tuple[bool, str] | None = None  # (ok, reason) once the job ended
@@ -255,6 +248,10 @@ class Coordinator:
                                                            message.disk_steps, message.dirty_groups, message.early)
             self._maybe_commit()
         elif isinstance(message, CollectiveFailed):
+            if message.epoch < self._groups_epoch:  # about a group a later view replaced: nothing to rebuild
+                self.events.emit(Event.REJECTED, reason="stale_collective_report", peer=message.sender,
+                                 report_epoch=message.epoch, groups_epoch=self._groups_epoch)
+                return
             self.events.emit(Event.COLLECTIVE_ERROR_REPORTED, member=message.sender, step=message.step,
                              error=message.error[:300])
             if self.round is None and self._suspect_since is None:
@@ -514,6 +511,8 @@ class Coordinator:
     def _commit(self, view: View, reason: str, failed: dict[int, str], trigger: Trigger) -> None:
         previous, self.view = self.view, view
         self.events.epoch = view.epoch
+        if previous is None or view.store_prefix != previous.store_prefix:
+            self._groups_epoch = view.epoch
         self.events.emit(Event.VIEW_COMMITTED, epoch=view.epoch, resume_step=view.resume_step, seats=view.seats,
                          spares=view.spares, store_prefix=view.store_prefix, reason=reason,
                          rebuild_groups=view.rebuild_groups,

@@ -274,8 +274,11 @@ class Recovery:
             return self._adopt(view)
         except (CollectiveAborted, RestoreFailed, WaitTimeout) as err:
             self._events.emit(Event.ADOPT_FAILED, epoch=view.epoch, error=str(err))
-            self._handoff.post(CollectiveFailed(self._env.member, view.epoch, view.resume_step,
-                                                f"adoption failed: {err}"))
+            if not (isinstance(err, CollectiveAborted) and err.interrupted):
+                # Interrupted by a newer view: the coordinator is already rebuilding, and a report would
+                # make it rebuild once more (each rebuild interrupting the adoption of the one before).
+                self._handoff.post(CollectiveFailed(self._env.member, view.epoch, view.resume_step,
+                                                    f"adoption failed: {err}"))
             return None
 
     def _adopt(self, view: View) -> int:

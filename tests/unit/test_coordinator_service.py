@@ -224,6 +224,25 @@ def test_a_collective_failure_with_nobody_dead_rebuilds_after_a_grace() -> None:
     assert prepared[0]["failed_seats"] == []
 
 
+def test_a_collective_report_about_groups_a_later_view_replaced_is_stale_and_rebuilds_nothing() -> None:
+    """A survivor's report of the dead seat's broken all-reduce (epoch 1), or an adoption's, reaching the
+    coordinator after the swap's view (epoch 2, new groups) is committed: no blind rebuild follows it."""
+    job = Job(seats=3, spares=1)
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    job.handle(ack("m0", 2, [7, 8], {2: [7]}))
+    job.handle(ack("m2", 2, [7, 8], {1: [6, 7]}))
+    assert job.epoch == 2 and job.coordinator.round is None
+    job.handle(CollectiveFailed("m0", 1, 8, "Connection reset by peer"))
+    job.advance(2.0, alive=["m0", "s0", "m2"])
+    assert not [p for p in job.of(Event.VIEW_PREPARED) if p["trigger"] == Trigger.BLIND_REBUILD]
+    stale = [r for r in job.of(Event.REJECTED) if r["reason"] == "stale_collective_report"]
+    assert len(stale) == 1 and stale[0]["report_epoch"] == 1 and stale[0]["groups_epoch"] == 2
+    # A failure in the groups of the view in force is no stale report: it is rebuilt after the grace.
+    job.handle(CollectiveFailed("s0", 2, 8, "Connection reset by peer"))
+    job.advance(1.5, alive=["m0", "s0", "m2"])
+    assert [p["trigger"] for p in job.of(Event.VIEW_PREPARED)][-1] == Trigger.BLIND_REBUILD
+
+
 # -- no_spare_policy ------------------------------------------------------------------------------
 
 

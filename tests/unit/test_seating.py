@@ -6,8 +6,9 @@ from typing import Any
 
 from deadpool.actors.handoff import Fetch, Fetched, Handoff, Progress
 from deadpool.config import WorkerEnv
+from deadpool.errors import CollectiveAborted
 from deadpool.events.log import EventLog
-from deadpool.protocol.messages import CommitView, Prepare
+from deadpool.protocol.messages import CollectiveFailed, CommitView, Prepare
 from deadpool.protocol.view import View
 from deadpool.snapshot.statetree import Manifest
 from deadpool.worker.faults import FaultInjector
@@ -57,3 +58,23 @@ def test_a_committed_view_that_seats_the_spare_is_its_offer_as_before() -> None:
     seated = view(2, ["m0", "s0", "m2", "m3"], [])
     handoff.deliver(CommitView(seated))
     assert recovery.wait_for_offer() == Seating(seated, 1, first=False)
+
+
+def test_an_adoption_a_newer_view_interrupted_is_not_reported_as_a_failure() -> None:
+    """Reported, the coordinator would rebuild once more, interrupting the next adoption, and so on until it
+    gave the job up; a failed adoption (a group that did not form) is reported."""
+    posted: list[Any] = []
+    recovery, _ = spare(posted)
+    seated = view(2, ["m0", "s0", "m2", "m3"], [])
+
+    def adopt(error: Exception) -> None:
+        def raising(_view: View) -> int:
+            raise error
+        recovery._adopt = raising  # type: ignore[method-assign]
+        assert recovery._adopt_with_retry(seated) is None
+
+    adopt(CollectiveAborted("building group epoch-2", "interrupted by a newer view", interrupted=True))
+    assert not [m for m in posted if isinstance(m, CollectiveFailed)]
+    adopt(CollectiveAborted("process group epoch-2 (rank 1 of 4)", "did not form within 10s"))
+    reports = [m for m in posted if isinstance(m, CollectiveFailed)]
+    assert len(reports) == 1 and reports[0].epoch == 2 and "did not form" in reports[0].error
