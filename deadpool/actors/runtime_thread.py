@@ -28,6 +28,7 @@ from deadpool.actors.heartbeat import HeartbeatActor
 from deadpool.actors.inbox import Bulk, Drain, Inbound, Outbound, Shutdown
 from deadpool.actors.membership import MembershipActor
 from deadpool.actors.snapshot_actor import CHUNK_BYTES, SnapshotActor
+from deadpool.actors.watch import ComputeWatch
 from deadpool.chaos import Switch
 from deadpool.config import Config, is_loopback
 from deadpool.errors import MisuseError
@@ -84,6 +85,7 @@ class RuntimeThread:
         self._ready = threading.Event()
         self._stopped = threading.Event()
         self._startup_error: BaseException | None = None
+        self._compute_thread = threading.get_ident()  # built by the compute thread (the watch reads its stack)
         self._stop_event: asyncio.Event | None = None
         self.control_addr = ""
         self.bulk_addr = ""
@@ -170,6 +172,8 @@ class RuntimeThread:
                 tasks.create_task(heartbeat.run())
                 tasks.create_task(membership.run())
                 tasks.create_task(snapshots.run())
+                tasks.create_task(ComputeWatch(self._handoff, self._events, self._compute_thread,
+                                               config.pg_timeout).run())
                 await self._stop_event.wait()
                 # What the membership actor handed over (a seat's Finished) still reaches the coordinator.
                 await control.close(linger=config.send_timeout)

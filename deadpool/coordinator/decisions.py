@@ -264,7 +264,9 @@ def unexplained_failure(
         return Suspicion.FAIL, (
             f"collectives failed {rebuilds} times in a row with every member alive and no step "
             "finished in between: the ranks cannot reach each other over the process group's transport "
-            "(check --bind-host / the addresses gloo uses, firewalls and the ports between hosts)")
+            "(check --bind-host / the addresses gloo uses, firewalls and the ports between hosts), or a rank's "
+            "training thread is held in the script's own code past the collective timeout (its compute_late "
+            "event shows where)")
     return Suspicion.REBUILD, "a collective failed but no member was found dead: rebuilding the group"
 
 

@@ -28,6 +28,9 @@ class Event(enum.StrEnum):
     # rank, old_member, new_member, recovery_s; groups_rebuilt and group_s: the new member's adoption
     SWAP_COMPLETED = "swap_completed"
     ADOPT_FAILED = "adopt_failed"  # a spare could not take its seat (why)
+    # command, epoch, waited_s, stack: the training thread left a coordinator's command untaken for the
+    # collective timeout (it is in the script's own code or a library's: a stuck data loader, say)
+    COMPUTE_LATE = "compute_late"
     DISK_FALLBACK = "disk_fallback"  # every seat rolls back to a disk checkpoint
     COLLECTIVE_FAILED = "collective_failed"  # a worker's collective raised or was interrupted
     COLLECTIVE_ERROR_REPORTED = "collective_error_reported"  # the coordinator heard of it

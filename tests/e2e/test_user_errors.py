@@ -6,6 +6,7 @@ stops after one swap (exit 1, the traceback in the summary, the other spare unus
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,60 @@ def test_an_exception_that_repeats_in_the_replacement_stops_the_job_after_one_sw
     # Survivors say why in one line each, not with a JobStopped traceback.
     assert "JobStopped" not in result.output
     assert "[rank0] deadpool: job stopped:" in result.output
+
+
+HOLDS_THE_PIPE = """\
+import signal, subprocess, sys
+sys.path.insert(0, {fixtures!r})
+# A child that outlives its worker and holds its output pipe: a DataLoader worker stuck where it cannot
+# notice that its parent is gone behaves the same way.
+child = subprocess.Popen([sys.executable, "-c",
+                          "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+print(f"child {{child.pid}} holds the pipe", flush=True)
+import tiny_train
+tiny_train.main()
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_a_workers_child_that_holds_its_output_pipe_does_not_hold_the_launcher(tmp_path: Path) -> None:
+    """Each worker's process group goes with it: the launcher reads its output to the end and exits, and the
+    children its workers left behind (the killed rank's among them) are ended, not left for 600 s."""
+    script = tmp_path / "holds_the_pipe.py"
+    script.write_text(HOLDS_THE_PIPE.format(fixtures=str(TINY.parent)))
+    result = launch(tmp_path, "--nproc", "2", "--spares", "1", "--no-progress", "--chaos", "kill:rank=1:step=4",
+                    steps=8, script=script, timeout=120)
+    assert result.returncode == 0, result.output[-3000:]
+    children = [int(pid) for pid in re.findall(r"child (\d+) holds the pipe", result.output)]
+    assert len(children) == 3, result.output[-3000:]
+    assert [s["rank"] for s in result.of("swap_completed")] == [1]
+    assert not [pid for pid in children if _running(pid)], "a worker's children outlived the job"
+
+
+def test_a_rank_held_in_its_own_code_during_a_swap_says_where_and_the_job_survives(tmp_path: Path) -> None:
+    """Rank 0 sleeps 12 s in step 5 (past the 10 s collective timeout) as rank 1 is killed: the swap's group
+    cannot form without it (the spare's adoption times out, and the job rebuilds). Meanwhile rank 0's
+    runtime reports where its training thread is (``compute_late``, with the stack). The digest is the one
+    of the run without either."""
+    reference = launch(tmp_path, "--nproc", "2", "--spares", "1", "--no-progress", steps=8, script=TINY, timeout=120)
+    assert reference.returncode == 0 and reference.digest, reference.output[-3000:]
+    result = launch(tmp_path, "--nproc", "2", "--spares", "1", "--no-progress", "--chaos", "kill:rank=1:step=5",
+                    steps=8, script=TINY, timeout=180,
+                    script_args=("--stall-at-step", "5", "--stall-s", "12", "--raise-on-rank", "0"))
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.digest == reference.digest
+    late = result.of("compute_late")
+    assert len(late) >= 1 and ":rank0:" in late[0]["member"] and late[0]["waited_s"] >= 10, late
+    assert "time.sleep(args.stall_s)" in late[0]["stack"], late[0]["stack"]
+    assert "[rank0] deadpool: the training thread has not taken the coordinator's" in result.output
+    assert [s["rank"] for s in result.of("swap_completed")] == [1]
 
 
 def test_check_determinism_passes_on_a_script_that_tracks_everything(tmp_path: Path) -> None:
