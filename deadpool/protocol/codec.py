@@ -99,16 +99,15 @@ def _checker_for(annotation: Any) -> Checker:
     if origin is list:
         (item_type,) = typing.get_args(annotation)
         check_item = _checker_for(item_type)
-        if item_type in (int, str):  # the columns of a HostHeartbeat: one C-speed pass over the types
+        if item_type in (int, str, float):  # the columns of a HostHeartbeat: one C-speed pass over the types
             allowed = frozenset({item_type})
 
             def check_scalars(value: Any) -> list[Any]:
                 if not isinstance(value, list):
                     raise _FieldError(f"expected list, got {type(value).__name__}")
-                if not allowed.issuperset(map(type, value)):
-                    for item in value:
-                        check_item(item)  # raises for the first bad item, naming its type
-                return value
+                if allowed.issuperset(map(type, value)):
+                    return value
+                return [check_item(item) for item in value]  # raises for the first bad item (an int becomes a float)
             return check_scalars
 
         def check_list(value: Any) -> list[Any]:
@@ -144,13 +143,15 @@ def _struct_checker(cls: type[Any]) -> Checker:
             raise _FieldError(f"{name}: expected a field list, got {type(value).__name__}")
         if not required <= len(value) <= len(checks):
             raise _FieldError(f"{name}: expected {required}..{len(checks)} fields, got {len(value)}")
-        kwargs = {}
-        for f, check, item in zip(fields, checks, value, strict=False):  # trailing defaults may be absent
-            try:
-                kwargs[f.name] = check(item)
-            except _FieldError as err:
-                raise _FieldError(f"{name}.{f.name}: {err}") from None
-        return cls(**kwargs)
+        try:  # fields in declaration order, so positional; trailing defaults may be absent
+            return cls(*[check(item) for check, item in zip(checks, value, strict=False)])
+        except _FieldError:
+            for f, check, item in zip(fields, checks, value, strict=False):  # the error path only: name the field
+                try:
+                    check(item)
+                except _FieldError as err:
+                    raise _FieldError(f"{name}.{f.name}: {err}") from None
+            raise
     return check_struct
 
 
