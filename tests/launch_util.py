@@ -94,12 +94,13 @@ def assert_no_survivors(result: LaunchResult) -> None:
     deadline = time.monotonic() + 5.0
     alive = set(result.pids())
     while alive and time.monotonic() < deadline:
-        alive = {pid for pid in alive if _alive(pid)}
+        alive = {pid for pid in alive if running(pid)}
         time.sleep(0.05)
     assert not alive, f"worker processes still alive after launch returned: {alive}"
 
 
-def _alive(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -99,8 +99,7 @@ class Handoff:
 
     def __init__(self) -> None:
         self.condition = threading.Condition()
-        self._commands: deque[Command] = deque()
-        self._delivered: deque[float] = deque()  # when each queued command arrived (monotonic), in step with it
+        self._commands: deque[tuple[Command, float]] = deque()  # with when each arrived (monotonic)
         self._prepare_epoch = 0  # newest epoch a Prepare asked for
         self._failed: deque[tuple[int, frozenset[int]]] = deque(maxlen=MAX_COMMANDS)  # (epoch, failed seats)
         self._paused: dict[str, tuple[int, int]] = {}  # mesh peer -> (Prepare epoch, last finished step) it paused at
@@ -126,10 +125,8 @@ class Handoff:
                 self._failed.append((command.epoch, frozenset(command.failed_seats)))
             if len(self._commands) >= MAX_COMMANDS:
                 self._commands.popleft()  # the newest view supersedes the oldest; terminal state is kept above
-                self._delivered.popleft()
                 self.dropped_commands += 1
-            self._commands.append(command)
-            self._delivered.append(time.monotonic())
+            self._commands.append((command, time.monotonic()))
             self.condition.notify_all()
 
     def peer_paused(self, member: str, prepare_epoch: int, step: int) -> None:
@@ -220,21 +217,17 @@ class Handoff:
                 if remaining <= 0:
                     raise WaitTimeout(f"no word from the coordinator within {timeout:.0f}s while {what}")
                 self.condition.wait(min(remaining, 1.0))
-            self._delivered.popleft()
-            return self._commands.popleft()
+            return self._commands.popleft()[0]
 
     def poll(self) -> Command | None:
         """Next command if one is queued, without waiting."""
         with self.condition:
-            if not self._commands:
-                return None
-            self._delivered.popleft()
-            return self._commands.popleft()
+            return self._commands.popleft()[0] if self._commands else None
 
     def untaken(self) -> tuple[Command, float] | None:
         """The oldest command the compute thread has not taken yet, and when it arrived (monotonic)."""
         with self.condition:
-            return (self._commands[0], self._delivered[0]) if self._commands else None
+            return self._commands[0] if self._commands else None
 
     def wait_until(self, predicate: Callable[[], bool], epoch: int, timeout: float, what: str) -> bool:
         """Wait for `predicate` (checked under the lock); False if interrupted first.

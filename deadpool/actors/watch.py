@@ -18,7 +18,7 @@ import sys
 import time
 import traceback
 
-from deadpool.actors.handoff import Handoff
+from deadpool.actors.handoff import Command, Handoff
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 
@@ -43,7 +43,7 @@ class ComputeWatch:
         self._compute_thread = compute_thread
         self._late_after = late_after
         self._period = period
-        self._reported: object | None = None  # the command last reported (each is reported once)
+        self._reported: Command | None = None  # the command last reported (each is reported once)
 
     async def run(self) -> None:
         """Until cancelled by the owner; nothing to set up or release."""

@@ -28,7 +28,7 @@ class Event(enum.StrEnum):
     # rank, old_member, new_member, recovery_s; groups_rebuilt and group_s: the new member's adoption
     SWAP_COMPLETED = "swap_completed"
     ADOPT_FAILED = "adopt_failed"  # a spare could not take its seat (why)
-    # command, epoch, waited_s, stack: the training thread left a coordinator's command untaken for the
+    # command, command_epoch, waited_s, stack: the training thread left a coordinator's command untaken for the
     # collective timeout (it is in the script's own code or a library's: a stuck data loader, say)
     COMPUTE_LATE = "compute_late"
     DISK_FALLBACK = "disk_fallback"  # every seat rolls back to a disk checkpoint

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch_util import REPO, launch
+from launch_util import REPO, launch, running
 
 pytestmark = pytest.mark.e2e
 
@@ -56,14 +56,6 @@ tiny_train.main()
 """
 
 
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 def test_a_workers_child_that_holds_its_output_pipe_does_not_hold_the_launcher(tmp_path: Path) -> None:
     """Each worker's process group goes with it: the launcher reads its output to the end and exits, and the
     children its workers left behind (the killed rank's among them) are ended, not left for 600 s."""
@@ -75,7 +67,7 @@ def test_a_workers_child_that_holds_its_output_pipe_does_not_hold_the_launcher(t
     children = [int(pid) for pid in re.findall(r"child (\d+) holds the pipe", result.output)]
     assert len(children) == 3, result.output[-3000:]
     assert [s["rank"] for s in result.of("swap_completed")] == [1]
-    assert not [pid for pid in children if _running(pid)], "a worker's children outlived the job"
+    assert not [pid for pid in children if running(pid)], "a worker's children outlived the job"
 
 
 def test_a_rank_held_in_its_own_code_during_a_swap_says_where_and_the_job_survives(tmp_path: Path) -> None:
