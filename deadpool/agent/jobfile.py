@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -43,11 +44,24 @@ def write(info: JobInfo, name: str) -> Path:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         json.dump(asdict(info), handle)
-    current = folder / "current.json"
+    # A new link under a name of this writer's own, renamed over the current one:
+    # agents of several hosts that share a home directory may do this at once.
+    staged = folder / f".current-{name}.link"
     with contextlib.suppress(FileNotFoundError):
-        current.unlink()
-    current.symlink_to(path.name)
+        staged.unlink()
+    staged.symlink_to(path.name)
+    os.replace(staged, folder / "current.json")
     return path
+
+
+def publish(info: JobInfo, name: str) -> Path | None:
+    """`write`, or a warning and None when the file cannot be written: it serves operator tools only."""
+    try:
+        return write(info, name)
+    except OSError as err:
+        print(f"deadpool: no job file for operator tools ({err}); give them --coordinator {info.coordinator}",
+              file=sys.stderr, flush=True)
+        return None
 
 
 def remove(path: Path) -> None:

@@ -591,7 +591,7 @@ class Launcher:
     def _write_job_file(self) -> None:
         info = jobfile.JobInfo(self.link.active, self.secret.decode(), self.events_path, os.getpid(),
                                [self.link.standby] if self.link.standby else [])
-        self.job_file = jobfile.write(info, self.agent_id)
+        self.job_file = jobfile.publish(info, self.agent_id) or self.job_file
 
     def _follow(self, message: Coordinators) -> None:
         """A new standby, or a newer term whose coordinator took over: talk to it from now on."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,36 @@ def test_the_live_launcher_wins_over_a_stale_file_of_the_same_address(home: Path
     jobfile.write(jobfile.JobInfo("tcp://127.0.0.1:4000", "live", "", os.getpid()), "job-b")
     assert jobfile.resolve("tcp://127.0.0.1:4000").secret == "live"
 
+
+
+def test_agents_sharing_a_home_write_their_job_files_at_once_without_error(home: Path) -> None:
+    """Hosts of one job may share a home directory; each agent's write must stand on its own."""
+    errors: list[BaseException] = []
+
+    def agent(n: int) -> None:
+        info = jobfile.JobInfo(f"tcp://10.0.0.{n}:29400", "s", "", os.getpid())
+        try:
+            for _ in range(300):
+                jobfile.write(info, f"agent-host{n}")
+        except BaseException as err:  # noqa: BLE001 - the test reports whatever a writer raised
+            errors.append(err)
+
+    threads = [threading.Thread(target=agent, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    assert jobfile.resolve().coordinator.startswith("tcp://10.0.0.")
+    assert sorted(p.name for p in (home / "jobs").iterdir()) == [
+        "agent-host0.json", "agent-host1.json", "agent-host2.json", "agent-host3.json", "current.json"]
+
+
+def test_a_job_file_that_cannot_be_written_is_a_warning_not_a_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setenv("DEADPOOL_HOME", str(blocked))
+    info = jobfile.JobInfo("tcp://10.0.0.1:29400", "s", "", os.getpid())
+    assert jobfile.publish(info, "agent-host0") is None
+    assert "give them --coordinator tcp://10.0.0.1:29400" in capsys.readouterr().err
