@@ -66,6 +66,7 @@ class PrepareReady:
 
     epoch: int  # the epoch being acknowledged
     step: int  # last finished step of the live state
+    begun: int  # the last step it began: `step`, or the lost step after it (it issues no later collective)
     local_steps: list[int]  # complete local snapshots held
     disk_steps: list[int]  # steps with a complete disk checkpoint for every seat
     dirty_groups: list[str] = field(default_factory=list)  # mesh groups with a collective not completed here
@@ -102,7 +103,7 @@ class Handoff:
         self._commands: deque[tuple[Command, float]] = deque()  # with when each arrived (monotonic)
         self._prepare_epoch = 0  # newest epoch a Prepare asked for
         self._failed: deque[tuple[int, frozenset[int]]] = deque(maxlen=MAX_COMMANDS)  # (epoch, failed seats)
-        self._paused: dict[str, tuple[int, int]] = {}  # mesh peer -> (Prepare epoch, last finished step) it paused at
+        self._paused: dict[str, tuple[int, int]] = {}  # mesh peer -> (Prepare epoch, last step begun) it paused at
         self._terminal: Stop | Fenced | None = None  # a command after which nothing else matters
         self._confirmed: set[tuple[str, int]] = set()  # (generation, step) copies confirmed by the buddy
         self._post: Callable[[Any], None] | None = None
@@ -129,12 +130,12 @@ class Handoff:
             self._commands.append((command, time.monotonic()))
             self.condition.notify_all()
 
-    def peer_paused(self, member: str, prepare_epoch: int, step: int) -> None:
-        """A mesh-group peer stopped for Prepare(`prepare_epoch`) after finishing `step` (``PeerPaused``)."""
+    def peer_paused(self, member: str, prepare_epoch: int, begun: int) -> None:
+        """A mesh-group peer stopped for Prepare(`prepare_epoch`) after beginning step `begun` (``PeerPaused``)."""
         with self.condition:
             if len(self._paused) >= 4 * MAX_COMMANDS and member not in self._paused:
                 self._paused.clear()  # a bound: entries of long-past rounds are of no use
-            self._paused[member] = (prepare_epoch, step)
+            self._paused[member] = (prepare_epoch, begun)
             self.condition.notify_all()
 
     def confirm(self, generation: str, step: int) -> None:
@@ -192,7 +193,7 @@ class Handoff:
         not issue that step's collectives, so a wait on a group with it cannot complete."""
         for member in members:
             paused = self._paused.get(member)
-            if paused is not None and paused[0] > epoch and paused[1] + 1 < step:
+            if paused is not None and paused[0] > epoch and paused[1] < step:
                 return True
         return False
 

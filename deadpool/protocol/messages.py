@@ -99,7 +99,7 @@ class PeerPaused:
     sender: str  # member id of the survivor that paused
     epoch: int  # the sender's view epoch (the view both hold)
     prepare_epoch: int  # the epoch of the Prepare it paused for
-    step: int  # its last finished step: it ran the next one (lost) to its end, and no step after it
+    begun: int  # the last step it began (ran to its end): it issues no collective of a later step
 
 
 @dataclass(frozen=True, slots=True)

@@ -252,7 +252,7 @@ class Recovery:
                 disk = complete_steps(self._disk.root, world) if self._disk.enabled else []
                 # The snapshot actor adds the ward copies it holds and sends the PrepareAck.
                 mesh, view = self._collectives.mesh, state.view
-                self._handoff.post(PrepareReady(command.epoch, self._progress.step,
+                self._handoff.post(PrepareReady(command.epoch, self._progress.step, state.step,
                                                 self._snapshots.complete_steps(), disk,
                                                 mesh.dirty_groups() if mesh is not None else [],
                                                 mesh.peers(view) if mesh is not None and view is not None else []))

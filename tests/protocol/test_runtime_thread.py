@@ -63,7 +63,7 @@ async def test_flush_returns_after_the_prepare_ack_it_follows_was_handed_over() 
     thread = RuntimeThread("m1", coordinator.address, "127.0.0.1", Config(), handoff, Progress(), EventLog(None))
     thread.start()
     try:
-        handoff.post(PrepareReady(3, 17, [16, 17], [10]))
+        handoff.post(PrepareReady(3, 17, 17, [16, 17], [10]))
         assert await asyncio.to_thread(handoff.flush, 5.0)
         message = await _next_message(coordinator)
         assert message == PrepareAck("m1", 3, 17, [16, 17], {}, [10])

@@ -287,7 +287,7 @@ class Pair:
         """What `member` reports for its wards when the compute thread stops for a Prepare."""
         sent = self.to_membership[member]
         before = len(sent)
-        self.actors[member].inbox.post(PrepareReady(9, 5, [4, 5], [3]))
+        self.actors[member].inbox.post(PrepareReady(9, 5, 5, [4, 5], [3]))
         await until(lambda: len(sent) > before)
         (item,) = sent[before:]
         assert isinstance(item, Outbound) and isinstance(item.message, PrepareAck), item
@@ -676,7 +676,7 @@ async def test_a_prepare_is_acknowledged_with_the_ward_copies_and_a_drain_follow
     await pair.send(1, _state(2))
     buddy, sent = pair.actors[BUDDY], pair.to_membership[BUDDY]
     marker = Drain(lambda: None)
-    buddy.inbox.post(PrepareReady(2, 1, [0, 1], []))
+    buddy.inbox.post(PrepareReady(2, 1, 1, [0, 1], []))
     buddy.inbox.post(marker)
     await until(lambda: len(sent) == 2)
     ack, drain = sent

@@ -165,8 +165,18 @@ def test_a_mesh_wait_stops_for_a_peer_that_paused_before_its_step() -> None:
     seat 1, which paused after its (lost) step 11: that wait can never complete."""
     handoff = Handoff()
     assert not handoff.peer_stopped_before(1, ["m1", "m3"], 12)
-    handoff.peer_paused("m1", 2, 10)  # paused for Prepare(2); last finished step 10, ran the lost step 11
+    handoff.peer_paused("m1", 2, 11)  # paused for Prepare(2) after the lost step 11, which it ran to its end
     assert handoff.peer_stopped_before(1, ["m1", "m3"], 12)
     assert not handoff.peer_stopped_before(1, ["m1", "m3"], 11), "it issued every collective of step 11"
     assert not handoff.peer_stopped_before(1, ["m2", "m3"], 12), "another group's member"
     assert not handoff.peer_stopped_before(2, ["m1", "m3"], 12), "not newer than the view the wait runs under"
+
+
+def test_a_mesh_wait_stops_for_a_peer_that_took_the_prepare_at_the_boundary_before_it() -> None:
+    """Seat 3 finished step 19 just as the Prepare came and paused there, never beginning step 20; seat 1,
+    which shares only healthy groups with it, waits in step 20's first all-gather.  That wait can never
+    complete: it must end at the pause notice, not at the group timeout (a bench run lost the job so)."""
+    handoff = Handoff()
+    handoff.peer_paused("m3", 2, 19)  # began no step after 19
+    assert handoff.peer_stopped_before(1, ["m1", "m3"], 20)
+    assert not handoff.peer_stopped_before(1, ["m1", "m3"], 19), "it issued every collective of step 19"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
-from deadpool.actors.handoff import Fetch, Fetched, Handoff, Progress
+import pytest
+
+from deadpool.actors.handoff import Fetch, Fetched, Handoff, PrepareReady, Progress
 from deadpool.config import WorkerEnv
-from deadpool.errors import CollectiveAborted
+from deadpool.errors import CollectiveAborted, JobStopped
 from deadpool.events.log import EventLog
-from deadpool.protocol.messages import CollectiveFailed, CommitView, Prepare
+from deadpool.protocol.messages import CollectiveFailed, CommitView, Prepare, Stop
 from deadpool.protocol.view import View
 from deadpool.snapshot.statetree import Manifest
 from deadpool.worker.faults import FaultInjector
@@ -78,3 +81,28 @@ def test_an_adoption_a_newer_view_interrupted_is_not_reported_as_a_failure() -> 
     adopt(CollectiveAborted("process group epoch-2 (rank 1 of 4)", "did not form within 10s"))
     reports = [m for m in posted if isinstance(m, CollectiveFailed)]
     assert len(reports) == 1 and reports[0].epoch == 2 and "did not form" in reports[0].error
+
+
+@pytest.mark.parametrize(("lost", "begun"), [(False, 19), (True, 20)])
+def test_a_pause_tells_mesh_peers_the_last_step_it_began(lost: bool, begun: int) -> None:
+    """Taken at the boundary after step 19, a Prepare leaves step 20 unbegun: no collective of it will come,
+    and peers waiting in step 20 must hear so.  After the lost step 20 ran to its end, step 20 was begun."""
+    env = WorkerEnv.from_env({"DEADPOOL_COORDINATOR": "tcp://127.0.0.1:1", "DEADPOOL_MEMBER_ID": "m3",
+                              "DEADPOOL_ROLE": "active", "DEADPOOL_RANK": "3", "DEADPOOL_WORLD_SIZE": "4"})
+    state, handoff, progress = StepState(), Handoff(), Progress()
+    state.view, state.step = view(1, ["m0", "m1", "m2", "m3"], ["s0"]), 20 if lost else 19
+    progress.step = 19  # the last step it finished
+    events = EventLog(None, member="m3", source="worker")
+    faults = FaultInjector(env, state, handoff, events, partition=type("Switch", (), {"cut": False})())
+    snapshots = types.SimpleNamespace(wait_copy=lambda timeout: 0.0, complete_steps=lambda: [18, 19])
+    unused: Any = None
+    recovery = Recovery(env, state, handoff, progress, events, snapshots, types.SimpleNamespace(enabled=False),
+                        types.SimpleNamespace(mesh=None), faults, unused, unused, unused, unused)
+    posted: list[Any] = []
+    handoff.bind(posted.append)
+    handoff.deliver(Prepare(2, [2], "seat 2 lost", {2: "s0"}))
+    handoff.deliver(Stop(False, "the test ends here"))
+    with pytest.raises(JobStopped):
+        recovery.recover()
+    ready = [m for m in posted if isinstance(m, PrepareReady)]
+    assert [(r.epoch, r.step, r.begun) for r in ready] == [(2, 19, begun)]
