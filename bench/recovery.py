@@ -105,6 +105,10 @@ def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/trai
     events = read_events(events_path)
     steps = _all_ranks_finished(events)
     result: dict[str, Any] = {"ok": proc.returncode == 0, "total_s": round(total, 3)}
+    if proc.returncode != 0:  # why, in the coordinator's words where it gave them (the events stay in `workdir`)
+        failed = [r for r in events if r.get("event") == "job_failed"]
+        tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        result["error"] = str(failed[0].get("reason", tail)) if failed else tail
     same_epoch_gaps = [b[0] - a[0] for a, b in zip(steps, steps[1:]) if a[2] == b[2] and b[1] == a[1] + 1]
     if same_epoch_gaps:
         result["median_step_s"] = round(statistics.median(same_epoch_gaps), 4)
@@ -206,6 +210,9 @@ def measure(systems: set[str], repeat: int, root: Path,
             except Exception as err:  # noqa: BLE001 - one failed system must not hide the others' rows
                 result = {"ok": False, "error": repr(err)}
             _timeline_from(result, workdir)
+            if not result.get("ok", True):
+                print(f"[{rep + 1}/{repeat}] {name} failed: {result.get('error', '?')} ({workdir})",
+                      file=sys.stderr, flush=True)
             runs[f"{name}|{kill}"].append(result)
 
     def med(items: list[dict[str, Any]], key: str) -> float | None:
@@ -230,6 +237,8 @@ def measure(systems: set[str], repeat: int, root: Path,
             **{phase: med(kill_runs, phase) for phase in PHASES if med(kill_runs, phase) is not None},
             "runs_ok": f"{sum(1 for r in kill_runs if r.get('ok', r.get('finished')))}/{len(kill_runs)}",
         })
+        if errors := [r["error"] for r in kill_runs if "error" in r]:
+            rows[-1]["errors"] = errors
         if kill_runs and kill_runs[0].get("timeline"):
             timelines[name] = kill_runs[0]
     torchft = next((r["recovery_s"] for r in rows if r["system"] == "TorchFT" and r["recovery_s"]), None)
