@@ -101,6 +101,7 @@ class Recovery:
         self._unchanged = unchanged  # live tensors only optimizer.step() changes, by manifest index (None: mismatch)
         self._seat_samplers = seat_samplers  # (seat, world): DistributedSamplers take the adopted seat
         self._recovering_epoch = 0  # epoch whose first finished step is reported as Recovered
+        self._swap_unreported = env.role == Role.SPARE  # a spare reports its first step in a seat (swap_completed)
         self._offer: CommitView | Reserved | Stop | None = None  # what rt.device_mesh or rt.zero_optimizer waited for
         self._held: View | None = None  # the newest view a waiting spare was told of (it sits in its spares)
         self._fetch = PeerFetch(env.member, handoff, env.config.restore_timeout)
@@ -120,7 +121,7 @@ class Recovery:
         """A good step ended: the first one after an adoption tells the coordinator the job recovered."""
         epoch = self._state.epoch
         if self._recovering_epoch and self._recovering_epoch <= epoch:  # later spare-only views count too
-            self._recovering_epoch = 0
+            self._recovering_epoch, self._swap_unreported = 0, False
             self._handoff.post(Recovered(self._env.member, epoch, step, time.time(), *self._adopted_groups))
 
     # -- waiting ------------------------------------------------------------------------------
@@ -359,7 +360,10 @@ class Recovery:
         ready = time.perf_counter()
         self._collectives.barrier(f"waiting for every seat to adopt view {view.epoch}", view.epoch)
         if not first_view:
-            self._recovering_epoch = view.epoch
+            # Who reports the first finished step (Recovered): a spare that has not yet (its swap completed),
+            # and seat 0 (a rebuild that replaced nobody worked).  Not every seat: at 131,072 members that is
+            # a message per member per view change, for what one of them says.
+            self._recovering_epoch = view.epoch if seat == 0 or self._swap_unreported else 0
             self._events.emit(Event.RESTORED, epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
                               bytes=nbytes, live_bytes=sum(t.nbytes for t in kept.values()), s=round(restore_s, 6),
                               fetch_s=round(self._fetch.seconds, 6), group_s=round(group_s, 6),

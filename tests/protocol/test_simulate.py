@@ -190,3 +190,11 @@ def test_heartbeat_batch_counts_only_the_agents_own_live_members() -> None:
     reasons = [e.get("reason") for e in events.records if e["event"] == "rejected"]
     assert reasons.count("not_agents_member") == 2  # m2 and the stranger
     assert "unknown_agent" in reasons and "fenced_peer" in reasons
+
+
+def test_a_swaps_first_step_is_reported_by_the_new_seat_and_seat_0_only() -> None:
+    """Every seat reporting it made one message per member per view change: 131,072 at full scale."""
+    result = simulate.simulate(SimConfig(members=256, failures=4, seed=3, aggregate=True))
+    assert result["swaps_completed"] + result["failures_on_spares"] == 4, result["violations"]
+    reports = result["coordinator_messages"]["Recovered"]
+    assert reports <= result["swaps_completed"] + result["views_committed"], result["coordinator_messages"]

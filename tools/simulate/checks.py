@@ -10,7 +10,7 @@ failure only where a fault forced it (no spare left for a lost seat).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from deadpool.config import Config
@@ -70,6 +70,7 @@ class Costs:
     stall_cpu_max: float = 0.0  # the most CPU of one tick
     startup_cpu: float | None = None  # coordinator CPU until the first view was committed
     view_change_cpu_max: float = 0.0  # the most CPU of one tick that prepared or committed a view
+    inbound: dict[type, int] = field(default_factory=dict)  # messages the coordinator handled, by type
 
 
 class Checker:
@@ -229,6 +230,9 @@ class Checker:
             "spurious_rebuilds": self._spurious_rebuilds,
             "coordinator_msgs_per_s": round(costs.steady_msgs / steady_s, 1),
             "coordinator_bytes_out": costs.bytes_out,
+            # What grows with the job: one kind a member sends per view change multiplies by every round.
+            "coordinator_messages": {kind.__name__: n for kind, n in sorted(costs.inbound.items(),
+                                                                             key=lambda item: item[0].__name__)},
             "view_frame_bytes": costs.view_frame_bytes,
             "frames_dropped_oversize": costs.dropped_oversize,
             "max_frame_bytes": costs.max_frame_bytes,

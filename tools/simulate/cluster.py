@@ -193,7 +193,7 @@ class SimMember:
     __slots__ = (
         "agent", "bulk_addr", "control_addr", "hb_frame", "hb_key", "hb_obj", "host", "member", "paused_step",
         "pid", "pieces", "prep_acked", "restore_base", "role", "run_from", "run_step", "seat", "seat_hint", "state",
-        "view", "welcomed",
+        "swap_reported", "view", "welcomed",
     )
 
     def __init__(self, member: str, host: str, role: Role, seat_hint: int, pid: int, bulk_addr: str,
@@ -211,6 +211,7 @@ class SimMember:
         self.restore_base = -1  # resume step of the last restore: no older snapshot survives it
         self.paused_step: int | None = None  # frozen step while a view change is in progress
         self.prep_acked = 0  # highest Prepare epoch answered
+        self.swap_reported = False  # a spare reported its first step in a seat (Recovered)
         self.hb_key: tuple[int, int] = (-1, -2)
         self.hb_obj: Heartbeat | None = None
         self.hb_frame = b""

@@ -344,12 +344,15 @@ class Simulation:
             self._quiet_after = first_step + 1  # run on until the swap is reported complete
 
     def _recovered(self, info: ViewInfo) -> None:
-        """Every seat that finished its first step under a rebuilt view reports it (swap_completed)."""
+        """The first step finished under a rebuilt view is reported, by seat 0 and by spares new to a seat."""
         if self._current is not info:
             return
-        for member_id in info.view.seats:
+        for seat, member_id in enumerate(info.view.seats):
             member = self._by_id[member_id]
+            if seat != 0 and (member.role is not Role.SPARE or member.swap_reported):
+                continue  # as a worker's Recovery: a spare new to its seat, and seat 0, report
             if member.running and member.view is info and member.step(self) > info.view.resume_step:
+                member.swap_reported = member.role is Role.SPARE
                 self.send(Recovered(member.member, info.view.epoch, info.view.resume_step + 1, self.now()))
 
     def _beat(self, tick: int) -> None:
@@ -370,6 +373,7 @@ class Simulation:
         coordinator, checker, costs, now = self.coordinator, self.checker, self.costs, self.now()
         limit = CONTROL_LIMITS.max_frame_bytes
         inbound, self._inbound = self._inbound, []
+        kinds = costs.inbound
         had_view = coordinator.view is not None  # the tick that forms the first view is startup, not a change
         t0 = time.process_time()
         for frame in inbound:
@@ -377,6 +381,7 @@ class Simulation:
             if isinstance(message, codec.DecodeError):
                 self._events.emit(Event.REJECTED, reason=message.reason, detail=message.detail)
                 continue
+            kinds[type(message)] = kinds.get(type(message), 0) + 1
             fenced = checker.fenced_state(message) if coordinator.fenced else None
             self._encode(coordinator.handle(now, message))
             if fenced:
