@@ -27,7 +27,7 @@ from deadpool.coordinator.operator_chaos import OperatorChaos
 from deadpool.coordinator.pools import HostsOf, JoiningSpares, RejoinAsks, Survivors
 from deadpool.coordinator.ratelimit import RateLimit
 from deadpool.coordinator.records import Agent, MemberRecord, PendingSwap, Round, Send
-from deadpool.coordinator.status import compact, status_document
+from deadpool.coordinator.status import status_document
 from deadpool.coordinator.terms import Terms
 from deadpool.coordinator.views import ViewSender
 from deadpool.events.catalogue import Event
@@ -115,9 +115,10 @@ class Coordinator:
         self.handed_finished: list[Finished] = []  # a takeover: the seats' Finished that the standby heard
         self.handed_silence: dict[str, float] = {}  # ... and how long it had not heard each member then
         self._recover_deadline = started + max(3.0, 2 * config.failure_timeout) if recovering else 0.0
-        # The newest events, compacted, for `deadpool status` (bounded: a flood of rejections cannot grow it).
+        # The newest events for `deadpool status`, compacted when asked for (bounded: a flood of rejections
+        # cannot grow it; at startup there is one event per member joining).
         self.recent_events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
-        events.listeners.append(lambda record: self.recent_events.append(compact(record)))
+        events.listeners.append(self.recent_events.append)
 
     # -- the interface: state changes that return what to send ----------------------------------
 
@@ -292,8 +293,8 @@ class Coordinator:
         self._live.seen(join.sender, now)
         if join.role == Role.ACTIVE:
             self._seats_joined.add(join.seat_hint)
-        self.send(join.control_addr, Welcome(self._epoch(), join.sender, self._world_size,
-                                              standby=self.terms.standby))
+        self.send(join.control_addr, Welcome(self._epoch(), join.sender, self._world_size, self.terms.term,
+                                              self.terms.standby))  # with its term: no copy to stamp one
         rnd, view = self.round, self.view
         if rnd is not None and view is not None and (join.sender in self._survivors_cache.set_of(view, rnd, self.fenced)
                                                      or join.sender in rnd.replacements.values()):

@@ -52,7 +52,7 @@ def status_document(coordinator: Coordinator, now: float) -> dict[str, Any]:
         "seats": seats, "spares": spares, "fenced": sorted(coordinator.fenced),
         "round": None if rnd is None else {"epoch": rnd.epoch, "failed_seats": sorted(rnd.failed)},
         "outcome": None if outcome is None else {"ok": outcome[0], "reason": outcome[1]},
-        "recent_events": list(coordinator.recent_events),
+        "recent_events": [compact(record) for record in coordinator.recent_events],
     }
 
 

@@ -349,3 +349,13 @@ def test_early_acks_that_would_restore_a_survivor_from_its_buddy_wait_for_the_fu
     job.handle(ack("m2", 2, [7, 8], {1: [7], 0: [7, 8]}))
     assert job.coordinator.view.epoch == 2 and job.coordinator.view.resume_step == 7
     assert job.coordinator.view.restore_from == {1: "m2"}, "only the lost seat restores from a copy"
+
+
+def test_status_shows_the_newest_events_compacted() -> None:
+    """Kept as emitted (compacting each of 131,072 joins cost startup time), compacted when status asks."""
+    job = Job(seats=3, spares=1)
+    job.coordinator.events.emit(Event.REJECTED, reason="bad_field", detail="x" * 500, members=["m0"] * 1000)
+    recent = job.coordinator.status(job.now)["recent_events"]
+    assert recent[0]["event"] == Event.MEMBER_JOINED and recent[-1]["event"] == Event.REJECTED
+    assert len(recent[-1]["detail"]) == 200 and "members" not in recent[-1]
+    assert all(not isinstance(v, (list, dict)) for record in recent for v in record.values())
