@@ -96,6 +96,25 @@ def test_two_kills_at_once_one_in_each_tensor_parallel_group(tmp_path: Path, mes
     assert rebuilt_groups(result) == {"deadpool:dp:0", "deadpool:tp:0", "deadpool:tp:1"}
 
 
+def test_a_seat_that_takes_the_prepare_at_its_boundary_does_not_hold_its_healthy_groups(
+    tmp_path: Path, mesh_baseline: LaunchResult,
+) -> None:
+    """Seat 3 is slow to snapshot step 8 (its scheduler's state_dict sleeps), so seat 2 (its tp partner)
+    starts step 9 and is killed there while seat 3, its step finished, has yet to reach its boundary: it
+    takes the Prepare there and never begins step 9.  Seat 1 waits in step 9's first all-gather on dp
+    group {1, 3}; seat 3's pause notice must end that wait, not the group timeout (which once left seat 0
+    to the Prepare deadline, and the job without a spare for it)."""
+    result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:rank=2:step=9", steps=STEPS,
+                    script=REPO / "tests" / "fixtures" / "straggler_llama.py", script_args=MESH_2X2,
+                    env={"STRAGGLER": "3:8:2.0"})
+    assert_recovered(result, mesh_baseline, [2])
+    timeouts = [f for f in result.of("collective_failed") if "no completion within" in f["error"]]
+    assert not timeouts, timeouts
+    swap_epoch = max(v["epoch"] for v in result.of("view_committed"))
+    before = {f["step"] for f in result.of("step_finished") if f["rank"] == 3 and f["epoch"] < swap_epoch}
+    assert max(before) == 8, "seat 3 finished step 8 before the swap, and no step after it"
+
+
 def test_fsdp_alone_survives_a_kill_in_an_all_gather(tmp_path: Path, fsdp_baseline: LaunchResult) -> None:
     result = run(tmp_path, FSDP_4, "kill:rank=1:step=9:at=allgather")
     assert_recovered(result, fsdp_baseline, [1])
