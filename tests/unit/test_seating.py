@@ -23,17 +23,24 @@ def view(epoch: int, seats: list[str], spares: list[str]) -> View:
     return View(epoch, seats, spares, 7, f"epoch-{epoch}", "127.0.0.1:1", {}, {}, [1, 2, 3, 0], {})
 
 
-def spare(posted: list[Any] | None = None) -> tuple[Recovery, Handoff]:
-    env = WorkerEnv.from_env({"DEADPOOL_COORDINATOR": "tcp://127.0.0.1:1", "DEADPOOL_MEMBER_ID": "s0",
-                              "DEADPOOL_ROLE": "spare"})
-    state, handoff = StepState(), Handoff()
-    events = EventLog(None, member="s0", source="worker")
+def member(member_id: str, role: str, posted: list[Any] | None = None, state: StepState | None = None,
+           progress: Progress | None = None, snapshots: Any = None) -> tuple[Recovery, Handoff]:
+    """A member's Recovery; what a test leaves out it never touches (disk, collectives: none of either)."""
+    env = WorkerEnv.from_env({"DEADPOOL_COORDINATOR": "tcp://127.0.0.1:1", "DEADPOOL_MEMBER_ID": member_id,
+                              "DEADPOOL_ROLE": role})
+    state, handoff = state or StepState(), Handoff()
+    events = EventLog(None, member=member_id, source="worker")
     faults = FaultInjector(env, state, handoff, events, partition=type("Switch", (), {"cut": False})())
-    unused: Any = None  # what seating never touches: snapshots, disk, collectives, the state callbacks
-    recovery = Recovery(env, state, handoff, Progress(), events, unused, unused, unused, faults, unused, unused, unused,
-                        unused)
+    unused: Any = None  # the state callbacks
+    recovery = Recovery(env, state, handoff, progress or Progress(), events, snapshots,
+                        types.SimpleNamespace(enabled=False), types.SimpleNamespace(mesh=None), faults, unused,
+                        unused, unused, unused)
     handoff.bind(posted.append if posted is not None else None)  # what the runtime thread would be handed
     return recovery, handoff
+
+
+def spare(posted: list[Any] | None = None) -> tuple[Recovery, Handoff]:
+    return member("s0", "spare", posted)
 
 
 def test_the_prepare_that_chooses_a_spare_seats_it_before_the_view_commits() -> None:
@@ -87,19 +94,12 @@ def test_an_adoption_a_newer_view_interrupted_is_not_reported_as_a_failure() -> 
 def test_a_pause_tells_mesh_peers_the_last_step_it_began(lost: bool, begun: int) -> None:
     """Taken at the boundary after step 19, a Prepare leaves step 20 unbegun: no collective of it will come,
     and peers waiting in step 20 must hear so.  After the lost step 20 ran to its end, step 20 was begun."""
-    env = WorkerEnv.from_env({"DEADPOOL_COORDINATOR": "tcp://127.0.0.1:1", "DEADPOOL_MEMBER_ID": "m3",
-                              "DEADPOOL_ROLE": "active", "DEADPOOL_RANK": "3", "DEADPOOL_WORLD_SIZE": "4"})
-    state, handoff, progress = StepState(), Handoff(), Progress()
+    state, progress = StepState(), Progress()
     state.view, state.step = view(1, ["m0", "m1", "m2", "m3"], ["s0"]), 20 if lost else 19
     progress.step = 19  # the last step it finished
-    events = EventLog(None, member="m3", source="worker")
-    faults = FaultInjector(env, state, handoff, events, partition=type("Switch", (), {"cut": False})())
     snapshots = types.SimpleNamespace(wait_copy=lambda timeout: 0.0, complete_steps=lambda: [18, 19])
-    unused: Any = None
-    recovery = Recovery(env, state, handoff, progress, events, snapshots, types.SimpleNamespace(enabled=False),
-                        types.SimpleNamespace(mesh=None), faults, unused, unused, unused, unused)
     posted: list[Any] = []
-    handoff.bind(posted.append)
+    recovery, handoff = member("m3", "active", posted, state, progress, snapshots)
     handoff.deliver(Prepare(2, [2], "seat 2 lost", {2: "s0"}))
     handoff.deliver(Stop(False, "the test ends here"))
     with pytest.raises(JobStopped):
