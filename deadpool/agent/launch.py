@@ -34,6 +34,7 @@ from typing import Any
 
 from deadpool.agent import coordinators, determinism, jobfile, progress, relay
 from deadpool.agent.closing import summarize
+from deadpool.agent.heapenv import worker_heap_env
 from deadpool.agent.relay import BeatRelay
 from deadpool.chaos import SIGNALS, ChaosAction, ChaosSpec, unreachable
 from deadpool.chaos import parse as parse_chaos
@@ -62,23 +63,6 @@ log = logging.getLogger("deadpool.agent.launch")
 DROP_LOG_INTERVAL = 10.0  # seconds between two lines about dropped frames (each line counts the drops it covers)
 WORKER_EXIT_GRACE = 30.0
 OUTPUT_DRAIN_GRACE = 5.0  # the workers' groups are gone: their output is read this long at most (a setsid child)
-
-# glibc malloc settings for the workers: a training step allocates and frees the same activations every
-# step, and by default glibc gives the top of the heap back to the kernel whenever more than twice its
-# (dynamic) mmap threshold is free there, so the next step faults the same pages in again, zeroed.
-# Measured on the demo (2-core host): 600-6,000 page faults in a worker's forward and backward on 7 of 12
-# sampled steps; none with these settings, and none under torch DDP without them (most likely because DDP
-# frees its initial 13 MB gradient bucket when it re-buckets after the first step, which raises glibc's
-# dynamic threshold past the activations).  The heap then stays at its peak, as PyTorch's CUDA caching
-# allocator keeps GPU memory.  Allocations over 32 MB (the most glibc allows here) are still mapped one by
-# one.  Set either variable yourself to keep glibc's behaviour or your own values; allocators loaded with
-# LD_PRELOAD (jemalloc, tcmalloc) ignore them.
-STEADY_HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
-
-
-def steady_heap_env(environ: dict[str, str]) -> dict[str, str]:
-    """`STEADY_HEAP_ENV`, unless `environ` already sets either variable (the user's choice wins)."""
-    return {} if any(name in environ for name in STEADY_HEAP_ENV) else dict(STEADY_HEAP_ENV)
 
 
 async def _exited(pid: int) -> None:
@@ -369,7 +353,7 @@ class Launcher:
         self.transport = open_transport(f"tcp://{bind}:0", CONTROL_LIMITS)
         store_host, store_port = store.rsplit(":", 1)
         spec = ",".join(args.chaos)
-        base = {**env, **steady_heap_env(env), "DEADPOOL_COORDINATOR": self.link.active, "DEADPOOL_EVENTS": events,
+        base = {**env, **worker_heap_env(env), "DEADPOOL_COORDINATOR": self.link.active, "DEADPOOL_EVENTS": events,
                 "DEADPOOL_CHAOS": spec, "DEADPOOL_HOST": self.host, "DEADPOOL_BIND_HOST": bind,
                 "WORLD_SIZE": str(self.world if args.nproc else 0),
                 "MASTER_ADDR": store_host, "MASTER_PORT": store_port,

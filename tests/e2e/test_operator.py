@@ -32,7 +32,7 @@ from deadpool.tools.cli import main as cli_main
 from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors, read_events, wait_for
 
 from deadpool.agent import jobfile
-from deadpool.agent.launch import STEADY_HEAP_ENV, steady_heap_env
+from deadpool.agent.heapenv import STEADY_HEAP_ENV, huge_pages_env, steady_heap_env, worker_heap_env
 from deadpool.agent.progress import EventTail, JobProgress
 from deadpool.coordinator.metrics import CoordinatorMetrics
 
@@ -166,13 +166,15 @@ def test_status_json_shows_seats_spares_and_steps(job: LiveJob) -> None:
 @pytest.mark.e2e
 def test_workers_run_with_a_steady_heap(job: LiveJob) -> None:
     """Every worker (actives and spares) gets the launcher's glibc settings, or the ones this shell set."""
-    expected = steady_heap_env(dict(os.environ)) or {k: os.environ.get(k) for k in STEADY_HEAP_ENV}
+    names = (*STEADY_HEAP_ENV, "GLIBC_TUNABLES")
+    expected = {name: os.environ.get(name) for name in names} | worker_heap_env(dict(os.environ))
+    assert "hugetlb=1" in str(expected["GLIBC_TUNABLES"]) or "GLIBC_TUNABLES" in os.environ
     pids = job.worker_pids()
     assert len(pids) == 4
     for pid in pids:
         environ = dict(item.split("=", 1) for item in
                        Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
-        assert {k: environ.get(k) for k in STEADY_HEAP_ENV} == expected, pid
+        assert {name: environ.get(name) for name in names} == expected, pid
 
 
 @pytest.mark.e2e
@@ -400,6 +402,14 @@ def test_a_users_malloc_setting_wins_over_the_steady_heap() -> None:
     assert steady_heap_env({}) == STEADY_HEAP_ENV
     assert steady_heap_env({"MALLOC_TRIM_THRESHOLD_": "0"}) == {}, "the user's choice is kept, not mixed with ours"
     assert steady_heap_env({"MALLOC_MMAP_THRESHOLD_": "65536"}) == {}
+
+
+def test_workers_ask_for_huge_pages_unless_the_user_set_that_tunable() -> None:
+    assert huge_pages_env({}) == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    assert huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == \
+        {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}, "the user's other tunables are kept"
+    assert huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) == {}, "the user's choice wins"
+    assert worker_heap_env({"MALLOC_TRIM_THRESHOLD_": "0"}) == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 
 
 def test_random_picks_are_seeded_and_wait_for_a_ready_job() -> None:
