@@ -20,7 +20,7 @@ from torch import nn
 from torch.autograd.grad_mode import _unsafe_preserve_version_counter
 
 from deadpool.chaos import ChaosPoint
-from deadpool.worker.lost_step import StepAbandoned
+from deadpool.worker.lost_step import AbandonableForward, StepAbandoned
 
 if TYPE_CHECKING:
     from torch.distributed import Work
@@ -114,6 +114,7 @@ class DataParallel(nn.Module):
         self._abandoned = False  # this backward's step is poisoned: nothing more is issued
         for param in params:
             param.register_post_accumulate_grad_hook(self._on_grad_ready)  # type: ignore[no-untyped-call]
+        self._forward = AbandonableForward(module, collectives.step_lost)  # a lost step's forward stops early
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The module's forward; after a training forward whose backward all-reduces, seat 0's buffers.
@@ -123,7 +124,7 @@ class DataParallel(nn.Module):
         also leaves every seat, and every seat's snapshot, with the same buffers at the end.
         """
         self._sync_backward = self._require_sync  # as DDP: the forward decides whether its backward syncs
-        output = self.module(*args, **kwargs)
+        output = self._forward(self.module, *args, **kwargs)
         if self.broadcast_buffers and self._sync_backward and self.module.training and torch.is_grad_enabled():
             self._broadcast_buffers()
         return output

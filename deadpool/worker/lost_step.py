@@ -10,17 +10,23 @@ data position; ``Recovery`` checks that the condition holds).  And the rest
 of a lost backward is abandoned: DeadPool's gradient hooks raise
 ``StepAbandoned``, which autograd carries out of the engine and the wrapper
 installed around ``torch.autograd.backward`` swallows, so ``loss.backward()``
-returns at once instead of computing gradients nobody will use.
+returns at once instead of computing gradients nobody will use.  A lost
+step's forward under ``rt.ddp`` stops too, at the next submodule, and hands the
+script stand-ins shaped like the module's last output for inputs of the same
+shapes (``AbandonableForward``).
 """
 
 from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
+from torch import nn
 
 
 class StepAbandoned(Exception):
@@ -75,3 +81,97 @@ class AbandonableBackward:
         if self._original is not None:
             torch.autograd.backward = self._original  # type: ignore[assignment]
             self._original = None
+
+
+PLAIN = (int, float, bool, str, bytes, type(None))  # non-tensor leaves a signature or a stand-in keeps by value
+MAX_TEMPLATES = 8  # input signatures remembered (one per shape of batch, in practice)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorShape:
+    """What a stand-in copies of a tensor: never its values."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+
+def signature(tree: Any) -> Hashable | None:
+    """The structure of `tree` with its tensors' shapes and its plain values; None if a leaf is neither."""
+    leaves, spec = pytree.tree_flatten(tree)
+    shapes: list[Hashable] = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            shapes.append(TensorShape(tuple(leaf.shape), leaf.dtype, leaf.device, leaf.requires_grad))
+        elif isinstance(leaf, PLAIN):
+            shapes.append((type(leaf), leaf))
+        else:
+            return None
+    return spec, tuple(shapes)
+
+
+class AbandonableForward:
+    """Runs a module's forward so that a lost step stops it at the next submodule it enters.
+
+    The script still gets an output: stand-ins shaped like the output of the last forward with inputs of the
+    same shapes and plain values (zeros, tied to one parameter so that the backward reaches a gradient hook
+    and is abandoned there as in any lost step).  A forward whose inputs were never seen, or whose input or
+    output holds something other than tensors and plain values, runs whole.  Values of a lost step never
+    count: the step is rolled back and replayed, so only its shapes matter to the script.
+    """
+
+    def __init__(self, module: nn.Module, lost: Callable[[], bool]) -> None:
+        self._lost = lost
+        self._armed = False
+        self._templates: dict[Hashable, tuple[list[TensorShape | Any], pytree.TreeSpec]] = {}
+        self._module = module
+        self._anchor = next((p for p in module.parameters() if p.requires_grad and p.numel()), None)
+        for sub in module.modules():
+            sub.register_forward_pre_hook(self._check)
+
+    def _check(self, module: nn.Module, args: Any) -> None:
+        if self._armed and self._lost():
+            raise StepAbandoned
+
+    def __call__(self, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        key = signature((args, kwargs, torch.is_grad_enabled(), self._module.training))
+        template = self._templates.get(key) if key is not None else None
+        if template is None or self._armed:  # nothing to stand in for it (or a nested call): run it whole
+            return self._remember(key, forward(*args, **kwargs))
+        if self._lost():
+            return self._stand_in(*template)
+        self._armed = True
+        try:
+            output = forward(*args, **kwargs)
+        except StepAbandoned:
+            return self._stand_in(*template)
+        finally:
+            self._armed = False
+        return self._remember(key, output)
+
+    def _remember(self, key: Hashable | None, output: Any) -> Any:
+        if key is None:
+            return output
+        leaves, spec = pytree.tree_flatten(output)
+        if not all(isinstance(leaf, (torch.Tensor, *PLAIN)) for leaf in leaves):
+            return output
+        if key not in self._templates and len(self._templates) >= MAX_TEMPLATES:
+            self._templates.pop(next(iter(self._templates)))
+        self._templates[key] = ([TensorShape(tuple(t.shape), t.dtype, t.device, t.requires_grad)
+                                 if isinstance(t, torch.Tensor) else t for t in leaves], spec)
+        return output
+
+    def _stand_in(self, leaves: list[TensorShape | Any], spec: pytree.TreeSpec) -> Any:
+        made = []
+        for leaf in leaves:
+            if not isinstance(leaf, TensorShape):
+                made.append(leaf)
+                continue
+            tensor = torch.zeros(leaf.shape, dtype=leaf.dtype, device=leaf.device)
+            if leaf.requires_grad and self._anchor is not None:
+                tensor = tensor + self._anchor.reshape(-1)[0].to(leaf.device, leaf.dtype) * 0  # tied to a parameter
+            elif leaf.requires_grad:
+                tensor.requires_grad_()
+            made.append(tensor)
+        return pytree.tree_unflatten(made, spec)

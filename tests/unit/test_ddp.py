@@ -209,6 +209,79 @@ def test_without_the_wrapper_an_abandoned_backward_raises() -> None:
         ddp(torch.randn(4, 64)).sum().backward()
 
 
+class Tap(nn.Module):
+    """Counts its calls; at call `lose_at` it loses the step, as a Prepare arriving mid-forward does."""
+
+    def __init__(self, rt: FakeCollectives, lose_at: int = -1) -> None:
+        super().__init__()
+        self.rt, self.calls, self.lose_at = rt, 0, lose_at
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.lose_at:
+            self.rt.lost = True
+        return x
+
+
+class Pair(nn.Module):
+    """A model whose output is a tuple with a plain value in it, as the demos' (logits, loss) is."""
+
+    def __init__(self, rt: FakeCollectives) -> None:
+        super().__init__()
+        self.first, self.tap, self.last = nn.Linear(64, 32), Tap(rt, lose_at=2), nn.Linear(32, 8)
+        self.after = Tap(rt)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None, int, torch.Tensor]:
+        out = self.after(self.last(self.tap(self.first(x))))
+        return out, None, 7, out.argmax(-1)
+
+
+def test_a_lost_steps_forward_stops_at_the_next_submodule_with_stand_ins_of_the_last_outputs_shapes() -> None:
+    rt = FakeCollectives()
+    ddp = DataParallel(Pair(rt), rt, bucket_mb=0.1)
+    x = torch.randn(16, 64)
+    real = ddp(x)  # a whole forward: its output's shapes are remembered for inputs shaped like x
+    module = ddp.module
+    assert (module.tap.calls, module.after.calls) == (1, 1)
+    backward = AbandonableBackward()
+    backward.install()
+    try:
+        rt.log.clear()
+        lost = ddp(x)  # the tap loses the step: the forward stops before the next submodule
+        assert (module.tap.calls, module.after.calls) == (2, 1)
+        assert lost[1:3] == (None, 7)
+        for want, got in ((real[0], lost[0]), (real[3], lost[3])):
+            assert (got.shape, got.dtype, got.requires_grad) == (want.shape, want.dtype, want.requires_grad)
+            assert not got.any()
+        lost[0].square().mean().backward()  # reaches one gradient hook, which abandons the backward
+        assert rt.log == ["grad"]
+        assert ddp(x)[0].shape == real[0].shape and module.tap.calls == 2, "lost before it began: nothing ran"
+        rt.lost = False
+        assert torch.equal(ddp(x)[0], real[0]) and module.tap.calls == 3, "the next step's forward is whole"
+    finally:
+        backward.uninstall()
+
+
+def test_a_lost_forward_runs_whole_when_nothing_can_stand_in_for_its_output() -> None:
+    rt = FakeCollectives()
+    ddp = DataParallel(Pair(rt), rt, bucket_mb=0.1)
+    ddp(torch.randn(16, 64))
+    rt.lost = True
+    out = ddp(torch.randn(5, 64))  # inputs of a shape never seen: no output to copy the shapes of
+    assert out[0].shape == (5, 8) and ddp.module.after.calls == 2 and out[0].any()
+
+    class Box:
+        def __init__(self, value: torch.Tensor) -> None:
+            self.value = value
+
+    rt.lost = False
+    seq = DataParallel(nn.Sequential(nn.Linear(64, 8)), rt, bucket_mb=0.1)
+    seq.module.register_forward_hook(lambda _m, _a, out: Box(out))  # an output pytree cannot look into
+    seq(torch.randn(4, 64))
+    rt.lost = True
+    assert seq(torch.randn(4, 64)).value.any(), "run whole: a stand-in for an opaque output cannot be made"
+
+
 # -- no_sync(): gradient accumulation ----------------------------------------------------------
 
 
