@@ -13,9 +13,10 @@ is in docs/architecture.md ("A swap at the speed of one step").
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,15 +29,44 @@ from deadpool.snapshot.statetree import Manifest, expand, replicated_layout, rep
 Restored = tuple[Manifest, torch.Tensor]  # a seat's snapshot: its manifest and the arena it describes
 Asked = tuple[int, RestorePart, str]  # (seat, part of its snapshot, member asked for it)
 Answers = list[concurrent.futures.Future[Fetched]]  # one per part asked for, in order
+NO_STEP = -2  # Prefetch.slices_step once the slices will never be asked for
 
 
-@dataclass(frozen=True)
+@dataclass
 class Prefetch:
-    """What a spare asked for when a Prepare chose it, before the view that seats it names the step."""
+    """What a spare asked for when a Prepare chose it, before the view that seats it names the step.
+
+    The other seats' slices are asked for once a step is known, by whichever comes first: the answer with
+    the buddy's newest copy (its step), or the commit (the resume step).  Before that only the copy is asked.
+    """
 
     seat: int
     asked: list[Asked]
     answers: Answers
+    slices_step: int | None = None  # the step the slices were asked for (None: not yet)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def ask_slices(self, step: int, post: Callable[[Fetch], None]) -> None:
+        """Ask for every slice of `step` into this prefetch's answers, unless a step was already chosen.
+        Called on the runtime thread (the copy's answer) and on the compute thread (the commit)."""
+        with self._lock:
+            if self.slices_step is not None:
+                return
+            self.slices_step = step
+        for (other, part, member), future in zip(self.asked[1:], self.answers[1:], strict=True):
+            try:
+                post(Fetch(other, step, member, future, part))
+            except RuntimeError as err:  # the runtime thread has stopped (shutdown)
+                future.set_exception(RestoreFailed(str(err)))
+
+    def fail_slices(self, error: RestoreFailed) -> None:
+        """No step will be known from the copy: the slices fail too, unless the commit already asked for them."""
+        with self._lock:
+            if self.slices_step is not None:
+                return
+            self.slices_step = NO_STEP
+        for future in self.answers[1:]:
+            future.set_exception(error)
 
 
 class PeerFetch:
@@ -75,6 +105,8 @@ class PeerFetch:
         prefetch, self.prefetch = self.prefetch, None
         fetched = None
         if prefetch is not None and prefetch.asked == asked:
+            # The commit came before the copy's answer: the slices of the resume step go out now, beside it.
+            prefetch.ask_slices(view.resume_step, self._handoff.post)
             try:
                 fetched = self.wait(view.epoch, f"of step {view.resume_step}", asked, prefetch.answers)
             except RestoreFailed:
@@ -113,23 +145,18 @@ class PeerFetch:
         answers: Answers = [copy, *(concurrent.futures.Future() for _ in slices)]
         for future in answers[1:]:
             future.add_done_callback(lambda _: self._handoff.wake())
+        prefetch = Prefetch(seat, [own, *slices], answers)
 
         def ask_slices(_: concurrent.futures.Future[Fetched]) -> None:
             """Runs on the runtime thread, where the copy's answer came in."""
             error = copy.exception()
-            if error is not None:
-                for future in answers[1:]:
-                    future.set_exception(RestoreFailed(f"the prefetch of seat {seat}'s copy failed: {error}"))
-                return
-            step = copy.result().step
-            for (other, part, member), future in zip(slices, answers[1:], strict=True):
-                try:
-                    self._handoff.post(Fetch(other, step, member, future, part))
-                except RuntimeError as err:  # the runtime thread has stopped (shutdown)
-                    future.set_exception(RestoreFailed(str(err)))
+            if error is None:
+                prefetch.ask_slices(copy.result().step, self._handoff.post)
+            else:
+                prefetch.fail_slices(RestoreFailed(f"the prefetch of seat {seat}'s copy failed: {error}"))
 
         copy.add_done_callback(ask_slices)
-        self.prefetch = Prefetch(seat, [own, *slices], answers)
+        self.prefetch = prefetch
 
     def assemble(self, seat: int, world: int, asked: Sequence[Asked], fetched: Sequence[Fetched]) -> Restored:
         """The seat's arena from its own part (first) and the other seats' slices.

@@ -54,3 +54,27 @@ def test_a_prefetch_whose_slices_are_refused_is_asked_again_for_the_resume_step(
     else:
         raise AssertionError("the refused fetch of step 3 was not reported")
     assert asked_again == [(1, 3, RestorePart.HELD), (0, 3, RestorePart.SLICE)]
+
+
+def test_a_commit_before_the_copys_answer_asks_for_the_slices_of_its_step_at_once() -> None:
+    """The survivors stopped at once and the commit came first: the slices of the resume step are asked for
+    beside the copy still in flight (not after it), and the copy's answer asks for nothing more."""
+    posted: list[Fetch] = []
+    handoff = Handoff()
+    handoff.bind(lambda fetch: posted.append(fetch))
+    fetch = PeerFetch(SPARE, handoff, timeout=5.0)
+    held = _view(1, [A, X], [SPARE], -1, {})
+    fetch.start_prefetch(Prepare(2, [1], "seat 1 lost", {1: SPARE}), 1, held)
+    (copy,) = posted
+    empty = Manifest(b"", (), 0)
+
+    def answer(item: Fetch) -> None:  # the slice is answered, and then the copy, as the peers' replies come in
+        posted.append(item)
+        item.future.set_result(Fetched(item.step, empty, []))
+        copy.future.set_result(Fetched(3, empty, []))
+
+    handoff.bind(answer)
+    manifest, _ = fetch.from_buddy(_view(2, [A, SPARE], [], 3, {1: A}), 1)
+    assert manifest == empty
+    assert [(f.seat, f.step, f.part, f.member) for f in posted[1:]] == [(0, 3, RestorePart.SLICE, A)], \
+        "one slice, of the resume step, asked for once"
