@@ -97,6 +97,7 @@ class SnapshotActor:
         self._resend_after = resend_after
         self._to_membership = to_membership  # PrepareAcks and drain markers continue there, in order
         self._view: View | None = None
+        self._shm_dir = shm_dir
         self._wards = WardCopies(member, secret, shm_dir, events)
         self._inflight: _InFlight | None = None
         self._next: Slot | None = None
@@ -408,7 +409,8 @@ class SnapshotActor:
             return
         step = None if request.newest else request.step
         if request.part == RestorePart.SLICE and view.seat_of(self._member) == request.seat:
-            served = self._own_slice(request.seat, step, view.world_size)
+            shared = request.shared and view.hosts.get(request.sender) == view.hosts.get(self._member)
+            served = self._own_slice(request.seat, step, view.world_size, shared)
         else:
             served = self._ward_part(request, step, view)
         ok, error, header, payload = (False, served, None, []) if isinstance(served, str) else (True, "", *served)
@@ -435,9 +437,11 @@ class SnapshotActor:
             return f"the copy of seat {request.seat} step {request.step} has a bad manifest: {err}"
         return dataclasses.replace(header, nbytes=size), _chunks(_tail(copy.frames, size))
 
-    def _own_slice(self, seat: int, step: int | None, world: int) -> tuple[SnapshotHeader, list[Frame]] | str:
+    def _own_slice(self, seat: int, step: int | None, world: int,
+                   shared: bool = False) -> tuple[SnapshotHeader, list[Frame]] | str:
         """This member's slice of the replicated region in its own snapshot of `step` (None: the newest),
-        copied now (the slot is reused by a later capture); why not as a str."""
+        copied now (the slot is reused by a later capture), or, for a `shared` asker on this host, named in
+        the slot file whose head says it holds it (the asker reads it there); why not as a str."""
         held = [slot for slot in self._own.values() if slot.complete and slot.manifest is not None
                 and (slot.seat, slot.world) == (seat, world) and step in (None, slot.step)]
         slot = max(held, key=lambda s: s.sequence, default=None)
@@ -446,10 +450,13 @@ class SnapshotActor:
             return f"seat {seat} holds no snapshot of step {'(newest)' if step is None else step} (held: {steps})"
         sequence, served, manifest = slot.sequence, slot.step, slot.manifest
         size = manifest.replicated // world
+        view_epoch = self._view.epoch if self._view else 0
+        if shared and slot.shm_path and slot.head is not None and shm.read_head(slot.head) is not None:
+            return SnapshotHeader(self._member, view_epoch, seat, served, size, manifest.encode(),
+                                  shm_path=slot.shm_path, shm_offset=shm.HEAD_BYTES + slot.nbytes - size), []
         data = bytes(slot.payload()[slot.nbytes - size :])
         if slot.sequence != sequence or not slot.complete:
             return f"seat {seat}'s snapshot of step {served} was replaced while it was being read"
-        view_epoch = self._view.epoch if self._view else 0
         return SnapshotHeader(self._member, view_epoch, seat, served, size, manifest.encode()), \
             _chunks(data)
 
@@ -463,7 +470,7 @@ class SnapshotActor:
 
     # -- restores for this member -------------------------------------------------------------
 
-    def _on_fetch(self, fetch: Fetch) -> None:
+    def _on_fetch(self, fetch: Fetch, shared: bool = True) -> None:
         view = self._view
         addr = view.bulk_addrs.get(fetch.member) if view else None
         if view is None or addr is None:
@@ -474,8 +481,10 @@ class SnapshotActor:
         if older is not None:
             _fail(older, RestoreFailed(f"restore of seat {fetch.seat} step {fetch.step} asked for again"))
         self._fetches[key] = fetch.future
+        shared = shared and fetch.part == RestorePart.SLICE and bool(self._shm_dir) and \
+            view.hosts.get(fetch.member, "") == view.hosts.get(self._member)
         request = RestoreRequest(self._member, view.epoch, fetch.seat, fetch.step, self._transport.address,
-                                 fetch.part, fetch.newest)
+                                 fetch.part, fetch.newest, shared)
         self._spawn(self._request_restore(fetch, addr, request))
 
     async def _request_restore(self, fetch: Fetch, addr: str, request: RestoreRequest) -> None:
@@ -494,6 +503,15 @@ class SnapshotActor:
         if not reply.ok or reply.header is None:
             _fail(future, RestoreFailed(reply.error or "restore refused"))
             return
+        if reply.header.shm_path:
+            shared = self._read_shared(reply, reply.header, frames)
+            if isinstance(shared, str):  # asked again, for frames: a same-host read is only a shortcut
+                log.info("slice of seat %d step %d not read from %s (%s): asking for frames", reply.seat,
+                         reply.step, reply.header.shm_path, shared)
+                self._on_fetch(Fetch(reply.seat, reply.step, reply.sender, future, reply.part, reply.newest),
+                               shared=False)
+                return
+            frames = shared
         if sum(len(f) for f in frames) != reply.header.nbytes:
             _fail(future, RestoreFailed("restore payload size does not match its header"))
             return
@@ -503,6 +521,29 @@ class SnapshotActor:
             _fail(future, RestoreFailed(f"bad manifest in restore reply: {err}"))
             return
         future.set_result(Fetched(reply.header.step, manifest, frames))
+
+    def _read_shared(self, reply: RestoreReply, header: SnapshotHeader,
+                     frames: list[memoryview]) -> list[memoryview] | str:
+        """A slice a same-host seat named in its slot file, copied out of it, if the slot's head says, before
+        and after the copy, that the sender published its snapshot of that step there; why not as a str."""
+        if reply.part != RestorePart.SLICE or frames:
+            return "a shared reply is for a slice and carries no payload"
+        try:
+            mapping = shm.map_readonly(header.shm_path, self._shm_dir, header.shm_offset, header.nbytes, None)
+        except shm.ShmRefused as err:
+            return str(err)
+        head = mapping.view[: shm.HEAD_BYTES]
+        before = shm.read_head(head)
+        data = bytes(mapping.view[header.shm_offset : header.shm_offset + header.nbytes])
+        if before is None or shm.read_head(head) != before:
+            return "the slot was being rewritten"
+        published = codec.decode(before, self._secret)
+        if not isinstance(published, SnapshotHeader) or (published.sender, published.seat, published.step,
+                                                         published.shm_path) != \
+                (reply.sender, header.seat, header.step, header.shm_path) or \
+                header.shm_offset + header.nbytes > published.shm_offset + published.nbytes:
+            return "its head does not publish that snapshot there"
+        return [memoryview(data)]
 
 
 def _chunks(data: bytes) -> list[Frame]:

@@ -23,7 +23,7 @@ from deadpool.events.log import EventLog
 from deadpool.protocol.messages import PrepareAck, RestorePart
 from deadpool.protocol.transport import open_transport
 from deadpool.protocol.view import View
-from deadpool.snapshot import ward_copies
+from deadpool.snapshot import shm, ward_copies
 from deadpool.snapshot.statetree import replicated_slice
 
 pytestmark = pytest.mark.timeout(30)
@@ -36,11 +36,11 @@ def _replicated_state(seed: int) -> tuple[dict[str, Any], set[int]]:
     return state, {state["param"].data_ptr()}
 
 
-async def _with_spare(pair: Pair) -> tuple[SnapshotActor, View]:
+async def _with_spare(pair: Pair, spare_shm_dir: str = "") -> tuple[SnapshotActor, View]:
     transport = open_transport(f"inproc://parts-{uuid.uuid4().hex}", BULK)
     pair.transports[SPARE] = transport
     actor = SnapshotActor(SPARE, transport, Handoff(), Progress(), EventLog(None), b"secret", send_timeout=2.0,
-                          to_membership=lambda item: None)
+                          shm_dir=spare_shm_dir, to_membership=lambda item: None)
     view = View(epoch=1, seats=[WARD, BUDDY], spares=[SPARE], resume_step=-1, store_prefix=GENERATION,
                 store_addr="127.0.0.1:1", bulk_addrs={m: t.address for m, t in pair.transports.items()},
                 hosts={WARD: "host", BUDDY: "host", SPARE: "host"}, buddies=[1, 0], restore_from={})
@@ -101,6 +101,34 @@ async def test_a_slice_travels_in_frames_no_larger_than_a_chunk(
         first, last = replicated_slice(fetched.manifest, 0, 2)
         assert len(fetched.frames) == 2 and all(len(f) <= 4096 for f in fetched.frames)
         assert b"".join(bytes(f) for f in fetched.frames) == held[-(last - first):]
+
+
+async def test_a_same_host_spare_reads_a_seats_slice_from_its_slot_file_and_asks_for_frames_if_it_cannot(
+    shm_dir: str, make_pair: Callable[[str, str], Pair], monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+) -> None:
+    """The seat names its slot file instead of copying its slice into frames; the spare copies the slice out
+    of it after checking the slot's head.  A read that fails (here: forced) is asked again for frames."""
+    pair = make_pair(shm_dir, shm_dir)
+    spare, _ = await _with_spare(pair, shm_dir)
+    state, replicated = _replicated_state(6)
+    slot = pair.store.capture(6, GENERATION, state, set(), replicated, seat=0, world=2)
+    pair.store.wait_copy(10.0)
+    pair.actors[WARD].inbox.post(LocalReady(slot))
+    await until(lambda: pair.handoffs[WARD].is_confirmed(GENERATION, 6))
+    held = bytes(slot.payload())
+    mapped: list[str] = []
+    real_map = shm.map_readonly
+    monkeypatch.setattr(shm, "map_readonly", lambda path, *rest: mapped.append(path) or real_map(path, *rest))
+    fetched = await _fetch(spare, 0, 6, WARD, RestorePart.SLICE)
+    first, last = replicated_slice(fetched.manifest, 0, 2)
+    assert mapped == [slot.shm_path], "read from the seat's slot file"
+    assert fetched.step == 6 and b"".join(bytes(f) for f in fetched.frames) == held[-(last - first):]
+
+    reads: list[str] = []
+    monkeypatch.setattr(spare, "_read_shared", lambda *_: reads.append("refused") or "forced")
+    fetched = await _fetch(spare, 0, 6, WARD, RestorePart.SLICE)
+    assert reads == ["refused"] and b"".join(bytes(f) for f in fetched.frames) == held[-(last - first):], \
+        "asked again, and served in frames"
 
 
 async def test_a_restore_request_from_outside_the_view_is_refused(
