@@ -19,6 +19,7 @@ shapes (``AbandonableForward``).
 from __future__ import annotations
 
 import functools
+import sys
 import types
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -111,14 +112,21 @@ def signature(tree: Any) -> Hashable | None:
     return spec, tuple(shapes)
 
 
+def _compiled(module: nn.Module) -> bool:
+    """`module` is torch.compile's wrapper (whose module is imported only once something was compiled)."""
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    return dynamo is not None and isinstance(module, dynamo.OptimizedModule)
+
+
 class AbandonableForward:
     """Runs a module's forward so that a lost step stops it at the next submodule it enters.
 
     The script still gets an output: stand-ins shaped like the output of the last forward with inputs of the
     same shapes and plain values (zeros, tied to one parameter so that the backward reaches a gradient hook
     and is abandoned there as in any lost step).  A forward whose inputs were never seen, or whose input or
-    output holds something other than tensors and plain values, runs whole.  Values of a lost step never
-    count: the step is rolled back and replayed, so only its shapes matter to the script.
+    output holds something other than tensors and plain values, runs whole, and so does a compiled one.
+    Values of a lost step never count: the step is rolled back and replayed, so only its shapes matter to
+    the script.
     """
 
     def __init__(self, module: nn.Module, lost: Callable[[], bool]) -> None:
@@ -127,7 +135,10 @@ class AbandonableForward:
         self._templates: dict[Hashable, tuple[list[TensorShape | Any], pytree.TreeSpec]] = {}
         self._module = module
         self._anchor = next((p for p in module.parameters() if p.requires_grad and p.numel()), None)
-        for sub in module.modules():
+        # A compiled module would trace the hook and guard on its flags (a recompile when a step is lost):
+        # its forward runs whole, as before.
+        self._hooked = not any(_compiled(sub) for sub in module.modules())
+        for sub in module.modules() if self._hooked else ():
             sub.register_forward_pre_hook(self._check)
 
     def _check(self, module: nn.Module, args: Any) -> None:
@@ -137,7 +148,7 @@ class AbandonableForward:
     def __call__(self, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         key = signature((args, kwargs, torch.is_grad_enabled(), self._module.training))
         template = self._templates.get(key) if key is not None else None
-        if template is None or self._armed:  # nothing to stand in for it (or a nested call): run it whole
+        if template is None or self._armed or not self._hooked:  # no stand-in, a nested call, or compiled
             return self._remember(key, forward(*args, **kwargs))
         if self._lost():
             return self._stand_in(*template)

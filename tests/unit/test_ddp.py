@@ -407,3 +407,10 @@ def test_backward_still_works_after_the_buffers_were_overwritten() -> None:
     ddp = DataParallel(net, rt)
     ddp(torch.randn(32, 8)).square().mean().backward()
     assert rt.log[0] == "broadcast" and rt.log[-1] == "await"
+
+
+def test_a_compiled_model_runs_its_lost_forward_whole() -> None:
+    """torch.compile would trace the pre-hooks and guard on their flags: no hooks, the forward runs whole."""
+    rt = FakeCollectives()
+    ddp = DataParallel(torch.compile(nn.Sequential(nn.Linear(64, 8))), rt, bucket_mb=0.1)
+    assert not any(module._forward_pre_hooks for module in ddp.module.modules())
