@@ -409,7 +409,8 @@ class SnapshotActor:
             return
         step = None if request.newest else request.step
         if request.part == RestorePart.SLICE and view.seat_of(self._member) == request.seat:
-            shared = request.shared and view.hosts.get(request.sender) == view.hosts.get(self._member)
+            host = view.hosts.get(self._member, "")
+            shared = request.shared and bool(host) and view.hosts.get(request.sender) == host
             served = self._own_slice(request.seat, step, view.world_size, shared)
         else:
             served = self._ward_part(request, step, view)
@@ -541,7 +542,8 @@ class SnapshotActor:
         if not isinstance(published, SnapshotHeader) or (published.sender, published.seat, published.step,
                                                          published.shm_path) != \
                 (reply.sender, header.seat, header.step, header.shm_path) or \
-                header.shm_offset + header.nbytes > published.shm_offset + published.nbytes:
+                not published.shm_offset <= header.shm_offset <= header.shm_offset + header.nbytes \
+                <= published.shm_offset + published.nbytes:
             return "its head does not publish that snapshot there"
         return [memoryview(data)]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,7 @@ from deadpool.actors.inbox import Drain, Outbound, PrepareArrived, ViewChanged
 from deadpool.actors.snapshot_actor import SnapshotActor
 from deadpool.errors import RestoreFailed
 from deadpool.events.log import EventLog
-from deadpool.protocol.messages import PrepareAck, RestorePart
+from deadpool.protocol.messages import PrepareAck, RestorePart, RestoreReply, SnapshotHeader
 from deadpool.protocol.transport import open_transport
 from deadpool.protocol.view import View
 from deadpool.snapshot import shm, ward_copies
@@ -129,6 +130,31 @@ async def test_a_same_host_spare_reads_a_seats_slice_from_its_slot_file_and_asks
     fetched = await _fetch(spare, 0, 6, WARD, RestorePart.SLICE)
     assert reads == ["refused"] and b"".join(bytes(f) for f in fetched.frames) == held[-(last - first):], \
         "asked again, and served in frames"
+
+
+async def test_a_slot_file_read_is_refused_unless_its_head_publishes_that_seat_step_and_range(
+    shm_dir: str, make_pair: Callable[[str, str], Pair],  # noqa: F811
+) -> None:
+    pair = make_pair(shm_dir, shm_dir)
+    spare, _ = await _with_spare(pair, shm_dir)
+    state, replicated = _replicated_state(7)
+    slot = pair.store.capture(7, GENERATION, state, set(), replicated, seat=0, world=2)
+    pair.store.wait_copy(10.0)
+    pair.actors[WARD].inbox.post(LocalReady(slot))
+    await until(lambda: pair.handoffs[WARD].is_confirmed(GENERATION, 7))
+    assert slot.manifest is not None
+    size = slot.manifest.replicated // 2
+    good = SnapshotHeader(WARD, 1, 0, 7, size, slot.manifest.encode(), shm_path=slot.shm_path,
+                          shm_offset=shm.HEAD_BYTES + slot.nbytes - size)
+    read = spare._read_shared
+    assert not isinstance(read(RestoreReply(WARD, 1, 0, 7, True, "", good, RestorePart.SLICE), good, []), str)
+    for bad, sender in ((dataclasses.replace(good, step=6), WARD),  # another step than the head publishes
+                        (good, BUDDY),  # another sender than the head's
+                        (dataclasses.replace(good, shm_offset=good.shm_offset + 1), WARD),  # past the file's end
+                        (dataclasses.replace(good, shm_offset=shm.HEAD_BYTES - 8), WARD),  # from the head block
+                        (dataclasses.replace(good, shm_path=f"{shm_dir}/elsewhere"), WARD)):  # not the slot
+        reply = RestoreReply(sender, 1, 0, bad.step, True, "", bad, RestorePart.SLICE)
+        assert isinstance(read(reply, bad, []), str), bad
 
 
 async def test_a_restore_request_from_outside_the_view_is_refused(
