@@ -25,6 +25,7 @@ from deadpool.protocol.messages import PrepareAck, RestorePart, RestoreReply, Sn
 from deadpool.protocol.transport import open_transport
 from deadpool.protocol.view import View
 from deadpool.snapshot import shm, ward_copies
+from deadpool.snapshot.arena import Slot
 from deadpool.snapshot.statetree import replicated_slice
 
 pytestmark = pytest.mark.timeout(30)
@@ -50,6 +51,16 @@ async def _with_spare(pair: Pair, spare_shm_dir: str = "") -> tuple[SnapshotActo
     pair.tasks.append(asyncio.create_task(Pair._read(transport, actor)))
     actor.inbox.post(ViewChanged(view))
     return actor, view
+
+
+async def _snapshot(pair: Pair, step: int) -> Slot:
+    """The ward's snapshot of `step` (seat 0 of 2, half of it replicated), confirmed by its buddy."""
+    state, replicated = _replicated_state(step)
+    slot = pair.store.capture(step, GENERATION, state, set(), replicated, seat=0, world=2)
+    pair.store.wait_copy(10.0)
+    pair.actors[WARD].inbox.post(LocalReady(slot))
+    await until(lambda: pair.handoffs[WARD].is_confirmed(GENERATION, step))
+    return slot
 
 
 async def _fetch(actor: SnapshotActor, seat: int, step: int, member: str, part: RestorePart,
@@ -91,11 +102,7 @@ async def test_a_slice_travels_in_frames_no_larger_than_a_chunk(
     monkeypatch.setattr(ward_copies, "CHUNK_BYTES", 4096)  # the slice (8 KiB) spans frames
     pair = make_pair(shm_dir, shm_dir)
     spare, _ = await _with_spare(pair)
-    state, replicated = _replicated_state(5)
-    slot = pair.store.capture(5, GENERATION, state, set(), replicated, seat=0, world=2)
-    pair.store.wait_copy(10.0)
-    pair.actors[WARD].inbox.post(LocalReady(slot))
-    await until(lambda: pair.handoffs[WARD].is_confirmed(GENERATION, 5))
+    slot = await _snapshot(pair, 5)
     held = bytes(slot.payload())
     for member in (WARD, BUDDY):  # the ward's own snapshot, the buddy's copy of it
         fetched = await _fetch(spare, 0, 5, member, RestorePart.SLICE)
@@ -111,22 +118,28 @@ async def test_a_same_host_spare_reads_a_seats_slice_from_its_slot_file_and_asks
     of it after checking the slot's head.  A read that fails (here: forced) is asked again for frames."""
     pair = make_pair(shm_dir, shm_dir)
     spare, _ = await _with_spare(pair, shm_dir)
-    state, replicated = _replicated_state(6)
-    slot = pair.store.capture(6, GENERATION, state, set(), replicated, seat=0, world=2)
-    pair.store.wait_copy(10.0)
-    pair.actors[WARD].inbox.post(LocalReady(slot))
-    await until(lambda: pair.handoffs[WARD].is_confirmed(GENERATION, 6))
+    slot = await _snapshot(pair, 6)
     held = bytes(slot.payload())
     mapped: list[str] = []
     real_map = shm.map_readonly
-    monkeypatch.setattr(shm, "map_readonly", lambda path, *rest: mapped.append(path) or real_map(path, *rest))
+
+    def recorded_map(path: str, *rest: Any) -> shm.Mapping:
+        mapped.append(path)
+        return real_map(path, *rest)
+
+    monkeypatch.setattr(shm, "map_readonly", recorded_map)
     fetched = await _fetch(spare, 0, 6, WARD, RestorePart.SLICE)
     first, last = replicated_slice(fetched.manifest, 0, 2)
     assert mapped == [slot.shm_path], "read from the seat's slot file"
     assert fetched.step == 6 and b"".join(bytes(f) for f in fetched.frames) == held[-(last - first):]
 
     reads: list[str] = []
-    monkeypatch.setattr(spare, "_read_shared", lambda *_: reads.append("refused") or "forced")
+
+    def refused(*_: Any) -> str:
+        reads.append("refused")
+        return "forced"
+
+    monkeypatch.setattr(spare, "_read_shared", refused)
     fetched = await _fetch(spare, 0, 6, WARD, RestorePart.SLICE)
     assert reads == ["refused"] and b"".join(bytes(f) for f in fetched.frames) == held[-(last - first):], \
         "asked again, and served in frames"
@@ -137,11 +150,7 @@ async def test_a_slot_file_read_is_refused_unless_its_head_publishes_that_seat_s
 ) -> None:
     pair = make_pair(shm_dir, shm_dir)
     spare, _ = await _with_spare(pair, shm_dir)
-    state, replicated = _replicated_state(7)
-    slot = pair.store.capture(7, GENERATION, state, set(), replicated, seat=0, world=2)
-    pair.store.wait_copy(10.0)
-    pair.actors[WARD].inbox.post(LocalReady(slot))
-    await until(lambda: pair.handoffs[WARD].is_confirmed(GENERATION, 7))
+    slot = await _snapshot(pair, 7)
     assert slot.manifest is not None
     size = slot.manifest.replicated // 2
     good = SnapshotHeader(WARD, 1, 0, 7, size, slot.manifest.encode(), shm_path=slot.shm_path,

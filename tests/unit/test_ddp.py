@@ -11,7 +11,7 @@ end in test_hotswap.py and test_user_collectives.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -238,10 +238,10 @@ class Pair(nn.Module):
 
 def test_a_lost_steps_forward_stops_at_the_next_submodule_with_stand_ins_of_the_last_outputs_shapes() -> None:
     rt = FakeCollectives()
-    ddp = DataParallel(Pair(rt), rt, bucket_mb=0.1)
+    module = Pair(rt)
+    ddp = DataParallel(module, rt, bucket_mb=0.1)
     x = torch.randn(16, 64)
     real = ddp(x)  # a whole forward: its output's shapes are remembered for inputs shaped like x
-    module = ddp.module
     assert (module.tap.calls, module.after.calls) == (1, 1)
     backward = AbandonableBackward()
     backward.install()
@@ -264,19 +264,21 @@ def test_a_lost_steps_forward_stops_at_the_next_submodule_with_stand_ins_of_the_
 
 def test_a_lost_forward_runs_whole_when_nothing_can_stand_in_for_its_output() -> None:
     rt = FakeCollectives()
-    ddp = DataParallel(Pair(rt), rt, bucket_mb=0.1)
+    module = Pair(rt)
+    ddp = DataParallel(module, rt, bucket_mb=0.1)
     ddp(torch.randn(16, 64))
     rt.lost = True
     out = ddp(torch.randn(5, 64))  # inputs of a shape never seen: no output to copy the shapes of
-    assert out[0].shape == (5, 8) and ddp.module.after.calls == 2 and out[0].any()
+    assert out[0].shape == (5, 8) and module.after.calls == 2 and out[0].any()
 
     class Box:
         def __init__(self, value: torch.Tensor) -> None:
             self.value = value
 
     rt.lost = False
-    seq = DataParallel(nn.Sequential(nn.Linear(64, 8)), rt, bucket_mb=0.1)
-    seq.module.register_forward_hook(lambda _m, _a, out: Box(out))  # an output pytree cannot look into
+    linear = nn.Sequential(nn.Linear(64, 8))
+    linear.register_forward_hook(lambda _m, _a, out: Box(out))  # an output pytree cannot look into
+    seq = DataParallel(linear, rt, bucket_mb=0.1)
     seq(torch.randn(4, 64))
     rt.lost = True
     assert seq(torch.randn(4, 64)).value.any(), "run whole: a stand-in for an opaque output cannot be made"
@@ -412,5 +414,5 @@ def test_backward_still_works_after_the_buffers_were_overwritten() -> None:
 def test_a_compiled_model_runs_its_lost_forward_whole() -> None:
     """torch.compile would trace the pre-hooks and guard on their flags: no hooks, the forward runs whole."""
     rt = FakeCollectives()
-    ddp = DataParallel(torch.compile(nn.Sequential(nn.Linear(64, 8))), rt, bucket_mb=0.1)
+    ddp = DataParallel(cast(nn.Module, torch.compile(nn.Sequential(nn.Linear(64, 8)))), rt, bucket_mb=0.1)
     assert not any(module._forward_pre_hooks for module in ddp.module.modules())

@@ -22,15 +22,20 @@ def _view(epoch: int, seats: list[str], spares: list[str], resume: int, restore_
                 hosts=dict.fromkeys(members, "h"), buddies=[1, 0], restore_from=restore_from)
 
 
-def test_a_prefetch_whose_slices_are_refused_is_asked_again_for_the_resume_step() -> None:
-    """The newest copy of the dead seat (step 4) is newer than the other seat's slices can serve (a lagging
-    copy made the plan resume from step 3): the refusal of the prefetch is not the adoption's failure."""
+def _prefetching() -> tuple[list[Fetch], Handoff, PeerFetch]:
+    """A spare the Prepare of epoch 2 chose for seat 1 (lost): what it handed over, its handoff, its fetch."""
     posted: list[Fetch] = []
     handoff = Handoff()
     handoff.bind(lambda fetch: posted.append(fetch))
     fetch = PeerFetch(SPARE, handoff, timeout=5.0)
-    held = _view(1, [A, X], [SPARE], -1, {})
-    fetch.start_prefetch(Prepare(2, [1], "seat 1 lost", {1: SPARE}), 1, held)
+    fetch.start_prefetch(Prepare(2, [1], "seat 1 lost", {1: SPARE}), 1, _view(1, [A, X], [SPARE], -1, {}))
+    return posted, handoff, fetch
+
+
+def test_a_prefetch_whose_slices_are_refused_is_asked_again_for_the_resume_step() -> None:
+    """The newest copy of the dead seat (step 4) is newer than the other seat's slices can serve (a lagging
+    copy made the plan resume from step 3): the refusal of the prefetch is not the adoption's failure."""
+    posted, handoff, fetch = _prefetching()
     (copy,) = posted
     assert (copy.seat, copy.part, copy.member, copy.newest) == (1, RestorePart.HELD, A, True)
     copy.future.set_result(Fetched(4, Manifest(b"", (), 0), []))  # A holds seat 1's copy of step 4
@@ -59,12 +64,7 @@ def test_a_prefetch_whose_slices_are_refused_is_asked_again_for_the_resume_step(
 def test_a_commit_before_the_copys_answer_asks_for_the_slices_of_its_step_at_once() -> None:
     """The survivors stopped at once and the commit came first: the slices of the resume step are asked for
     beside the copy still in flight (not after it), and the copy's answer asks for nothing more."""
-    posted: list[Fetch] = []
-    handoff = Handoff()
-    handoff.bind(lambda fetch: posted.append(fetch))
-    fetch = PeerFetch(SPARE, handoff, timeout=5.0)
-    held = _view(1, [A, X], [SPARE], -1, {})
-    fetch.start_prefetch(Prepare(2, [1], "seat 1 lost", {1: SPARE}), 1, held)
+    posted, handoff, fetch = _prefetching()
     (copy,) = posted
     empty = Manifest(b"", (), 0)
 
