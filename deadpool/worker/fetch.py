@@ -46,13 +46,19 @@ class Prefetch:
     slices_step: int | None = None  # the step the slices were asked for (None: not yet)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def _choose(self, step: int) -> bool:
+        """Settle the step the slices are asked for; False if it was settled before (by the other thread)."""
+        with self._lock:
+            if self.slices_step is not None:
+                return False
+            self.slices_step = step
+            return True
+
     def ask_slices(self, step: int, post: Callable[[Fetch], None]) -> None:
         """Ask for every slice of `step` into this prefetch's answers, unless a step was already chosen.
         Called on the runtime thread (the copy's answer) and on the compute thread (the commit)."""
-        with self._lock:
-            if self.slices_step is not None:
-                return
-            self.slices_step = step
+        if not self._choose(step):
+            return
         for (other, part, member), future in zip(self.asked[1:], self.answers[1:], strict=True):
             try:
                 post(Fetch(other, step, member, future, part))
@@ -61,10 +67,8 @@ class Prefetch:
 
     def fail_slices(self, error: RestoreFailed) -> None:
         """No step will be known from the copy: the slices fail too, unless the commit already asked for them."""
-        with self._lock:
-            if self.slices_step is not None:
-                return
-            self.slices_step = NO_STEP
+        if not self._choose(NO_STEP):
+            return
         for future in self.answers[1:]:
             future.set_exception(error)
 

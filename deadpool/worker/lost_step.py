@@ -146,9 +146,11 @@ class AbandonableForward:
             raise StepAbandoned
 
     def __call__(self, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not self._hooked or self._armed:  # compiled, or a call inside the forward being watched
+            return forward(*args, **kwargs)
         key = signature((args, kwargs, torch.is_grad_enabled(), self._module.training))
         template = self._templates.get(key) if key is not None else None
-        if template is None or self._armed or not self._hooked:  # no stand-in, a nested call, or compiled
+        if template is None:  # nothing to stand in for it: run it whole
             return self._remember(key, forward(*args, **kwargs))
         if self._lost():
             return self._stand_in(*template)
