@@ -100,6 +100,7 @@ class PeerPaused:
     epoch: int  # the sender's view epoch (the view both hold)
     prepare_epoch: int  # the epoch of the Prepare it paused for
     begun: int  # the last step it began (ran to its end): it issues no collective of a later step
+    abandoned: bool = False  # it stopped step `begun`'s backward before its first collective: nothing after its forward
 
 
 @dataclass(frozen=True, slots=True)

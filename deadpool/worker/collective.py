@@ -28,10 +28,11 @@ from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CollectiveFailed
 from deadpool.protocol.view import View
+from deadpool.worker import dtensors
 from deadpool.worker.exit import GUARD
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.groups import install_default_group
-from deadpool.worker.mesh import Rebuilt, SeatMesh
+from deadpool.worker.mesh import Rebuilt, SeatMesh, in_backward
 from deadpool.worker.step import StepState
 
 
@@ -377,10 +378,30 @@ class GroupCollectives:
         options.rootRank = 0
         return self._run(lambda group: group.broadcast([flat], options), f"buffer broadcast of step {self._state.step}")
 
+    def abandons_backward(self) -> bool:
+        """A mesh collective of this seat's backward is about to be issued: True when the step is lost and it is
+        the backward's first, so that the backward stops here and every later collective of the step completes
+        locally (``abandoned``).  Every seat of a healthy group then issued the same collectives on it: all of
+        the forward's, none of the backward's.  A seat that issued one first runs its step to its end; a wait
+        on a peer that stopped ends at that peer's ``PeerPaused`` (why this is safe: docs/architecture.md)."""
+        state = self._state
+        if state.backward_issued or state.abandoned:
+            return state.abandoned
+        if self.step_lost() and dtensors.FSDP_RESETS:
+            state.abandoned = True
+        else:
+            state.backward_issued = True
+        return state.abandoned
+
+    def abandoned(self) -> bool:
+        """This seat stopped the lost step's backward: the step's remaining mesh collectives complete locally."""
+        return self._state.abandoned
+
     def wait_bounded(self, work: dist.Work, what: str, seats: Sequence[int]) -> None:
         """A mesh group's collective: waited on until it completes, fails or times out, a Prepare declares
         one of the group's `seats` dead, or one of them paused for a Prepare before this step (``PeerPaused``:
-        a seat sharing no group with the dead one may run ahead into the next step). A Prepare for other
+        a seat sharing no group with the dead one may run ahead into the next step) or, for a collective past
+        this step's forward, after abandoning this step's backward (``abandons_backward``). A Prepare for other
         seats does not cut it short: the group's seats all issue it, so it completes (a seat of the dead
         one's group may wait on it without a direct connection, so gloo would not fail it before its timeout).
 
@@ -390,8 +411,9 @@ class GroupCollectives:
         state, handoff = self._state, self._handoff
         epoch, step = state.epoch, state.step
         members = [state.view.seats[seat] for seat in seats] if state.view is not None else []
+        past_forward = state.backward_issued or in_backward()  # a collective no seat that abandoned this step issues
         waiter = Waiter(handoff.condition, lambda: handoff.lost_any(epoch, seats) or
-                        handoff.peer_stopped_before(epoch, members, step))
+                        handoff.peer_stopped_before(epoch, members, step, past_forward))
         waiter.wait(work, f"{what} (step {self._state.step})", self._timeout)
 
     # -- the script's own collectives (torch's default group, groups.py) ------------------------

@@ -8,6 +8,7 @@ like the live object's (its parameters' mesh and placements), then loads them th
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -69,3 +70,30 @@ def relayout(loaded: Any, obj: Any) -> Any:
         return {**loaded, "state": state}
     return _relayout(loaded, live)
 
+
+
+try:
+    from torch.distributed.fsdp import FSDPModule
+except ImportError:  # torch < 2.6: no public FSDP2
+    FSDPModule = None  # type: ignore[assignment,misc]
+
+# FSDP2 can be reset after an aborted backward (torch 2.13 and later); before that a backward is never abandoned.
+FSDP_RESETS = FSDPModule is None or hasattr(FSDPModule, "reset_iter_state")
+
+
+def reset_fsdp_iterations(objects: Iterable[object]) -> int:
+    """Clear FSDP2's per-iteration state under every root FSDP module among `objects`; returns how many.
+
+    A backward abandoned mid-way never reaches FSDP2's final callback, which would otherwise leave the
+    next backward without one (its reduce-scatters never finalized) and the parameters unsharded.
+    ``reset_iter_state()`` reshards them and drops the lost iteration's gradient reductions.
+    """
+    if FSDPModule is None or not FSDP_RESETS:
+        return 0
+    reset = 0
+    for obj in objects:
+        for module in obj.modules() if isinstance(obj, torch.nn.Module) else ():
+            if isinstance(module, FSDPModule) and module._get_fsdp_state()._is_root:
+                module.reset_iter_state()
+                reset += 1
+    return reset

@@ -10,7 +10,9 @@ data position; ``Recovery`` checks that the condition holds).  And the rest
 of a lost backward is abandoned: DeadPool's gradient hooks raise
 ``StepAbandoned``, which autograd carries out of the engine and the wrapper
 installed around ``torch.autograd.backward`` swallows, so ``loss.backward()``
-returns at once instead of computing gradients nobody will use.  A lost
+returns at once instead of computing gradients nobody will use.  On a mesh
+(``rt.device_mesh``) the backward stops at its first collective when the step
+is already lost by then (``mesh.py``: its healthy groups stay in step).  A lost
 step's forward under ``rt.ddp`` stops too, at the next submodule, and hands the
 script stand-ins shaped like the module's last output for inputs of the same
 shapes (``AbandonableForward``).
@@ -58,10 +60,13 @@ class AbandonableBackward:
 
     ``Tensor.backward`` calls ``torch.autograd.backward`` by name, so replacing that name covers
     ``loss.backward()`` and GradScaler's scaled backward alike.  Installed once per process.
+    `abandoned()` runs once a backward was abandoned, before it returns (FSDP2's per-iteration state is
+    reset there: the abandoned backward never reached its final callback).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, abandoned: Callable[[], object] | None = None) -> None:
         self._original: Callable[..., Any] | None = None
+        self._abandoned = abandoned
 
     def install(self) -> None:
         if self._original is not None:
@@ -74,6 +79,8 @@ class AbandonableBackward:
             try:
                 return original(*args, **kwargs)
             except StepAbandoned:
+                if self._abandoned is not None:
+                    self._abandoned()
                 return None
 
         torch.autograd.backward = backward  # type: ignore[assignment]

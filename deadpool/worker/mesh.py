@@ -6,7 +6,8 @@ unchanged and FSDP2's cached group objects stay valid across swaps.  At a view c
 groups that hold a replaced seat, or that a seat reported unfinished (``dirty``), get a new gloo
 group; the others keep theirs.  A failed collective breaks only its own group: collectives on
 the others are still issued and waited on, so every healthy group stays in step on all its
-seats and can be kept (why, and the proof, in docs/architecture.md).
+seats and can be kept (why, and the proof, in docs/architecture.md).  A step lost before its
+backward issued a collective stops its backward there, and issues nothing more.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from deadpool.errors import CollectiveAborted, MisuseError
 from deadpool.protocol.view import View
 from deadpool.worker.exit import GUARD
 from deadpool.worker.groups import BACKEND, GATHERS, SCATTERS, Op, SeatGroup
+from deadpool.worker.lost_step import StepAbandoned
 
 log = logging.getLogger("deadpool")
 
@@ -44,6 +46,14 @@ class MeshCollectives(Protocol):
         """The step is lost: report the failure (the step runs on to its end, then recovery)."""
         ...
 
+    def abandons_backward(self) -> bool:
+        """A backward collective is about to be issued: True when the lost step's backward stops here."""
+        ...
+
+    def abandoned(self) -> bool:
+        """The lost step's backward stopped on this seat: the step's remaining collectives complete locally."""
+        ...
+
     def wait_bounded(self, work: dist.Work, what: str, seats: Sequence[int]) -> None:
         """Wait for `work` until it completes, the group timeout, or a Prepare that declares one of `seats` dead.
 
@@ -53,13 +63,18 @@ class MeshCollectives(Protocol):
         ...
 
 
+def in_backward() -> bool:
+    """The calling thread runs an autograd backward (a collective of FSDP2's or DTensor's in it)."""
+    return torch._C._current_autograd_node() is not None
+
+
 def chaos_point(op: Op) -> ChaosPoint:
     """Where a mesh collective's kill fires: ``allgather``, ``reducescatter``, ``backward`` or ``forward``."""
     if op in GATHERS:
         return ChaosPoint.ALLGATHER
     if op in SCATTERS:
         return ChaosPoint.REDUCESCATTER
-    return ChaosPoint.BACKWARD if torch._C._current_autograd_node() is not None else ChaosPoint.FORWARD
+    return ChaosPoint.BACKWARD if in_backward() else ChaosPoint.FORWARD
 
 
 @dataclass
@@ -90,6 +105,10 @@ class MeshGroup(SeatGroup):
 
     def _issue(self, issue: Callable[[Any], dist.Work], op: Op) -> dist.Work | None:
         dim = self.dim
+        if self._collectives.abandoned():  # no seat of a healthy group issues it: the group stays in step
+            return None
+        if in_backward() and self._collectives.abandons_backward():
+            raise StepAbandoned  # carried out of the backward and swallowed (lost_step.AbandonableBackward)
         if dim.broken or dim.inner is None:
             dim.dirty = dim.dirty or dim.inner is not None
             return None

@@ -111,7 +111,8 @@ class Runtime:
         self._data_seats = DataSeats()  # DistributedSamplers: seated at every adopted view
         self._loader_watch = LoaderWatch(lambda: self._state.step >= 0, self._untracked_loader)
         self._loader_watch.install()
-        self._backward = AbandonableBackward()  # a lost step's backward stops at DeadPool's next gradient hook
+        # A lost step's backward stops at DeadPool's next gradient hook (rt.ddp) or mesh collective; FSDP2 is reset.
+        self._backward = AbandonableBackward(lambda: dtensors.reset_fsdp_iterations(self._tracked.values()))
         self._backward.install()
         self._recovery = Recovery(
             env, self._state, self._handoff, self._progress, self.events, self._snapshots, self._disk,
@@ -349,6 +350,7 @@ class Runtime:
     def _begin_step(self, step: int) -> None:
         self._state.step = step
         self._state.poison = None
+        self._state.backward_issued = self._state.abandoned = False
         self._report = {}
         self._step_started = time.perf_counter()
         self._faults.point(ChaosPoint.BOUNDARY)

@@ -21,6 +21,8 @@ class StepState:
     gated_step: int = -2  # the step whose pre-step gate passed (its previous snapshot is confirmed)
     poison: str | None = None  # why the step in progress is lost (None: it counts)
     stepped: int = -1  # the newest step in which an optimizer's step() ran (a lost step's is skipped)
+    backward_issued: bool = False  # the step in progress issued a mesh collective in its backward
+    abandoned: bool = False  # the step in progress is lost and its backward stopped before its first collective
 
     @property
     def epoch(self) -> int:

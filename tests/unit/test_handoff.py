@@ -180,3 +180,15 @@ def test_a_mesh_wait_stops_for_a_peer_that_took_the_prepare_at_the_boundary_befo
     handoff.peer_paused("m3", 2, 19)  # began no step after 19
     assert handoff.peer_stopped_before(1, ["m1", "m3"], 20)
     assert not handoff.peer_stopped_before(1, ["m1", "m3"], 19), "it issued every collective of step 19"
+
+
+def test_a_mesh_wait_past_the_forward_stops_for_a_peer_that_abandoned_that_steps_backward() -> None:
+    """Seat 1 stopped step 12's backward before its first collective: it issued all of that step's forward
+    collectives (a wait on one of them completes) and none after it (a wait on one of those cannot)."""
+    handoff = Handoff()
+    handoff.peer_paused("m1", 2, 12, abandoned=True)
+    assert not handoff.peer_stopped_before(1, ["m1", "m3"], 12), "a forward collective: it issued it"
+    assert handoff.peer_stopped_before(1, ["m1", "m3"], 12, past_forward=True)
+    assert handoff.peer_stopped_before(1, ["m1", "m3"], 13)
+    handoff.peer_paused("m1", 2, 12)  # ran step 12 to its end
+    assert not handoff.peer_stopped_before(1, ["m1", "m3"], 12, past_forward=True)

@@ -51,6 +51,12 @@ class Runtime:
         if self.fail:
             raise CollectiveAborted(what, "peer closed the connection")
 
+    def abandons_backward(self) -> bool:
+        return False
+
+    def abandoned(self) -> bool:
+        return False
+
 
 class Sums:
     """A gloo stand-in for a group of two identical seats."""

@@ -24,6 +24,8 @@ from deadpool.protocol.messages import ChaosInjected, CollectiveFailed, Prepare
 from deadpool.protocol.view import DISK_SOURCE, View
 from deadpool.worker.collective import GroupCollectives, Waiter
 from deadpool.worker.faults import FaultInjector
+from deadpool.worker.lost_step import AbandonableBackward
+from deadpool.worker.mesh import MeshDim, MeshGroup
 from deadpool.worker.step import StepState
 
 
@@ -146,3 +148,88 @@ def test_the_disk_marker_is_the_views() -> None:
     assert disk.restores_from_disk(0) and disk.restores_from_disk(1)
     buddy = View(3, ["a", "b"], [], 10, "epoch-3", "h:1", {}, {}, [1, 0], {1: "a"})
     assert not buddy.restores_from_disk(1) and not buddy.restores_from_disk(0)
+
+
+class Done:
+    """A collective that completed."""
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return True
+
+
+class Doubling:
+    """A gloo stand-in for a group of two identical seats: an all-reduce doubles, and completes at once."""
+
+    def __init__(self) -> None:
+        self.issued = 0
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Done:
+        self.issued += 1
+        for tensor in tensors:
+            tensor.mul_(2)
+        return Done()
+
+
+def backward_through(group: MeshGroup, prepare_after: int | None, handoff: Handoff) -> torch.Tensor:
+    """A backward whose every node all-reduces its gradient on `group` (as DTensor's do); a Prepare comes after
+    the `prepare_after`-th.  Returns the leaf, whose gradient says how far the backward ran."""
+    x = torch.ones(2, requires_grad=True)
+    y, seen = x, [0]
+    for _ in range(3):
+        y = y * 1.0
+
+        def hook(grad: torch.Tensor) -> torch.Tensor:
+            grad = grad.clone()
+            group.allreduce([grad]).wait()
+            seen[0] += 1
+            if seen[0] == prepare_after:
+                handoff.deliver(Prepare(2, [3], "m3 died"))
+            return grad
+
+        y.register_hook(hook)
+    y.sum().backward()
+    return x
+
+
+def test_a_step_lost_before_its_backward_stops_at_the_first_mesh_collective_and_issues_no_other() -> None:
+    """The Prepare came during the forward (whose collectives were issued): the backward stops at its first
+    collective, FSDP2's iteration is reset, and every later collective of the step, the clipping's after the
+    backward too, completes locally without leaving the healthy group dirty.  The next step runs whole."""
+    collectives, state, handoff, _ = make()
+    resets: list[int] = []
+    backward = AbandonableBackward(lambda: resets.append(state.step))
+    backward.install()
+    try:
+        inner = Doubling()
+        dim = MeshDim("tp", "deadpool:tp:0", (0, 1), inner=inner, members=("a", "b"))
+        group = MeshGroup(dim, collectives, 0)
+        group.allreduce([torch.ones(2)]).wait()  # the forward's
+        handoff.deliver(Prepare(2, [3], "m3 died"))
+        x = backward_through(group, None, handoff)
+        assert x.grad is None and resets == [7], "the backward stopped at once, and FSDP2 was reset"
+        assert state.abandoned and inner.issued == 1
+        t = torch.ones(2)
+        group.allreduce([t]).wait()  # the clipping's
+        assert t.tolist() == [1.0, 1.0] and inner.issued == 1 and not dim.dirty and not dim.broken
+        state.step, state.abandoned, state.backward_issued = 8, False, False  # the runtime's next step
+        state.view = view(epoch=2)
+        x = backward_through(group, None, handoff)
+        assert x.grad is not None and inner.issued == 4 and state.backward_issued and resets == [7]
+    finally:
+        backward.uninstall()
+
+
+def test_a_step_lost_after_its_backward_issued_a_collective_runs_to_its_end() -> None:
+    """A seat of a healthy group that issued a backward collective before the Prepare came cannot know its peer
+    stops before issuing it: it issues every later one (the peer that stopped ends its waits, ``PeerPaused``)."""
+    collectives, state, handoff, _ = make()
+    backward = AbandonableBackward()
+    backward.install()
+    try:
+        inner = Doubling()
+        group = MeshGroup(MeshDim("tp", "deadpool:tp:0", (0, 1), inner=inner, members=("a", "b")), collectives, 0)
+        x = backward_through(group, 1, handoff)
+        assert collectives.step_lost() and not state.abandoned
+        assert x.grad is not None and inner.issued == 3, "the backward ran whole"
+    finally:
+        backward.uninstall()
