@@ -17,6 +17,14 @@ try:
     from torch.distributed.tensor import DTensor
 except ImportError:  # torch < 2.5 keeps it private; sharded training needs torch >= 2.6 anyway (README)
     from torch.distributed._tensor import DTensor  # type: ignore[attr-defined,no-redef]
+try:
+    from torch.distributed.fsdp import FSDPModule
+except ImportError:  # torch < 2.6: no public FSDP2
+    FSDPModule = None  # type: ignore[assignment,misc]
+
+# FSDP2 can be reset after a backward aborted mid-way (``reset_iter_state()``, in torch 2.13): a mesh seat
+# abandons a lost step's backward only then, and runs it to its end on a torch without it.
+FSDP_RESETS = FSDPModule is None or hasattr(FSDPModule, "reset_iter_state")
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -70,15 +78,6 @@ def relayout(loaded: Any, obj: Any) -> Any:
         return {**loaded, "state": state}
     return _relayout(loaded, live)
 
-
-
-try:
-    from torch.distributed.fsdp import FSDPModule
-except ImportError:  # torch < 2.6: no public FSDP2
-    FSDPModule = None  # type: ignore[assignment,misc]
-
-# FSDP2 can be reset after an aborted backward (torch 2.13 and later); before that a backward is never abandoned.
-FSDP_RESETS = FSDPModule is None or hasattr(FSDPModule, "reset_iter_state")
 
 
 def reset_fsdp_iterations(objects: Iterable[object]) -> int:
