@@ -58,17 +58,24 @@ class Runtime:
         return False
 
 
+class Done:
+    """A collective that completed."""
+
+    def wait(self, timeout: object = None) -> bool:
+        return True
+
+
 class Sums:
-    """A gloo stand-in for a group of two identical seats."""
+    """A gloo stand-in for a group of two identical seats: an all-reduce doubles, and completes at once."""
 
     def __init__(self) -> None:
         self.issued = 0
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> object:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Done:
         self.issued += 1
         for tensor in tensors:
             tensor.mul_(2)
-        return object()
+        return Done()
 
 
 def test_a_failed_collective_breaks_only_its_group_and_marks_it_dirty() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_mesh import Sums  # the gloo stand-in of the mesh tests (tests/unit is on the import path)
 
 from deadpool.actors.handoff import Handoff
 from deadpool.actors.inbox import Drain
@@ -150,26 +151,6 @@ def test_the_disk_marker_is_the_views() -> None:
     assert not buddy.restores_from_disk(1) and not buddy.restores_from_disk(0)
 
 
-class Done:
-    """A collective that completed."""
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        return True
-
-
-class Doubling:
-    """A gloo stand-in for a group of two identical seats: an all-reduce doubles, and completes at once."""
-
-    def __init__(self) -> None:
-        self.issued = 0
-
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Done:
-        self.issued += 1
-        for tensor in tensors:
-            tensor.mul_(2)
-        return Done()
-
-
 def backward_through(group: MeshGroup, prepare_after: int | None, handoff: Handoff) -> torch.Tensor:
     """A backward whose every node all-reduces its gradient on `group` (as DTensor's do); a Prepare comes after
     the `prepare_after`-th.  Returns the leaf, whose gradient says how far the backward ran."""
@@ -200,7 +181,7 @@ def test_a_step_lost_before_its_backward_stops_at_the_first_mesh_collective_and_
     backward = AbandonableBackward(lambda: resets.append(state.step))
     backward.install()
     try:
-        inner = Doubling()
+        inner = Sums()
         dim = MeshDim("tp", "deadpool:tp:0", (0, 1), inner=inner, members=("a", "b"))
         group = MeshGroup(dim, collectives, 0)
         group.allreduce([torch.ones(2)]).wait()  # the forward's
@@ -226,7 +207,7 @@ def test_a_step_lost_after_its_backward_issued_a_collective_runs_to_its_end() ->
     backward = AbandonableBackward()
     backward.install()
     try:
-        inner = Doubling()
+        inner = Sums()
         group = MeshGroup(MeshDim("tp", "deadpool:tp:0", (0, 1), inner=inner, members=("a", "b")), collectives, 0)
         x = backward_through(group, 1, handoff)
         assert collectives.step_lost() and not state.abandoned
