@@ -108,7 +108,10 @@ class PeerFetch:
         asked = self.sources(view, seat)
         prefetch, self.prefetch = self.prefetch, None
         fetched = None
-        if prefetch is not None and prefetch.asked == asked:
+        if prefetch is not None and prefetch.asked != asked:  # the view names other sources (another seat lost)
+            # A copy answering later asks for nothing: its slices would supersede the ones asked for below.
+            prefetch.fail_slices(RestoreFailed("the prefetch was superseded by the view's own fetch"))
+        elif prefetch is not None:
             # The commit came before the copy's answer: the slices of the resume step go out now, beside it.
             prefetch.ask_slices(view.resume_step, self._handoff.post)
             try:

@@ -214,11 +214,18 @@ class SeatMesh:
                     log.warning("mesh group %s has an unfinished collective but the view keeps it", dim.name)
                 report.kept.append(dim.name)
         if todo:
-            with concurrent.futures.ThreadPoolExecutor(len(todo), thread_name_prefix="deadpool-mesh") as pool:
-                futures = {dim.name: pool.submit(build, f"{view.store_prefix}/mesh/{dim.name}",
-                                                 self.groups[self.dims.index(dim)].rank(), len(dim.seats))
-                           for dim in todo}
-                built = {name: future.result() for name, future in futures.items()}
+            try:
+                with concurrent.futures.ThreadPoolExecutor(len(todo), thread_name_prefix="deadpool-mesh") as pool:
+                    futures = {dim.name: pool.submit(build, f"{view.store_prefix}/mesh/{dim.name}",
+                                                     self.groups[self.dims.index(dim)].rank(), len(dim.seats))
+                               for dim in todo}
+                    built = {name: future.result() for name, future in futures.items()}
+            except BaseException:
+                # A peer may have built and kept a group this seat gave up on (its connect completed as a newer
+                # view interrupted ours): the PrepareAck lists them all, so every seat of each builds it again.
+                for dim in todo:
+                    dim.dirty = True
+                raise
             for dim in todo:
                 if dim.inner is not None:
                     GUARD.retire(dim.inner)

@@ -78,3 +78,24 @@ def test_a_commit_before_the_copys_answer_asks_for_the_slices_of_its_step_at_onc
     assert manifest == empty
     assert [(f.seat, f.step, f.part, f.member) for f in posted[1:]] == [(0, 3, RestorePart.SLICE, A)], \
         "one slice, of the resume step, asked for once"
+
+
+def test_a_prefetch_the_view_does_not_use_asks_for_nothing_when_its_copy_answers_late() -> None:
+    """A second seat was lost before the commit: the view fetches that seat's slice from its buddy, not what
+    the prefetch would ask.  The adoption asks for its own parts; the prefetch's copy, answered after that,
+    must not ask for slices of the same step (the snapshot actor would fail the adoption's as asked again)."""
+    posted, handoff, fetch = _prefetching()
+    (copy,) = posted
+    empty = Manifest(b"", (), 0)
+    adoption: list[Fetch] = []
+
+    def answer(item: Fetch) -> None:
+        adoption.append(item)
+        item.future.set_result(Fetched(item.step, empty, []))
+
+    handoff.bind(answer)
+    fetch.from_buddy(_view(3, ["h:rank9:b", SPARE], [], 3, {1: A, 0: "h:rank9:c"}), 1)
+    assert [(f.seat, f.step, f.part, f.member) for f in adoption] == [
+        (1, 3, RestorePart.HELD, A), (0, 3, RestorePart.SLICE, "h:rank9:c")]
+    copy.future.set_result(Fetched(3, empty, []))  # the prefetch's copy answers late
+    assert len(adoption) == 2, "the dropped prefetch asked for its slices after all"

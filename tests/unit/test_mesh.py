@@ -11,7 +11,7 @@ from deadpool.chaos import ChaosPoint
 from deadpool.errors import CollectiveAborted
 from deadpool.protocol.view import View
 from deadpool.worker.groups import Op
-from deadpool.worker.mesh import MeshDim, MeshGroup, chaos_point, mesh_dims
+from deadpool.worker.mesh import MeshDim, MeshGroup, SeatMesh, chaos_point, mesh_dims
 
 
 def view(seats: list[str], rebuild: list[str] | None = None) -> View:
@@ -33,6 +33,24 @@ def test_a_group_is_rebuilt_when_a_seat_changed_member_or_the_view_names_it() ->
     assert dim.needs_rebuild(view(["a", "spare", "c", "d"]))
     assert dim.needs_rebuild(view(["a", "b", "c", "d"], rebuild=["deadpool:tp:0"]))
     assert MeshDim("tp", "deadpool:tp:0", (0, 1)).needs_rebuild(view(["a", "b", "c", "d"])), "no gloo group yet"
+
+
+def test_a_rebuild_that_fails_leaves_every_group_it_was_building_dirty() -> None:
+    """One group formed, the other's build was interrupted by a newer view: the peer of the first may keep what
+    it built, so both are reported (PrepareAck) and rebuilt on every seat of them, never kept on one side."""
+    mesh = SeatMesh.__new__(SeatMesh)  # its groups without the torch DeviceMesh (no default group here)
+    mesh.dims = mesh_dims((2, 2), ("dp", "tp"), 0)
+    mesh.groups = [MeshGroup(dim, Runtime(), 0) for dim in mesh.dims]
+
+    def build(prefix: str, rank: int, size: int) -> object:
+        if "tp" in prefix:
+            raise CollectiveAborted(f"building group {prefix}", "interrupted by a newer view", interrupted=True)
+        return Sums()
+
+    with pytest.raises(CollectiveAborted):
+        mesh.rebuild(view(["a", "b", "c", "d"]), build)
+    assert sorted(mesh.dirty_groups()) == ["deadpool:dp:0", "deadpool:tp:0"]
+    assert all(dim.inner is None for dim in mesh.dims)
 
 
 class Runtime:
