@@ -80,19 +80,16 @@ def relayout(loaded: Any, obj: Any) -> Any:
 
 
 
-def reset_fsdp_iterations(objects: Iterable[object]) -> int:
-    """Clear FSDP2's per-iteration state under every root FSDP module among `objects`; returns how many.
+def reset_fsdp_iterations(objects: Iterable[object]) -> None:
+    """Clear FSDP2's per-iteration state under every root FSDP module among `objects`.
 
     A backward abandoned mid-way never reaches FSDP2's final callback, which would otherwise leave the
     next backward without one (its reduce-scatters never finalized) and the parameters unsharded.
     ``reset_iter_state()`` reshards them and drops the lost iteration's gradient reductions.
     """
     if FSDPModule is None or not FSDP_RESETS:
-        return 0
-    reset = 0
+        return
     for obj in objects:
         for module in obj.modules() if isinstance(obj, torch.nn.Module) else ():
             if isinstance(module, FSDPModule) and module._get_fsdp_state()._is_root:
                 module.reset_iter_state()
-                reset += 1
-    return reset

@@ -64,7 +64,7 @@ class AbandonableBackward:
     reset there: the abandoned backward never reached its final callback).
     """
 
-    def __init__(self, abandoned: Callable[[], object] | None = None) -> None:
+    def __init__(self, abandoned: Callable[[], None] | None = None) -> None:
         self._original: Callable[..., Any] | None = None
         self._abandoned = abandoned
 
