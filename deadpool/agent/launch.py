@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deadpool.agent import coordinators, determinism, jobfile, progress, relay
+from deadpool.agent import coordinators, determinism, exits, jobfile, progress, relay
 from deadpool.agent.closing import summarize
 from deadpool.agent.heapenv import worker_heap_env
 from deadpool.agent.relay import BeatRelay
@@ -63,36 +63,6 @@ log = logging.getLogger("deadpool.agent.launch")
 DROP_LOG_INTERVAL = 10.0  # seconds between two lines about dropped frames (each line counts the drops it covers)
 WORKER_EXIT_GRACE = 30.0
 OUTPUT_DRAIN_GRACE = 5.0  # the workers' groups are gone: their output is read this long at most (a setsid child)
-
-
-async def _exited(pid: int) -> None:
-    """Return once process `pid` has ended (its pidfd becomes readable), without waiting for its pipes."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):  # no pidfd here (or already reaped): a slow poll instead
-        while jobfile.process_alive(pid):
-            await asyncio.sleep(0.1)
-        return
-    loop = asyncio.get_running_loop()
-    ended: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(fd, _set_once, ended)
-    try:
-        await ended
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-
-
-def _kill_group(pgid: int) -> None:
-    """SIGKILL (then SIGCONT, for a stopped one) to every process left in group `pgid`, if any."""
-    for signum in (signal.SIGKILL, signal.SIGCONT):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signum)
-
-
-def _set_once(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 @dataclass
@@ -604,28 +574,31 @@ class Launcher:
     def _fence_kill(self, member: str) -> None:
         for worker in self.workers:
             if worker.member == member and worker.returncode is None:
-                _kill_group(worker.proc.pid)
+                exits.kill_group(worker.proc.pid)
 
     async def _watch(self, worker: Worker) -> None:
         """Report a worker's exit to the coordinator at once: the fastest failure signal."""
         # Not proc.wait(): it also waits for the output pipe to close, and a child of the worker that
         # inherited it (a DataLoader worker) holds it for seconds after the worker was killed.
-        await _exited(worker.proc.pid)
-        while (code := worker.proc.returncode) is None:  # the child watcher reaps it right after
-            await asyncio.sleep(0.01)
+        code = await exits.ended(worker.proc.pid)
+        while code is None and (code := worker.proc.returncode) is None:  # the child watcher reaps it soon
+            await asyncio.sleep(0.002)
         worker.returncode = code
-        _kill_group(worker.proc.pid)  # its children (DataLoader workers) would hold its sockets and pipe on
         self.relay.forget(worker.member)
-        self._remove_shm_files(worker)
-        if self.transport is None or self.stop is not None or self.coordinator_gone:
-            # The job has ended: nobody needs the report, and a send to a coordinator that has exited
-            # would hold the launcher's exit for the whole send timeout.
-            return
-        with contextlib.suppress(TransportError):
-            await self.transport.send(self.link.active,
-                                      [codec.encode(ProcessExited(self.agent_id, worker.member, code, worker.seat_hint),
-                                                   self.secret)],
-                                      2.0)
+        try:
+            if self.transport is None or self.stop is not None or self.coordinator_gone:
+                # The job has ended: nobody needs the report, and a send to a coordinator that has exited
+                # would hold the launcher's exit for the whole send timeout.
+                return
+            # The report first, the clean-up after: the exit is the fastest failure signal there is.
+            with contextlib.suppress(TransportError):
+                await self.transport.send(
+                    self.link.active,
+                    [codec.encode(ProcessExited(self.agent_id, worker.member, code, worker.seat_hint), self.secret)],
+                    2.0)
+        finally:
+            exits.kill_group(worker.proc.pid)  # its children (DataLoader workers) would hold its sockets and pipe on
+            self._remove_shm_files(worker)
 
     def _remove_shm_files(self, worker: Worker) -> None:
         """An exited worker's snapshot slot files go; a buddy that mapped one keeps its mapping."""
@@ -645,11 +618,11 @@ class Launcher:
         deadline = time.monotonic() + 3.0
         for worker in alive:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(_exited(worker.proc.pid), max(0.1, deadline - time.monotonic()))
+                await asyncio.wait_for(exits.ended(worker.proc.pid), max(0.1, deadline - time.monotonic()))
         for worker in alive:
-            _kill_group(worker.proc.pid)
+            exits.kill_group(worker.proc.pid)
         for worker in alive:
-            await _exited(worker.proc.pid)  # SIGKILL (and SIGCONT, for a stopped one) cannot be ignored
+            await exits.ended(worker.proc.pid)  # SIGKILL (and SIGCONT, for a stopped one) cannot be ignored
 
 
 def run(args: argparse.Namespace) -> int:

@@ -57,12 +57,14 @@ class FaultInjector:
         spec = self._plan.due(point, state.step if step is None else step)
         if spec is None:
             return
-        self._events.emit(Event.CHAOS_INJECTED, action=spec.action, at=point, spec=str(spec),
-                          epoch=state.epoch, rank=state.rank, step=state.step)
         self._handoff.post(ChaosInjected(self._member, spec.action, state.rank, state.step, time.time()))
         if not self._handoff.flush(REPORT_FLUSH_S):
             log.warning("chaos %s: the report was not handed to the transport within %.1fs; injecting anyway",
                         spec, REPORT_FLUSH_S)
+        # The event is the injection's timestamp (what recovery times count from): taken once the report is
+        # out, as the signal goes, not before the report's hand-over, which only an injected failure waits for.
+        self._events.emit(Event.CHAOS_INJECTED, action=spec.action, at=point, spec=str(spec),
+                          epoch=state.epoch, rank=state.rank, step=state.step)
         chaos.inject(spec, self._partition)
 
     def spare_point(self, elapsed: float, wait: float) -> float:

@@ -4,7 +4,8 @@ A seat's snapshot holds its own state and its slice of the replicated region (pa
 optimizer state that are the same on every seat).  A seat restored from its buddy (the spare) or
 restoring in full gets the rest of the region from the other seats: each serves its slice from
 its own snapshot, or, for a seat being restored too, its buddy from its copy.  Everything is
-asked for at once through the snapshot actor (``Fetch``), and waited for as a whole.  A spare
+asked for at once through the snapshot actor (``Fetch``), and waited for as a whole once the
+adoption has built its groups (they form while the answers come in).  A spare
 chosen by a Prepare asks before the view that seats it names the step (``start_prefetch``); the
 adoption keeps what came if it is of that step.  Why this beats a collective on the new group
 is in docs/architecture.md ("A swap at the speed of one step").
@@ -97,42 +98,57 @@ class PeerFetch:
         return [(other, RestorePart.SLICE, view.restore_from.get(other, view.seats[other]))
                 for other in range(view.world_size) if other != seat]
 
-    def from_buddy(self, view: View, seat: int) -> Restored:
-        """The seat's snapshot from its buddy's copy and the other seats' slices, all asked for at once, or
-        already fetched when the Prepare chose this spare.
+    def from_buddy(self, view: View, seat: int) -> Callable[[], Restored]:
+        """Ask now for the seat's snapshot from its buddy's copy and the other seats' slices (all at once, or
+        already asked for when the Prepare chose this spare); the call returned waits for them and assembles
+        the seat's arena, so the caller builds its groups meanwhile.
 
-        Raises:
+        The call raises:
             CollectiveAborted: a newer view interrupted the wait.
             RestoreFailed: a part is refused or does not fit; WaitTimeout: not all answered in time.
         """
         asked = self.sources(view, seat)
         prefetch, self.prefetch = self.prefetch, None
-        fetched = None
+        which = f"of step {view.resume_step}"
         if prefetch is not None and prefetch.asked != asked:  # the view names other sources (another seat lost)
             # A copy answering later asks for nothing: its slices would supersede the ones asked for below.
             prefetch.fail_slices(RestoreFailed("the prefetch was superseded by the view's own fetch"))
-        elif prefetch is not None:
-            # The commit came before the copy's answer: the slices of the resume step go out now, beside it.
-            prefetch.ask_slices(view.resume_step, self._handoff.post)
+            prefetch = None
+        if prefetch is None:
+            answers = self._ask(view.resume_step, asked)
+            return lambda: self.assemble(seat, view.world_size, asked, self.wait(view.epoch, which, asked, answers))
+        # The commit came before the copy's answer: the slices of the resume step go out now, beside it.
+        prefetch.ask_slices(view.resume_step, self._handoff.post)
+
+        def finish() -> Restored:
             try:
-                fetched = self.wait(view.epoch, f"of step {view.resume_step}", asked, prefetch.answers)
+                fetched: list[Fetched] | None = self.wait(view.epoch, which, asked, prefetch.answers)
             except RestoreFailed:
                 fetched = None  # a seat holds no slice of the step the newest copy is of: the resume step is older
-            if fetched is not None and any(part.step != view.resume_step for part in fetched):
-                fetched = None  # the newest copies were not the step every seat can restore
-        if fetched is None:
-            fetched = self._fetch(view, asked)
-        return self.assemble(seat, view.world_size, asked, fetched)
+            if fetched is None or any(part.step != view.resume_step for part in fetched):
+                fetched = self._fetch(view, asked)  # the newest copies were not the step every seat can restore
+            return self.assemble(seat, view.world_size, asked, fetched)
 
-    def slices_into(self, view: View, seat: int, manifest: Manifest, arena: torch.Tensor) -> None:
-        """Complete a restored arena with the other seats' slices of the replicated region, asked of them.
+        return finish
 
-        Raises:
-            CollectiveAborted, RestoreFailed, WaitTimeout: as ``from_buddy``.
+    def slices_into(self, view: View, seat: int, manifest: Manifest, arena: torch.Tensor) -> Callable[[], Restored]:
+        """Ask now for the other seats' slices of the replicated region that complete a restored arena; the
+        call returned waits for them, puts them in place and returns the completed snapshot.
+
+        The call raises:
+            CollectiveAborted, RestoreFailed, WaitTimeout: as ``from_buddy``'s.
         """
         asked = self.slice_sources(view, seat) if manifest.replicated else []
-        if asked:
-            self._place(view.resume_step, view.world_size, manifest, arena, asked, self._fetch(view, asked))
+        answers = self._ask(view.resume_step, asked)
+        which = f"of step {view.resume_step}"
+
+        def finish() -> Restored:
+            if asked:
+                self._place(view.resume_step, view.world_size, manifest, arena, asked,
+                            self.wait(view.epoch, which, asked, answers))
+            return manifest, arena
+
+        return finish
 
     def start_prefetch(self, prepare: Prepare, seat: int, held: View) -> None:
         """A Prepare chose this spare for `seat`: ask now for the newest copies of what the view that seats it

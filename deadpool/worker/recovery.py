@@ -304,6 +304,7 @@ class Recovery:
         self._seat_samplers(seat, view.world_size)  # before a loader's pass is rebuilt from the snapshot
         self._fetch.seconds = 0.0
         restored: Restored | None = None
+        pending: Callable[[], Restored] | None = None  # asked of the peers: awaited once the groups are built
         preloaded: Preloaded | None = None
         kept: dict[int, torch.Tensor] = {}  # live tensors that already hold the restored values
         held = None  # the local snapshot restored from: kept for peers asking for its slice
@@ -315,7 +316,7 @@ class Recovery:
             source, preloaded, self._preloaded = "buddy", self._preloaded, None
             if preloaded is None or (preloaded.seat, preloaded.step, preloaded.asked) != (
                     seat, view.resume_step, PeerFetch.sources(view, seat)):
-                preloaded, restored = None, self._fetch.from_buddy(view, seat)
+                preloaded, pending = None, self._fetch.from_buddy(view, seat)
             self._fetch.prefetch = None
         else:
             held = self._snapshots.find(view.resume_step)
@@ -326,10 +327,13 @@ class Recovery:
             unchanged = self._unchanged(restored[0]) if self._holds_resume_state(view, seat) else None
             source, kept = "local", unchanged or {}
             if unchanged is None:
-                self._fetch.slices_into(view, seat, *restored)
-        fetched = time.perf_counter()
+                pending = self._fetch.slices_into(view, seat, *restored)
+        # The groups form while the peers' answers come in (the snapshot actor receives them).
+        grouping = time.perf_counter()
         self._collectives.rebuild(view, seat)
-        group_s = time.perf_counter() - fetched
+        group_s = time.perf_counter() - grouping
+        if pending is not None:
+            restored = pending()
         self._adopted_groups = (len(self._collectives.last_rebuild.rebuilt) if self._collectives.mesh else 0, group_s)
         nbytes = 0
         if preloaded is not None:

@@ -53,7 +53,7 @@ def test_a_prefetch_whose_slices_are_refused_is_asked_again_for_the_resume_step(
 
     handoff.bind(refuse)
     try:
-        fetch.from_buddy(committed, 1)
+        fetch.from_buddy(committed, 1)()
     except RestoreFailed as err:
         assert "refused step 3" in str(err)
     else:
@@ -74,7 +74,7 @@ def test_a_commit_before_the_copys_answer_asks_for_the_slices_of_its_step_at_onc
         copy.future.set_result(Fetched(3, empty, []))
 
     handoff.bind(answer)
-    manifest, _ = fetch.from_buddy(_view(2, [A, SPARE], [], 3, {1: A}), 1)
+    manifest, _ = fetch.from_buddy(_view(2, [A, SPARE], [], 3, {1: A}), 1)()
     assert manifest == empty
     assert [(f.seat, f.step, f.part, f.member) for f in posted[1:]] == [(0, 3, RestorePart.SLICE, A)], \
         "one slice, of the resume step, asked for once"
@@ -94,7 +94,7 @@ def test_a_prefetch_the_view_does_not_use_asks_for_nothing_when_its_copy_answers
         item.future.set_result(Fetched(item.step, empty, []))
 
     handoff.bind(answer)
-    fetch.from_buddy(_view(3, ["h:rank9:b", SPARE], [], 3, {1: A, 0: "h:rank9:c"}), 1)
+    fetch.from_buddy(_view(3, ["h:rank9:b", SPARE], [], 3, {1: A, 0: "h:rank9:c"}), 1)()
     assert [(f.seat, f.step, f.part, f.member) for f in adoption] == [
         (1, 3, RestorePart.HELD, A), (0, 3, RestorePart.SLICE, "h:rank9:c")]
     copy.future.set_result(Fetched(3, empty, []))  # the prefetch's copy answers late
