@@ -14,6 +14,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "demos" / "train_gpt.py"
+REFERENCE_STEPS = 16  # the steps of the GPT demo's failure-free reference run (``gpt_reference``, conftest.py)
 DIGEST = re.compile(r"^final state digest: ([0-9a-f]{64})$", re.MULTILINE)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors, launch, read_events, wait_for
+from launch_util import DEMO, REFERENCE_STEPS, REPO, LaunchResult, assert_no_survivors, read_events, wait_for
 
 from deadpool.protocol import codec
 from deadpool.protocol.messages import PROTOCOL_VERSION, CommitView, Heartbeat, Join, Prepare, SnapshotHeader
@@ -21,7 +21,7 @@ from deadpool.protocol.view import View
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 16
+STEPS = REFERENCE_STEPS  # their digests are the shared reference run's (gpt_reference)
 SECRET = "test-secret-0123456789"
 
 
@@ -44,11 +44,8 @@ def finish(proc: subprocess.Popen[str], events: Path, timeout: float = 240) -> L
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
-    result = launch(tmp_path_factory.mktemp("baseline"), "--nproc", "4", "--spares", "1", steps=STEPS,
-                    script_args=("--step-delay", "0.1"), env={"DEADPOOL_SECRET": SECRET})
-    assert result.returncode == 0 and result.digest, result.output[-3000:]
-    return result
+def baseline(gpt_reference: LaunchResult) -> LaunchResult:
+    return gpt_reference
 
 
 def garbage_frames() -> list[list[bytes]]:

@@ -12,22 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch_util import LaunchResult, launch
+from launch_util import REFERENCE_STEPS, LaunchResult, launch
 
 from deadpool.snapshot import shm
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 40
+STEPS = REFERENCE_STEPS  # kills land in step 8, half way, with snapshots of every earlier step taken
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
-    result = launch(tmp_path_factory.mktemp("baseline"), "--nproc", "4", "--spares", "1", steps=STEPS)
-    assert result.returncode == 0, result.output[-3000:]
-    assert result.digest, result.output[-3000:]
-    assert not result.of("member_failed")
-    return result
+def baseline(gpt_reference: LaunchResult) -> LaunchResult:
+    return gpt_reference
 
 
 def assert_swapped(result: LaunchResult, baseline: LaunchResult, seat: int) -> None:
@@ -53,10 +49,10 @@ def assert_swapped(result: LaunchResult, baseline: LaunchResult, seat: int) -> N
 
 
 def test_kill_at_step_boundary_swaps_spare_in_bit_identical(tmp_path: Path, baseline: LaunchResult) -> None:
-    result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:rank=2:step=20", steps=STEPS)
+    result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:rank=2:step=8", steps=STEPS)
     assert_swapped(result, baseline, seat=2)
     assert "swap: rank 2 back in" in result.output
-    assert result.of("chaos_injected")[0]["step"] == 20
+    assert result.of("chaos_injected")[0]["step"] == 8
 
 
 def _shm_files_left(result: LaunchResult) -> list[str]:
@@ -68,7 +64,7 @@ def _shm_files_left(result: LaunchResult) -> list[str]:
 
 def test_kill_with_buddy_copies_over_tcp_on_one_host_is_bit_identical(tmp_path: Path, baseline: LaunchResult) -> None:
     """`--shm-dir ""` forces the TCP path on one host; the baseline's buddies mapped their wards' slots."""
-    result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--shm-dir", "", "--chaos", "kill:rank=2:step=20",
+    result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--shm-dir", "", "--chaos", "kill:rank=2:step=8",
                     steps=STEPS)
     assert_swapped(result, baseline, seat=2)
     over_tcp = result.of("snapshot_memory")
@@ -84,14 +80,14 @@ def test_kill_with_buddy_copies_over_tcp_on_one_host_is_bit_identical(tmp_path: 
 
 def test_kill_mid_backward_is_bit_identical(tmp_path: Path, baseline: LaunchResult) -> None:
     result = launch(
-        tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:rank=2:step=20:at=backward", steps=STEPS
+        tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:rank=2:step=8:at=backward", steps=STEPS
     )
     assert_swapped(result, baseline, seat=2)
 
 
 def test_kill_rank0_during_allreduce_is_bit_identical(tmp_path: Path, baseline: LaunchResult) -> None:
     result = launch(
-        tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:rank=0:step=20:at=allreduce", steps=STEPS
+        tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:rank=0:step=8:at=allreduce", steps=STEPS
     )
     assert_swapped(result, baseline, seat=0)
 
@@ -128,7 +124,7 @@ def zero_baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
     return result
 
 
-@pytest.mark.parametrize("chaos", ["kill:rank=2:step=20", "kill:rank=1:step=20:at=broadcast"])
+@pytest.mark.parametrize("chaos", ["kill:rank=2:step=8", "kill:rank=1:step=8:at=broadcast"])
 def test_zero_sharded_optimizer_state_comes_back_from_the_buddy(
     tmp_path: Path, baseline: LaunchResult, zero_baseline: LaunchResult, chaos: str,
 ) -> None:
@@ -159,7 +155,7 @@ def gpu_baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
 
 
 @needs_cuda
-@pytest.mark.parametrize("chaos", ["kill:rank=2:step=20", "kill:rank=1:step=20:at=allreduce"])
+@pytest.mark.parametrize("chaos", ["kill:rank=2:step=8", "kill:rank=1:step=8:at=allreduce"])
 def test_gpu_kill_is_bit_identical(tmp_path: Path, gpu_baseline: LaunchResult, chaos: str) -> None:
     """The demo on the GPU (every worker on GPU LOCAL_RANK % count, deterministic kernels): snapshots
     go through the side stream into pinned memory, the spare restores onto its GPU."""
