@@ -109,20 +109,19 @@ class PeerFetch:
         """
         asked = self.sources(view, seat)
         prefetch, self.prefetch = self.prefetch, None
-        which = f"of step {view.resume_step}"
         if prefetch is not None and prefetch.asked != asked:  # the view names other sources (another seat lost)
             # A copy answering later asks for nothing: its slices would supersede the ones asked for below.
             prefetch.fail_slices(RestoreFailed("the prefetch was superseded by the view's own fetch"))
             prefetch = None
         if prefetch is None:
             answers = self._ask(view.resume_step, asked)
-            return lambda: self.assemble(seat, view.world_size, asked, self.wait(view.epoch, which, asked, answers))
+            return lambda: self.assemble(seat, view.world_size, asked, self._resume_answers(view, asked, answers))
         # The commit came before the copy's answer: the slices of the resume step go out now, beside it.
         prefetch.ask_slices(view.resume_step, self._handoff.post)
 
         def finish() -> Restored:
             try:
-                fetched: list[Fetched] | None = self.wait(view.epoch, which, asked, prefetch.answers)
+                fetched: list[Fetched] | None = self._resume_answers(view, asked, prefetch.answers)
             except RestoreFailed:
                 fetched = None  # a seat holds no slice of the step the newest copy is of: the resume step is older
             if fetched is None or any(part.step != view.resume_step for part in fetched):
@@ -140,12 +139,11 @@ class PeerFetch:
         """
         asked = self.slice_sources(view, seat) if manifest.replicated else []
         answers = self._ask(view.resume_step, asked)
-        which = f"of step {view.resume_step}"
 
         def finish() -> Restored:
             if asked:
                 self._place(view.resume_step, view.world_size, manifest, arena, asked,
-                            self.wait(view.epoch, which, asked, answers))
+                            self._resume_answers(view, asked, answers))
             return manifest, arena
 
         return finish
@@ -221,7 +219,11 @@ class PeerFetch:
 
     def _fetch(self, view: View, asked: Sequence[Asked]) -> list[Fetched]:
         """Ask for every (seat, part, member) of `asked` at once and wait for all the answers."""
-        return self.wait(view.epoch, f"of step {view.resume_step}", asked, self._ask(view.resume_step, asked))
+        return self._resume_answers(view, asked, self._ask(view.resume_step, asked))
+
+    def _resume_answers(self, view: View, asked: Sequence[Asked], answers: Answers) -> list[Fetched]:
+        """``wait`` for the answers to what was asked of `view`'s resume step."""
+        return self.wait(view.epoch, f"of step {view.resume_step}", asked, answers)
 
     def _ask(self, step: int, asked: Sequence[Asked], newest: bool = False) -> Answers:
         """Hand the snapshot actor a Fetch of step `step` (or the `newest` held) for each part asked for."""

@@ -15,6 +15,7 @@ from launch_util import REPO, LaunchResult, launch
 pytestmark = pytest.mark.e2e
 
 LLAMA = REPO / "demos" / "train_llama.py"
+STRAGGLER = REPO / "tests" / "fixtures" / "straggler_llama.py"  # the Llama demo, some seats slow to snapshot
 STEPS = 16
 MESH_2X2 = ("--size", "tiny", "--fsdp", "--tp", "2")
 FSDP_4 = ("--size", "tiny", "--fsdp")
@@ -59,7 +60,12 @@ def rebuilt_groups(result: LaunchResult) -> set[str]:
 def test_a_kill_at_a_step_boundary_rebuilds_only_the_dead_seats_groups(
     tmp_path: Path, mesh_baseline: LaunchResult,
 ) -> None:
-    result = run(tmp_path, MESH_2X2, "kill:rank=2:step=9")
+    """Seat 2 dies as it begins step 9 while the survivors are still at step 8's boundary (each is slow to
+    snapshot it), so none of them starts a collective the Prepare would leave unfinished.  Without the
+    hold, seats 1 and 3 may get into step 9's all-gather on dp group {1, 3} and seat 1 into its tp
+    all-reduce with seat 0 before the Prepare lands: those groups are then rightly rebuilt as dirty."""
+    result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:rank=2:step=9", steps=STEPS,
+                    script=STRAGGLER, script_args=MESH_2X2, env={"STRAGGLER": "0,1,3:8:2.0"})
     assert_recovered(result, mesh_baseline, [2])
     assert rebuilt_groups(result) == GROUPS_OF_SEAT_2
     kept = {name for r in result.of("restored") for name in r.get("groups_kept", [])}
@@ -105,7 +111,7 @@ def test_a_seat_that_takes_the_prepare_at_its_boundary_does_not_hold_its_healthy
     group {1, 3}; seat 3's pause notice must end that wait, not the group timeout (which once left seat 0
     to the Prepare deadline, and the job without a spare for it)."""
     result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:rank=2:step=9", steps=STEPS,
-                    script=REPO / "tests" / "fixtures" / "straggler_llama.py", script_args=MESH_2X2,
+                    script=STRAGGLER, script_args=MESH_2X2,
                     env={"STRAGGLER": "3:8:2.0"})
     assert_recovered(result, mesh_baseline, [2])
     timeouts = [f for f in result.of("collective_failed") if "no completion within" in f["error"]]
