@@ -9,6 +9,7 @@ computed here, once.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from collections.abc import Mapping
@@ -172,6 +173,25 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise MisuseError(f"{name}={raw!r} is not a valid int") from None
+
+
+# A coordinator's cyclic-GC thresholds: its young generation holds 100,000 objects (the default 700).
+COORDINATOR_GC = (100_000, 50, 100)
+
+
+def relax_gc(thresholds: tuple[int, int, int] = COORDINATOR_GC) -> tuple[int, int, int]:
+    """Run the cyclic garbage collector less often in a coordinator; returns the thresholds it had.
+
+    A coordinator keeps a record per member and allocates a few short-lived objects per message
+    (decoded fields, sends), none of them in cycles.  With the interpreter's thresholds a young
+    collection ran every 700 allocations and the older ones walked every record: at 131,072 members
+    ``deadpool simulate`` measured a quarter of the coordinator's CPU there (5.45 CPU-s per second
+    with them, 4.09 with these; forming the first view 18.0 CPU-s, 11.1).  The older generations
+    still run, 50 and 5,000 young collections apart, and only once a quarter of the heap is new.
+    """
+    previous = gc.get_threshold()
+    gc.set_threshold(*thresholds)
+    return previous
 
 
 def raise_priority(niceness: int = -10) -> bool:

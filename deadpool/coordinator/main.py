@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
 
-from deadpool.config import Config, raise_priority
+from deadpool.config import Config, raise_priority, relax_gc
 from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import Coordinator
 from deadpool.coordinator.standby import Standby
@@ -277,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                      "that the active coordinator is lost; with 2 hosts neither side can tell a cut from a loss)")
     logging.basicConfig(level=logging.WARNING, format="[coordinator] %(levelname)s %(message)s")
     raise_priority()
+    relax_gc()
     loop = new_event_loop()
     try:
         return loop.run_until_complete(_amain(args))

@@ -9,13 +9,14 @@ that hierarchical aggregation added to the coordinator.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 
 import pytest
 from deadpool.tools import cli, simulate
 from deadpool.tools.simulate import REAL_TIME_KEYS, SimConfig
 
-from deadpool.config import Config
+from deadpool.config import COORDINATOR_GC, Config
 from deadpool.coordinator.decisions import Trigger
 from deadpool.coordinator.service import Coordinator
 from deadpool.events.log import EventLog
@@ -49,6 +50,18 @@ def test_failures_are_swapped_and_invariants_hold(members: int, failures: int, s
 def test_swapped_seats_report_their_first_step() -> None:
     result = simulate.simulate(SimConfig(members=64, failures=2, seed=1))
     assert result["swaps_completed"] == 2  # both seats lost, both adopted spares finished a step
+
+
+def test_the_run_collects_garbage_as_a_coordinator_does_and_then_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[int, ...]] = []
+    sim = simulate.Simulation(SimConfig(members=64, failures=1, seed=1))
+    run = sim._run
+    monkeypatch.setattr(sim, "_run", lambda: (seen.append(gc.get_threshold()), run())[1])
+    before = gc.get_threshold()
+    assert before != COORDINATOR_GC
+    sim.run()
+    assert seen == [COORDINATOR_GC]
+    assert gc.get_threshold() == before
 
 
 def test_a_zombie_is_rejected_and_told_it_is_fenced() -> None:

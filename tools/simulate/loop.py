@@ -9,6 +9,7 @@ message crosses the real codec both ways; nothing sleeps and no event loop runs.
 from __future__ import annotations
 
 import functools
+import gc
 import heapq
 import itertools
 import random
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from deadpool.config import relax_gc
 from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import Coordinator
 from deadpool.events.catalogue import Event
@@ -285,7 +287,17 @@ class Simulation:
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        """Run to the end (bounded), checking the invariants every tick; returns the metrics."""
+        """Run to the end (bounded), checking the invariants every tick; returns the metrics.
+
+        The process collects garbage as a coordinator's does (``relax_gc``), for the run only.
+        """
+        previous = relax_gc()
+        try:
+            return self._run()
+        finally:
+            gc.set_threshold(*previous)
+
+    def _run(self) -> dict[str, Any]:
         cfg = self.config
         started = time.perf_counter()
         duration = self._ticks(cfg.duration)
