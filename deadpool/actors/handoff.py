@@ -72,6 +72,7 @@ class PrepareReady:
     dirty_groups: list[str] = field(default_factory=list)  # mesh groups with a collective not completed here
     peers: list[str] = field(default_factory=list)  # members sharing a mesh group with this seat: told it paused
     abandoned: bool = False  # it stopped step `begun`'s backward before its first collective (``PeerPaused``)
+    in_forward: bool = False  # it stopped step `begun` in its forward (``PeerPaused.in_forward``)
 
 
 @dataclass
@@ -104,7 +105,8 @@ class Handoff:
         self._commands: deque[tuple[Command, float]] = deque()  # with when each arrived (monotonic)
         self._prepare_epoch = 0  # newest epoch a Prepare asked for
         self._failed: deque[tuple[int, frozenset[int]]] = deque(maxlen=MAX_COMMANDS)  # (epoch, failed seats)
-        self._paused: dict[str, tuple[int, int, bool]] = {}  # mesh peer -> (Prepare epoch, step begun, abandoned)
+        self._paused: dict[str, tuple[int, int, bool, bool]] = {}  # mesh peer -> (Prepare epoch, step begun,
+        # abandoned, in its forward)
         self._terminal: Stop | Fenced | None = None  # a command after which nothing else matters
         self._confirmed: set[tuple[str, int]] = set()  # (generation, step) copies confirmed by the buddy
         self._post: Callable[[Any], None] | None = None
@@ -131,13 +133,14 @@ class Handoff:
             self._commands.append((command, time.monotonic()))
             self.condition.notify_all()
 
-    def peer_paused(self, member: str, prepare_epoch: int, begun: int, abandoned: bool = False) -> None:
+    def peer_paused(self, member: str, prepare_epoch: int, begun: int, abandoned: bool = False,
+                    in_forward: bool = False) -> None:
         """A mesh-group peer stopped for Prepare(`prepare_epoch`) after beginning step `begun` (``PeerPaused``),
-        `abandoned`: with only that step's forward collectives issued."""
+        `abandoned`: with only that step's forward collectives issued (`in_forward`: not even all of those)."""
         with self.condition:
             if len(self._paused) >= 4 * MAX_COMMANDS and member not in self._paused:
                 self._paused.clear()  # a bound: entries of long-past rounds are of no use
-            self._paused[member] = (prepare_epoch, begun, abandoned)
+            self._paused[member] = (prepare_epoch, begun, abandoned, in_forward)
             self.condition.notify_all()
 
     def confirm(self, generation: str, step: int) -> None:
@@ -192,13 +195,14 @@ class Handoff:
 
     def peer_stopped_before(self, epoch: int, members: Sequence[str], step: int, past_forward: bool = False) -> bool:
         """True when one of `members` paused for a Prepare newer than `epoch` before reaching `step`, or, for a
-        wait `past_forward` of its step, after abandoning that step's backward: it will not issue the collective,
-        so a wait on a group with it cannot complete.  (Every forward collective of an abandoned step was issued
-        and waited on by the seat that abandoned it: a wait on one completes.)"""
+        wait `past_forward` of its step, after abandoning that step's backward, or, for any wait of its step,
+        after abandoning that step's forward: it will not issue the collective, so a wait on a group with it
+        cannot complete.  (Every forward collective of a step abandoned in its backward was issued and waited
+        on by the seat that abandoned it: a wait on one completes.)"""
         for member in members:
             paused = self._paused.get(member)
             if paused is not None and paused[0] > epoch and (
-                    paused[1] < step or (paused[1] == step and paused[2] and past_forward)):
+                    paused[1] < step or (paused[1] == step and paused[2] and (past_forward or paused[3]))):
                 return True
         return False
 

@@ -334,7 +334,8 @@ class SnapshotActor:
         self._to_membership(Outbound(ack))
         view = self._view
         if view is not None and ready.peers:  # mesh peers that ran ahead stop waiting on this seat
-            paused = codec.encode(PeerPaused(self._member, view.epoch, ready.epoch, ready.begun, ready.abandoned),
+            paused = codec.encode(PeerPaused(self._member, view.epoch, ready.epoch, ready.begun, ready.abandoned,
+                                             ready.in_forward),
                                   self._secret)
             for peer in ready.peers:
                 addr = view.bulk_addrs.get(peer)
@@ -383,7 +384,8 @@ class SnapshotActor:
             self._on_restore_reply(message, item.frames)
         elif isinstance(message, PeerPaused):
             if message.sender in view.seats:
-                self._handoff.peer_paused(message.sender, message.prepare_epoch, message.begun, message.abandoned)
+                self._handoff.peer_paused(message.sender, message.prepare_epoch, message.begun, message.abandoned,
+                                          message.in_forward)
             else:
                 self._events.emit(Event.REJECTED, reason="not_in_view", peer=message.sender, kind="peer_paused")
         else:

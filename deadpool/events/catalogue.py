@@ -21,7 +21,7 @@ class Event(enum.StrEnum):
     VIEW_PREPARED = "view_prepared"  # reason, trigger, seats being refilled
     VIEW_COMMITTED = "view_committed"  # resume_step, reason, seats refilled
     VIEW_ADOPTED = "view_adopted"  # a worker took a committed view
-    PAUSED = "paused"  # a worker stopped at a step boundary for a Prepare: reason, backward_abandoned
+    PAUSED = "paused"  # stopped at a step boundary for a Prepare: reason, backward_abandoned, forward_abandoned
     # source (local | buddy | disk), bytes, live_bytes (of those, already held by live tensors: not reloaded), s,
     # fetch_s, group_s; with a mesh: groups_rebuilt, groups_kept, mesh_group_s
     RESTORED = "restored"

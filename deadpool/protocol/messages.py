@@ -101,6 +101,7 @@ class PeerPaused:
     prepare_epoch: int  # the epoch of the Prepare it paused for
     begun: int  # the last step it began (ran to its end): it issues no collective of a later step
     abandoned: bool = False  # it stopped step `begun`'s backward before its first collective: nothing after its forward
+    in_forward: bool = False  # it stopped step `begun` in its forward: not even all of the forward's collectives
 
 
 @dataclass(frozen=True, slots=True)

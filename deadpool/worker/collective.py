@@ -379,11 +379,11 @@ class GroupCollectives:
         return self._run(lambda group: group.broadcast([flat], options), f"buffer broadcast of step {self._state.step}")
 
     def abandons_backward(self) -> bool:
-        """A mesh collective of this seat's backward is about to be issued: True when the step is lost and it is
-        the backward's first, so that the backward stops here and every later collective of the step completes
-        locally (``abandoned``).  Every seat of a healthy group then issued the same collectives on it: all of
-        the forward's, none of the backward's.  A seat that issued one first runs its step to its end; a wait
-        on a peer that stopped ends at that peer's ``PeerPaused`` (why this is safe: docs/architecture.md)."""
+        """A mesh collective of this seat's backward is about to be issued: True when the step is lost and the
+        step issued no backward collective yet, so that the backward stops here (as does any later backward of
+        the step) and every later collective of the step completes locally (``abandoned``).  A seat that issued
+        one first runs its step to its end; a wait on a peer that stopped ends at that peer's ``PeerPaused``
+        (why this is safe: docs/architecture.md)."""
         state = self._state
         if state.backward_issued or state.abandoned:
             return state.abandoned
@@ -394,8 +394,14 @@ class GroupCollectives:
         return state.abandoned
 
     def abandoned(self) -> bool:
-        """This seat stopped the lost step's backward: the step's remaining mesh collectives complete locally."""
-        return self._state.abandoned
+        """This seat stopped the lost step's forward or backward: the step's remaining mesh collectives complete
+        locally (a backward's first one stops that backward, ``abandons_backward``)."""
+        return self._state.abandoned or self._state.forward_abandoned
+
+    def abandon_forward(self) -> None:
+        """This seat stopped the lost step's forward (``lost_step.AbandonableForward``): it issues no further
+        collective of the step, and its pause notice ends its mesh peers' waits on it (``PeerPaused.in_forward``)."""
+        self._state.forward_abandoned = True
 
     def wait_bounded(self, work: dist.Work, what: str, seats: Sequence[int]) -> None:
         """A mesh group's collective: waited on until it completes, fails or times out, a Prepare declares

@@ -12,10 +12,10 @@ of a lost backward is abandoned: DeadPool's gradient hooks raise
 installed around ``torch.autograd.backward`` swallows, so ``loss.backward()``
 returns at once instead of computing gradients nobody will use.  On a mesh
 (``rt.device_mesh``) the backward stops at its first collective when the step
-is already lost by then (``mesh.py``: its healthy groups stay in step).  A lost
-step's forward under ``rt.ddp`` stops too, at the next submodule, and hands the
-script stand-ins shaped like the module's last output for inputs of the same
-shapes (``AbandonableForward``).
+is already lost by then (``mesh.py``).  A lost step's forward under ``rt.ddp``,
+or of a mesh seat's tracked model, stops too, at the next submodule, and hands
+the script stand-ins shaped like the module's last output for inputs of the
+same shapes (``AbandonableForward``).
 """
 
 from __future__ import annotations
@@ -136,8 +136,10 @@ class AbandonableForward:
     the script.
     """
 
-    def __init__(self, module: nn.Module, lost: Callable[[], bool]) -> None:
+    def __init__(self, module: nn.Module, lost: Callable[[], bool],
+                 stopped: Callable[[], None] | None = None) -> None:
         self._lost = lost
+        self._stopped = stopped  # told when a lost step's forward stops (or is not run) and stand-ins go back
         self._armed = False
         self._templates: dict[Hashable, tuple[list[TensorShape | Any], pytree.TreeSpec]] = {}
         self._module = module
@@ -146,7 +148,7 @@ class AbandonableForward:
         # its forward runs whole, as before.
         self._hooked = not any(_compiled(sub) for sub in module.modules())
         for sub in module.modules() if self._hooked else ():
-            sub.register_forward_pre_hook(self._check)
+            sub.register_forward_pre_hook(self._check, prepend=True)  # before FSDP2's all-gather, TP's hooks
 
     def _check(self, module: nn.Module, args: Any) -> None:
         if self._armed and self._lost():
@@ -170,6 +172,17 @@ class AbandonableForward:
             self._armed = False
         return self._remember(key, output)
 
+    def wrap(self) -> None:
+        """Watch every call of the module itself (``rt.track`` of a mesh seat's model): its ``forward`` becomes
+        an attribute of the instance that runs the class's through this guard, inside torch's hooks."""
+        forward = self._module.forward
+
+        @functools.wraps(forward)
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            return self(forward, *args, **kwargs)
+
+        self._module.forward = watched  # type: ignore[method-assign]
+
     def _remember(self, key: Hashable | None, output: Any) -> Any:
         if key is None:
             return output
@@ -183,14 +196,19 @@ class AbandonableForward:
         return output
 
     def _stand_in(self, leaves: list[TensorShape | Any], spec: pytree.TreeSpec) -> Any:
+        if self._stopped is not None:
+            self._stopped()
+        anchor = self._anchor
+        if anchor is not None and hasattr(anchor, "to_local"):  # a DTensor: its local shard, with no collective
+            anchor = anchor.to_local()
         made = []
         for leaf in leaves:
             if not isinstance(leaf, TensorShape):
                 made.append(leaf)
                 continue
             tensor = torch.zeros(leaf.shape, dtype=leaf.dtype, device=leaf.device)
-            if leaf.requires_grad and self._anchor is not None:
-                tensor = tensor + self._anchor.reshape(-1)[0].to(leaf.device, leaf.dtype) * 0  # tied to a parameter
+            if leaf.requires_grad and anchor is not None and anchor.numel():
+                tensor = tensor + anchor.reshape(-1)[0].to(leaf.device, leaf.dtype) * 0  # tied to a parameter
             elif leaf.requires_grad:
                 tensor.requires_grad_()
             made.append(tensor)

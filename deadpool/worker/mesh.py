@@ -51,7 +51,8 @@ class MeshCollectives(Protocol):
         ...
 
     def abandoned(self) -> bool:
-        """The lost step's backward stopped on this seat: the step's remaining collectives complete locally."""
+        """The lost step's forward or backward stopped on this seat: the step's remaining collectives complete
+        locally."""
         ...
 
     def wait_bounded(self, work: dist.Work, what: str, seats: Sequence[int]) -> None:
@@ -105,10 +106,10 @@ class MeshGroup(SeatGroup):
 
     def _issue(self, issue: Callable[[Any], dist.Work], op: Op) -> dist.Work | None:
         dim = self.dim
-        if self._collectives.abandoned():  # no seat of a healthy group issues it: the group stays in step
-            return None
         if in_backward() and self._collectives.abandons_backward():
             raise StepAbandoned  # carried out of the backward and swallowed (lost_step.AbandonableBackward)
+        if self._collectives.abandoned():  # this seat stopped the step: it issues nothing more (a peer left
+            return None  # waiting on it ends that wait at its pause notice, PeerPaused)
         if dim.broken or dim.inner is None:
             dim.dirty = dim.dirty or dim.inner is not None
             return None

@@ -236,7 +236,7 @@ class Recovery:
         self._snapshots.wait_copy(self._config.copy_timeout)
         if state.poison is not None:
             self._events.emit(Event.PAUSED, epoch=state.epoch, rank=state.rank, step=state.step, reason=state.poison,
-                              backward_abandoned=state.abandoned)
+                              backward_abandoned=state.abandoned, forward_abandoned=state.forward_abandoned)
         acked = 0
         while True:
             command = pending if pending is not None else self._handoff.take(
@@ -258,7 +258,8 @@ class Recovery:
                                                 self._snapshots.complete_steps(), disk,
                                                 mesh.dirty_groups() if mesh is not None else [],
                                                 mesh.peers(view) if mesh is not None and view is not None else [],
-                                                state.abandoned))
+                                                state.abandoned or state.forward_abandoned,
+                                                state.forward_abandoned))
             elif isinstance(command, CommitView) and command.view.epoch > state.epoch:
                 if command.view.seat_of(self._env.member) is None:
                     exit_fenced(self._events, self._env.member,

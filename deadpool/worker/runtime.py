@@ -44,7 +44,7 @@ from deadpool.worker.ddp import DEFAULT_BUCKET_MB, DataParallel
 from deadpool.worker.exit import GUARD, ExceptionReport
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.groups import DefaultGroup
-from deadpool.worker.lost_step import AbandonableBackward, skip_when_lost
+from deadpool.worker.lost_step import AbandonableBackward, AbandonableForward, skip_when_lost
 from deadpool.worker.recovery import Recovery, Seating
 from deadpool.worker.step import StepState
 
@@ -177,6 +177,10 @@ class Runtime:
                     self._data_seats.add(sampler)
             if zero_mod.is_zero(obj):
                 self._tracked[name] = zero_mod.ZeroShard(obj)  # a seat snapshots its own shard, not the whole
+            if isinstance(obj, torch.nn.Module) and self._collectives.mesh is not None and dtensors.FSDP_RESETS:
+                # A mesh seat's lost step stops its forward at the next submodule, as rt.ddp's does; the groups it
+                # leaves a peer waiting on are rebuilt (the peer's wait ends at its pause notice).
+                AbandonableForward(obj, self._collectives.step_lost, self._collectives.abandon_forward).wrap()
             if isinstance(obj, torch.optim.Optimizer):
                 self._optimizers.append(obj)
                 obj.register_step_pre_hook(self._optimizer_pre_step)
@@ -350,7 +354,7 @@ class Runtime:
     def _begin_step(self, step: int) -> None:
         self._state.step = step
         self._state.poison = None
-        self._state.backward_issued = self._state.abandoned = False
+        self._state.backward_issued = self._state.abandoned = self._state.forward_abandoned = False
         self._report = {}
         self._step_started = time.perf_counter()
         self._faults.point(ChaosPoint.BOUNDARY)

@@ -23,6 +23,7 @@ class StepState:
     stepped: int = -1  # the newest step in which an optimizer's step() ran (a lost step's is skipped)
     backward_issued: bool = False  # the step in progress issued a mesh collective in its backward
     abandoned: bool = False  # the step in progress is lost and its backward stopped before its first collective
+    forward_abandoned: bool = False  # the step in progress is lost and its forward stopped (a mesh seat)
 
     @property
     def epoch(self) -> int:

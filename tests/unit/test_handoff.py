@@ -192,3 +192,14 @@ def test_a_mesh_wait_past_the_forward_stops_for_a_peer_that_abandoned_that_steps
     assert handoff.peer_stopped_before(1, ["m1", "m3"], 13)
     handoff.peer_paused("m1", 2, 12)  # ran step 12 to its end
     assert not handoff.peer_stopped_before(1, ["m1", "m3"], 12, past_forward=True)
+
+
+def test_any_mesh_wait_of_the_step_stops_for_a_peer_that_stopped_that_steps_forward() -> None:
+    """Seat 1 stopped step 12's forward at a submodule: a forward collective it had not reached is never
+    issued either, so every wait of step 12 on it ends, the forward's too."""
+    handoff = Handoff()
+    handoff.peer_paused("m1", 2, 12, abandoned=True, in_forward=True)
+    assert handoff.peer_stopped_before(1, ["m1", "m3"], 12)
+    assert handoff.peer_stopped_before(1, ["m1", "m3"], 12, past_forward=True)
+    assert not handoff.peer_stopped_before(1, ["m2", "m3"], 12), "another group's member"
+    assert not handoff.peer_stopped_before(1, ["m1", "m3"], 11), "it issued every collective of step 11"

@@ -1,4 +1,6 @@
-"""A lost step's optimizer step is skipped, without upsetting LR schedulers built before or after the skip."""
+"""A lost step's optimizer step is skipped, without upsetting LR schedulers built before or after the skip; a
+mesh seat's model watched by ``AbandonableForward.wrap`` stops a lost step's forward at the next submodule
+(the hooks torch's parallel libraries register stand in as pre-hooks registered before DeadPool's)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import warnings
 import torch
 from torch import nn
 
-from deadpool.worker.lost_step import skip_when_lost
+from deadpool.worker.lost_step import AbandonableForward, skip_when_lost
 
 
 def _setup(scheduler_first: bool) -> tuple[nn.Linear, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler,
@@ -47,3 +49,35 @@ def test_a_lost_step_leaves_parameters_and_optimizer_state_untouched() -> None:
         opt.step()
         assert stepped == [1, 1]
         assert not torch.equal(before[0], layer.weight)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 2)
+        self.entered: list[str] = []
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.second(torch.relu(self.first(x)))
+        return out, out.sum()
+
+
+def test_a_lost_forward_stops_before_the_next_submodules_hooks_and_returns_tied_stand_ins() -> None:
+    net = Net()
+    lost, stopped = [False], []
+    for name in ("first", "second"):  # a library's pre-hooks (an all-gather), registered before DeadPool's
+        getattr(net, name).register_forward_pre_hook(lambda module, args, name=name: net.entered.append(name))
+    AbandonableForward(net, lambda: lost[0], lambda: stopped.append(True)).wrap()
+    x = torch.ones(3, 4)
+    out, loss = net(x)  # the first call runs whole: its shapes are the template
+    assert net.entered == ["first", "second"] and out.shape == (3, 2) and not stopped
+    net.entered.clear()
+    net.first.register_forward_hook(lambda *_: lost.__setitem__(0, True))  # the Prepare comes in `first`
+    out, loss = net(x)
+    assert net.entered == ["first"], "the second submodule's hooks never ran"
+    assert stopped == [True] and out.shape == (3, 2) and loss.shape == () and float(loss.detach()) == 0.0
+    loss.backward()  # tied to a parameter: the script's backward runs, and reaches it
+    assert net.first.weight.grad is not None or net.second.weight.grad is not None
+    net.entered.clear()
+    out, _ = net(x)  # lost from the start: nothing runs, stand-ins at once
+    assert net.entered == [] and stopped == [True, True] and out.shape == (3, 2)

@@ -172,6 +172,13 @@ def backward_through(group: MeshGroup, prepare_after: int | None, handoff: Hando
     return x
 
 
+def tp_group(collectives: GroupCollectives) -> tuple[Sums, MeshDim, MeshGroup]:
+    """Seat 0's tp group {0, 1} on a gloo stand-in that counts what it is given."""
+    inner = Sums()
+    dim = MeshDim("tp", "deadpool:tp:0", (0, 1), inner=inner, members=("a", "b"))
+    return inner, dim, MeshGroup(dim, collectives, 0)
+
+
 def test_a_step_lost_before_its_backward_stops_at_the_first_mesh_collective_and_issues_no_other() -> None:
     """The Prepare came during the forward (whose collectives were issued): the backward stops at its first
     collective, FSDP2's iteration is reset, and every later collective of the step, the clipping's after the
@@ -181,9 +188,7 @@ def test_a_step_lost_before_its_backward_stops_at_the_first_mesh_collective_and_
     backward = AbandonableBackward(lambda: resets.append(state.step))
     backward.install()
     try:
-        inner = Sums()
-        dim = MeshDim("tp", "deadpool:tp:0", (0, 1), inner=inner, members=("a", "b"))
-        group = MeshGroup(dim, collectives, 0)
+        inner, dim, group = tp_group(collectives)
         group.allreduce([torch.ones(2)]).wait()  # the forward's
         handoff.deliver(Prepare(2, [3], "m3 died"))
         x = backward_through(group, None, handoff)
@@ -212,5 +217,28 @@ def test_a_step_lost_after_its_backward_issued_a_collective_runs_to_its_end() ->
         x = backward_through(group, 1, handoff)
         assert collectives.step_lost() and not state.abandoned
         assert x.grad is not None and inner.issued == 3, "the backward ran whole"
+    finally:
+        backward.uninstall()
+
+
+def test_a_step_whose_forward_stopped_issues_nothing_more_and_stops_its_backward() -> None:
+    """A mesh seat's lost forward stopped at a submodule (``AbandonableForward``): the step's later collectives
+    outside a backward complete locally, the stand-in's backward stops at its first collective (FSDP2 reset),
+    and the pause notice will say the forward stopped (peers end any wait of the step on this seat)."""
+    collectives, state, handoff, _ = make()
+    resets: list[int] = []
+    backward = AbandonableBackward(lambda: resets.append(state.step))
+    backward.install()
+    try:
+        inner, dim, group = tp_group(collectives)
+        group.allreduce([torch.ones(2)]).wait()  # a forward collective before the Prepare
+        handoff.deliver(Prepare(2, [3], "m3 died"))
+        collectives.abandon_forward()
+        assert collectives.abandoned() and state.forward_abandoned and not state.abandoned
+        t = torch.ones(2)
+        group.allreduce([t]).wait()  # a later one outside a backward (the root's, the clipping's)
+        assert t.tolist() == [1.0, 1.0] and inner.issued == 1 and not dim.dirty
+        x = backward_through(group, None, handoff)
+        assert x.grad is None and resets == [7] and state.abandoned and inner.issued == 1
     finally:
         backward.uninstall()
