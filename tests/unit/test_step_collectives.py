@@ -6,8 +6,10 @@ The process group is a stand-in whose operations never complete (a SIGSTOPped pe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -172,23 +174,28 @@ def backward_through(group: MeshGroup, prepare_after: int | None, handoff: Hando
     return x
 
 
-def tp_group(collectives: GroupCollectives) -> tuple[Sums, MeshDim, MeshGroup]:
-    """Seat 0's tp group {0, 1} on a gloo stand-in that counts what it is given."""
-    inner = Sums()
-    dim = MeshDim("tp", "deadpool:tp:0", (0, 1), inner=inner, members=("a", "b"))
-    return inner, dim, MeshGroup(dim, collectives, 0)
+@contextlib.contextmanager
+def tp_seat(resets: list[int] | None = None) -> Iterator[tuple[GroupCollectives, StepState, Handoff, Sums, MeshDim,
+                                                               MeshGroup]]:
+    """Seat 0's tp group {0, 1} on a gloo stand-in that counts what it is given, with the wrapper around
+    ``torch.autograd.backward`` installed (it appends the step to `resets` where FSDP2 would be reset)."""
+    collectives, state, handoff, _ = make()
+    backward = AbandonableBackward(None if resets is None else lambda: resets.append(state.step))
+    backward.install()
+    try:
+        inner = Sums()
+        dim = MeshDim("tp", "deadpool:tp:0", (0, 1), inner=inner, members=("a", "b"))
+        yield collectives, state, handoff, inner, dim, MeshGroup(dim, collectives, 0)
+    finally:
+        backward.uninstall()
 
 
 def test_a_step_lost_before_its_backward_stops_at_the_first_mesh_collective_and_issues_no_other() -> None:
     """The Prepare came during the forward (whose collectives were issued): the backward stops at its first
     collective, FSDP2's iteration is reset, and every later collective of the step, the clipping's after the
     backward too, completes locally without leaving the healthy group dirty.  The next step runs whole."""
-    collectives, state, handoff, _ = make()
     resets: list[int] = []
-    backward = AbandonableBackward(lambda: resets.append(state.step))
-    backward.install()
-    try:
-        inner, dim, group = tp_group(collectives)
+    with tp_seat(resets) as (_, state, handoff, inner, dim, group):
         group.allreduce([torch.ones(2)]).wait()  # the forward's
         handoff.deliver(Prepare(2, [3], "m3 died"))
         x = backward_through(group, None, handoff)
@@ -201,36 +208,23 @@ def test_a_step_lost_before_its_backward_stops_at_the_first_mesh_collective_and_
         state.view = view(epoch=2)
         x = backward_through(group, None, handoff)
         assert x.grad is not None and inner.issued == 4 and state.backward_issued and resets == [7]
-    finally:
-        backward.uninstall()
 
 
 def test_a_step_lost_after_its_backward_issued_a_collective_runs_to_its_end() -> None:
     """A seat of a healthy group that issued a backward collective before the Prepare came cannot know its peer
     stops before issuing it: it issues every later one (the peer that stopped ends its waits, ``PeerPaused``)."""
-    collectives, state, handoff, _ = make()
-    backward = AbandonableBackward()
-    backward.install()
-    try:
-        inner = Sums()
-        group = MeshGroup(MeshDim("tp", "deadpool:tp:0", (0, 1), inner=inner, members=("a", "b")), collectives, 0)
+    with tp_seat() as (collectives, state, handoff, inner, _, group):
         x = backward_through(group, 1, handoff)
         assert collectives.step_lost() and not state.abandoned
         assert x.grad is not None and inner.issued == 3, "the backward ran whole"
-    finally:
-        backward.uninstall()
 
 
 def test_a_step_whose_forward_stopped_issues_nothing_more_and_stops_its_backward() -> None:
     """A mesh seat's lost forward stopped at a submodule (``AbandonableForward``): the step's later collectives
     outside a backward complete locally, the stand-in's backward stops at its first collective (FSDP2 reset),
     and the pause notice will say the forward stopped (peers end any wait of the step on this seat)."""
-    collectives, state, handoff, _ = make()
     resets: list[int] = []
-    backward = AbandonableBackward(lambda: resets.append(state.step))
-    backward.install()
-    try:
-        inner, dim, group = tp_group(collectives)
+    with tp_seat(resets) as (collectives, state, handoff, inner, dim, group):
         group.allreduce([torch.ones(2)]).wait()  # a forward collective before the Prepare
         handoff.deliver(Prepare(2, [3], "m3 died"))
         collectives.abandon_forward()
@@ -240,5 +234,3 @@ def test_a_step_whose_forward_stopped_issues_nothing_more_and_stops_its_backward
         assert t.tolist() == [1.0, 1.0] and inner.issued == 1 and not dim.dirty
         x = backward_through(group, None, handoff)
         assert x.grad is None and resets == [7] and state.abandoned and inner.issued == 1
-    finally:
-        backward.uninstall()
