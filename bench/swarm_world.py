@@ -1,18 +1,18 @@
 """One process of the swarm benchmark (``bench/swarm.py``): simulated hosts on real ZeroMQ sockets, in wall-clock time.
 
-The members and host agents are the simulator's state machines (``tools/simulate/cluster.py``):
-they join, are welcomed, beat through their host agent (one ``HostHeartbeat`` per host and
-interval), answer ``Prepare`` with ``PrepareAck``, adopt views (whole, as a delta or in pieces)
-and exit when fenced.  This module is the :class:`~deadpool.tools.simulate.cluster.World` they
-see, built on real sockets instead of a virtual loop: every member binds its own ZeroMQ PULL
-socket (its control address, as a worker does), the host agents of this process share one
-endpoint (a ``ZmqTransport``, which also carries everything this process sends to the
-coordinator), every frame is authenticated with the job's secret, and a tick is 10 ms of the
-wall clock shared by every swarm process.  The orchestrator drives a process through JSON lines
-on stdin (``go``, ``kill``, ``release``, ``status``, ``stop``) and reads its answers on stdout.
-Steps follow one job-wide clock: a kill stalls every process at the same tick (a seat is gone, the
-collectives block), and after a view that rebuilds the group no seat steps until the orchestrator
-has seen every member hold it (``release``: the workers' adoption barrier).
+The members and host agents are the simulator's state machines (``tools/simulate/cluster.py``): they
+join, are welcomed, beat through their host agent (one ``HostHeartbeat`` per host and interval),
+answer ``Prepare`` with ``PrepareAck``, adopt views (whole, as a delta or in pieces) and exit when
+fenced. This module is the :class:`~deadpool.tools.simulate.cluster.World` they see, built on real
+sockets instead of a virtual loop: every member binds its own ZeroMQ PULL socket (its control
+address, as a worker does) and so does every host agent (it passes the coordinator's relayed
+broadcasts to its members in process), everything this process sends to the coordinator leaves
+through one ``ZmqTransport``, every frame is authenticated with the job's secret, and a tick is 10
+ms of the wall clock shared by every swarm process. The orchestrator drives a process through JSON
+lines on stdin (``go``, ``kill``, ``release``, ``status``, ``stop``) and reads its answers on
+stdout. Steps follow one job-wide clock: a kill stalls every process at the same tick (a seat is
+gone, the collectives block), and after a view that rebuilds the group no seat steps until the
+orchestrator has seen every member hold it (``release``: the workers' adoption barrier).
 
 Run by the orchestrator as ``python bench/swarm_world.py SPEC_JSON``.
 """
@@ -55,13 +55,14 @@ from deadpool.protocol.messages import (  # noqa: E402
     Prepare,
     ProcessExited,
     Recovered,
+    Relay,
     Role,
     Stop,
     ViewChunk,
     ViewDelta,
     Welcome,
 )
-from deadpool.protocol.transport import CONTROL_LIMITS, TransportError, new_event_loop  # noqa: E402
+from deadpool.protocol.transport import AGENT_LIMITS, CONTROL_LIMITS, TransportError, new_event_loop  # noqa: E402
 from deadpool.protocol.view import View  # noqa: E402
 
 HELLO_EVERY_S = 1.0  # a welcomed agent repeats its AgentHello this often (deadpool/agent/launch.py)
@@ -140,14 +141,17 @@ class SwarmWorld:
         self.violations: list[str] = []
         self.lag_max_s = 0.0  # the longest the heartbeat loop ran late (the process starved, or busy)
         self.queued_max = 0  # the most frames waiting to be sent to the coordinator (back-pressure)
-        self.counts = {"sent": 0, "received": 0, "decoded": 0, "rejected": 0, "send_failed": 0, "recovered": 0}
+        self.counts = {"sent": 0, "received": 0, "decoded": 0, "rejected": 0, "send_failed": 0, "recovered": 0,
+                       "relayed": 0}
         # Members, agents and sockets.
-        self.transport = ZmqTransport("tcp://127.0.0.1:0", CONTROL_LIMITS)
+        self.transport = ZmqTransport("tcp://127.0.0.1:0", CONTROL_LIMITS)  # what this process sends
         self._zmq: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(shared_context().underlying)  # plain sockets
         self.members: list[SimMember] = []
         self.agents: list[SimAgent] = []
         self._by_id: dict[str, SimMember] = {}
         self._agent_by_id: dict[str, SimAgent] = {}
+        self._by_addr: dict[str, SimMember] = {}  # control address -> member, for relays
+        self._agent_sockets: list[zmq.Socket[bytes]] = []
         self._sockets: dict[str, zmq.Socket[bytes]] = {}
         self._signed: dict[str, tuple[bytes, bytes]] = {}  # agent -> (its unsigned batch frame, signed)
         self._out: deque[bytes] = deque()
@@ -164,7 +168,7 @@ class SwarmWorld:
         for h in hosts:
             host = f"node{h:05d}"
             agent = SimAgent(f"agent-{host}", host)
-            agent.control_addr = self.transport.address  # this process's agents share one endpoint
+            self._listen_agent(agent)  # its own control socket, as each host's agent has
             self.agents.append(agent)
             self._agent_by_id[agent.agent_id] = agent
             for index in range(h * layout.members_per_host, min((h + 1) * layout.members_per_host, layout.members)):
@@ -184,8 +188,20 @@ class SwarmWorld:
         sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_LIMITS.max_frame_bytes)
         sock.bind("tcp://127.0.0.1:*")
         member.control_addr = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._by_addr[member.control_addr] = member
         self._sockets[member.member] = sock
         self._loop.add_reader(sock.fileno(), self._readable, member, sock)
+
+    def _listen_agent(self, agent: SimAgent) -> None:
+        """The agent's own control socket, configured as an agent's transport (AGENT_LIMITS: a relay is 2 frames)."""
+        sock: zmq.Socket[bytes] = self._zmq.socket(zmq.PULL)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, AGENT_LIMITS.inbox_size)
+        sock.setsockopt(zmq.MAXMSGSIZE, AGENT_LIMITS.max_frame_bytes)
+        sock.bind("tcp://127.0.0.1:*")
+        agent.control_addr = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._agent_sockets.append(sock)
+        self._loop.add_reader(sock.fileno(), self._agent_readable, sock)
 
     def _unlisten(self, member: SimMember, close: bool) -> None:
         """A stopped process reads nothing; a dead one's socket is gone (the coordinator's sends to it wait)."""
@@ -345,19 +361,22 @@ class SwarmWorld:
                 return
             self.counts["received"] += 1
             message = self._decode(frame.buffer)
-            if message is None:
-                continue
-            if isinstance(message, Prepare):
-                now = time.time()
-                record = self.prepares.setdefault(message.epoch, [0, now, now])
-                record[0] += 1
-                record[2] = now
-            run_from = member.run_from
-            member.receive(message, self)
-            if member.run_from != run_from and member.view is not None:
-                # It adopted a view that rebuilds its group: like a worker, it starts the next step only
-                # when every seat has adopted (the adoption barrier, released by the orchestrator).
-                member.run_from = self._released.get(member.view.view.epoch, BARRIER)
+            if message is not None:
+                self._deliver(member, message)
+
+    def _deliver(self, member: SimMember, message: Message) -> None:
+        """A message from the coordinator reaches `member` (on its own socket, or through its agent)."""
+        if isinstance(message, Prepare):
+            now = time.time()
+            record = self.prepares.setdefault(message.epoch, [0, now, now])
+            record[0] += 1
+            record[2] = now
+        run_from = member.run_from
+        member.receive(message, self)
+        if member.run_from != run_from and member.view is not None:
+            # It adopted a view that rebuilds its group: like a worker, it starts the next step only
+            # when every seat has adopted (the adoption barrier, released by the orchestrator).
+            member.run_from = self._released.get(member.view.view.epoch, BARRIER)
 
     async def send_loop(self) -> None:
         """Everything this process's members and agents send, in order, over the one transport."""
@@ -372,14 +391,28 @@ class SwarmWorld:
                 except TransportError:
                     self.counts["send_failed"] += 1
 
-    async def agent_inbox(self) -> None:
-        """What the coordinator sends the host agents: welcomes, fence-kills, the job's stop."""
+    def _agent_readable(self, sock: zmq.Socket[bytes]) -> None:
+        """Drain an agent's socket: welcomes, fence-kills, the job's stop, and broadcasts to relay."""
         while True:
-            frames = await self.transport.recv()
-            message = codec.decode(frames[0], self._secret, CONTROL_LIMITS.max_frame_bytes)
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            frames = [part.buffer for part in parts]
+            message = codec.decode(frames[0], self._secret, AGENT_LIMITS.max_frame_bytes)
             self.counts["received"] += 1
-            if isinstance(message, codec.DecodeError):
+            if isinstance(message, codec.DecodeError) or len(frames) != (2 if isinstance(message, Relay) else 1):
                 self.counts["rejected"] += 1
+            elif isinstance(message, Relay):
+                # A real agent sends the frame on to each of its workers over its host's loopback
+                # (deadpool/agent/relay.py). Here one process holds 256 hosts' agents and workers: the frame is
+                # decoded once and handed to the members, or this one process would move every host's copies.
+                self.counts["relayed"] += 1
+                inner = self._decode(frames[1])
+                for addr in message.to:
+                    member = self._by_addr.get(addr)
+                    if inner is not None and member is not None and member.running:
+                        self._deliver(member, inner)
             elif isinstance(message, Welcome):
                 agent = self._agent_by_id.get(message.member)
                 if agent is not None:
@@ -483,6 +516,9 @@ class SwarmWorld:
     async def close(self) -> None:
         for member in self.members:
             self._unlisten(member, close=True)
+        for sock in self._agent_sockets:
+            self._loop.remove_reader(sock.fileno())
+            sock.close(linger=0)
         await self.transport.close()  # the last transport of the process terminates the shared context
         for task in self.tasks:
             task.cancel()
@@ -523,8 +559,7 @@ async def _amain(spec: dict[str, Any]) -> None:
                       "endpoint": world.transport.address}})
     try:
         async with asyncio.TaskGroup() as tasks:
-            world.tasks += [tasks.create_task(world.transport.run()), tasks.create_task(world.send_loop()),
-                            tasks.create_task(world.agent_inbox())]
+            world.tasks += [tasks.create_task(world.transport.run()), tasks.create_task(world.send_loop())]
             await _commands(world, tasks)
             await world.close()
     finally:

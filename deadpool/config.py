@@ -56,6 +56,7 @@ class Config:
     checkpoint_dir: str = ""  # disk checkpoints (the fallback when a seat and its buddy die together)
     checkpoint_every: int = 0  # write one every this many steps; 0 = off
     shm_dir: str = field(default_factory=default_shm_dir)  # same-host buddy copies via files here; "" = off
+    relay_broadcasts: bool = True  # views and Prepares go to a host's workers through its agent (fanout.py)
 
     @property
     def pg_timeout(self) -> float:

@@ -79,6 +79,7 @@ class MembershipActor:
         self._identity = identity  # (role, host, pid, control_addr, bulk_addr), for ViewReport
         self._join: Join | None = None
         self._last_step = -1
+        self._prepared = (0, 0)  # (term, epoch) of the newest Prepare handed on: its direct resend is a repeat
 
     async def run(self) -> None:
         """Set up (the rejoin tasks), serve the inbox until cancelled by the owner, tear down."""
@@ -211,6 +212,9 @@ class MembershipActor:
             if message.epoch <= epoch:
                 self._events.emit(Event.REJECTED, reason="stale_prepare", detail=f"prepare {message.epoch} <= {epoch}")
                 return
+            if (message.term, message.epoch) <= self._prepared:
+                return  # the same Prepare again (a relay's direct resend, fanout.py): answered once already
+            self._prepared = (message.term, message.epoch)
             self._handoff.deliver(message)
             self._to_snapshots(PrepareArrived(message.epoch))  # after: the compute thread takes no snapshot now
         elif isinstance(message, Fenced):

@@ -48,6 +48,7 @@ from deadpool.protocol.messages import (
     FenceKill,
     Heartbeat,
     ProcessExited,
+    Relay,
     SignalMember,
     SilenceQuery,
     SilenceReport,
@@ -55,7 +56,7 @@ from deadpool.protocol.messages import (
     Stop,
     Welcome,
 )
-from deadpool.protocol.transport import CONTROL_LIMITS, Transport, TransportError, address_host, open_transport
+from deadpool.protocol.transport import AGENT_LIMITS, Transport, TransportError, address_host, open_transport
 from deadpool.snapshot import shm
 
 log = logging.getLogger("deadpool.agent.launch")
@@ -320,7 +321,7 @@ class Launcher:
         if coordinators.standby_wanted(args):
             await self._start_standby()
         bind = args.bind_host or args.master_addr or "127.0.0.1"
-        self.transport = open_transport(f"tcp://{bind}:0", CONTROL_LIMITS)
+        self.transport = open_transport(f"tcp://{bind}:0", AGENT_LIMITS)
         store_host, store_port = store.rsplit(":", 1)
         spec = ",".join(args.chaos)
         base = {**env, **worker_heap_env(env), "DEADPOOL_COORDINATOR": self.link.active, "DEADPOOL_EVENTS": events,
@@ -459,6 +460,13 @@ class Launcher:
         if self._outcome is not None:  # started while the job runs: its end must be watched too
             self._keep(self._standby_lifetime(self.standby_proc))
 
+    async def _pass_on(self, header: Relay, frame: memoryview) -> None:
+        """A coordinator's broadcast for this host's workers (``relay.pass_on``); a miss is only noted: the
+        coordinator sends a lost Prepare or view again directly (``coordinator/fanout.py``)."""
+        assert self.transport is not None
+        for addr in await relay.pass_on(self.transport, header, frame, 1.0):
+            self._drops.note(f"relay to {addr}: not reachable")
+
     def _keep(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` beside the inbox, holding its task until it ends (the loop keeps only weak references)."""
         task = asyncio.get_running_loop().create_task(work)
@@ -508,6 +516,8 @@ class Launcher:
             message = codec.decode(frames[0], self.secret)
             if isinstance(message, codec.DecodeError):
                 self._drops.note(f"{message.reason} ({message.detail})")
+            elif len(frames) != (2 if isinstance(message, Relay) else 1):  # a Relay's second frame is its message
+                self._drops.note(f"{type(message).__name__} in {len(frames)} frames")
             elif self.link.stale(getattr(message, "term", 0)):
                 self._drops.note(f"stale_term ({type(message).__name__} of term {getattr(message, 'term', 0)})")
             elif isinstance(message, Welcome):
@@ -526,6 +536,8 @@ class Launcher:
             elif isinstance(message, StartStandby):
                 print(f"deadpool: starting a standby coordinator here: {message.reason}", file=sys.stderr, flush=True)
                 self._keep(self._start_standby())
+            elif isinstance(message, Relay):
+                self._keep(self._pass_on(message, frames[1]))
             elif isinstance(message, Heartbeat):
                 if not self.relay.heard(message):
                     self._drops.note(f"heartbeat of {message.sender}, not a worker of this host")

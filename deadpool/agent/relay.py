@@ -1,4 +1,4 @@
-"""The host agent's heartbeat relay: its workers beat to it, and it sends the coordinator one message per interval.
+"""The host agent as a relay: its workers' heartbeats up in one message per interval, broadcasts down to them.
 
 Each worker's ``HeartbeatActor`` sends its ``Heartbeat`` to the agent that
 started it (``DEADPOOL_AGENT``) instead of to the coordinator; the agent keeps
@@ -9,6 +9,11 @@ which the coordinator counts as silence from the last message that listed it
 (``coordinator/coverage.py``); a worker whose agent is gone beats to the
 coordinator itself (``actors/heartbeat.py``), so the agent is no single point
 of failure for its host's seats.
+
+Down, the coordinator sends a broadcast (a Prepare, a view) for a host's workers to
+their agent once, as a ``Relay`` header and the message's own frame
+(``coordinator/fanout.py``); :func:`pass_on` sends that frame, unchanged and still
+authenticated by the coordinator (the header is too), to each worker the header names.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ from collections.abc import Callable, Collection
 
 from deadpool.protocol import codec
 from deadpool.protocol.link import CoordinatorLink
-from deadpool.protocol.messages import Heartbeat, HostHeartbeat
-from deadpool.protocol.transport import Transport, TransportError
+from deadpool.protocol.messages import Heartbeat, HostHeartbeat, Relay
+from deadpool.protocol.transport import Frame, Transport, TransportError
 
 HEARD_WITHIN = 2.0  # intervals: a worker beating at the same period never misses a message by phase drift
 
@@ -73,3 +78,16 @@ async def forward(relay: BeatRelay, transport: Transport, link: CoordinatorLink,
         if message is not None and link.active:
             with contextlib.suppress(TransportError):
                 await transport.send(link.active, [codec.encode(message, secret)], interval)
+
+
+async def pass_on(transport: Transport, header: Relay, frame: Frame, timeout: float) -> list[str]:
+    """Send `frame` to each address `header` names, at once; returns the addresses not reached."""
+
+    async def one(addr: str) -> bool:
+        try:
+            await transport.send(addr, [frame], timeout)
+            return True
+        except TransportError:
+            return False
+    sent = await asyncio.gather(*(one(addr) for addr in header.to))
+    return [addr for addr, ok in zip(header.to, sent, strict=True) if not ok]

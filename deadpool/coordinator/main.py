@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
 
 from deadpool.config import Config, raise_priority, relax_gc
+from deadpool.coordinator import fanout
 from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import Coordinator
 from deadpool.coordinator.standby import Standby
@@ -76,11 +77,8 @@ async def serve(coordinator: Served, transport: Transport, config: Config,
     async with asyncio.TaskGroup() as senders:
 
         def dispatch(sends: Sequence[Send]) -> None:
-            encoded: tuple[Message, bytes] | None = None
-            for send in sends:
-                if encoded is None or encoded[0] is not send.message:  # a broadcast is encoded once
-                    encoded = (send.message, codec.encode(send.message, secret))
-                task = senders.create_task(_deliver(transport, send, encoded[1], config.send_timeout))
+            for send, frames in fanout.encoded(sends, secret):  # a broadcast is encoded once
+                task = senders.create_task(_deliver(transport, send, frames, config.send_timeout))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
 
@@ -119,9 +117,9 @@ def _decode(frames: list[memoryview], secret: bytes | None, events: EventLog) ->
     return decoded
 
 
-async def _deliver(transport: Transport, send: Send, frame: bytes, timeout: float) -> None:
+async def _deliver(transport: Transport, send: Send, frames: list[bytes], timeout: float) -> None:
     try:
-        await transport.send(send.address, [frame], timeout)
+        await transport.send(send.address, frames, timeout)
     except TransportError as err:
         log.info("could not send %s to %s: %s", type(send.message).__name__, send.address, err)
 

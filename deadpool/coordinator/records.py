@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deadpool.coordinator.decisions import Snapshots, Trigger
-from deadpool.protocol.messages import Message, Role
+from deadpool.protocol.messages import Message, Prepare, Relay, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +20,7 @@ class Send:
 
     address: str  # control address of the member or agent
     message: Message  # broadcasts repeat one object, so the caller can encode it once
+    relay: Relay | None = None  # `address` is a host agent: send this header, then `message`, for it to pass on
 
 
 @dataclass
@@ -58,6 +59,8 @@ class Round:
     waiting_since: float | None = None  # no_spare_policy "wait": when the wait for a spare began
     withheld: bool = False  # its commit waits for the lease (commit_withheld was emitted once)
     first_epoch: int = 0  # the epoch of its first Prepare: answers to any Prepare of the round count
+    prepare: Prepare | None = None  # its newest Prepare, sent again directly to the silent at `resend_at`
+    resend_at: float = float("inf")  # some of it went through agents (fanout.py): when to resend it directly
 
 
 @dataclass

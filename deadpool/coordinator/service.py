@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from deadpool.config import Config
-from deadpool.coordinator import decisions, hostbeats, raised
+from deadpool.coordinator import decisions, fanout, hostbeats, raised
 from deadpool.coordinator.coverage import Coverage
 from deadpool.coordinator.decisions import NoSpare, RaisedError, Suspicion, Trigger
 from deadpool.coordinator.liveness import Liveness
@@ -79,7 +79,7 @@ class Coordinator:
                  terms: Terms | None = None) -> None:
         self.wall = wall_clock  # injected: the simulator runs on a virtual clock
         self._config = config
-        self._world_size = world_size
+        self.world_size = world_size  # seats: fixed for the job's life (a hot-swap keeps the mesh)
         self._store_addr = store_addr
         self.events = events
         self.members: dict[str, MemberRecord] = {}
@@ -99,6 +99,7 @@ class Coordinator:
         self._live = Liveness()  # members by when they were last heard from directly, for the silence check
         self.coverage = Coverage()  # members their host agent vouches for (HostHeartbeat)
         self._views = ViewSender()  # deltas for members that hold the previous view, the whole view for others
+        self.fanout = fanout.Fanout(config.heartbeat_interval, config.relay_broadcasts)  # through host agents
         self._seats_joined: set[int] = set()  # seats an active member joined for (the first view needs them all)
         self._joining = JoiningSpares()  # spares that joined the running job, pooled by one view at a time
         self._survivors_cache = Survivors()
@@ -115,8 +116,7 @@ class Coordinator:
         self.handed_finished: list[Finished] = []  # a takeover: the seats' Finished that the standby heard
         self.handed_silence: dict[str, float] = {}  # ... and how long it had not heard each member then
         self._recover_deadline = started + max(3.0, 2 * config.failure_timeout) if recovering else 0.0
-        # The newest events for `deadpool status`, compacted when asked for (bounded: a flood of rejections
-        # cannot grow it; at startup there is one event per member joining).
+        # The newest events for `deadpool status`, compacted when asked for (bounded: floods of joins or rejections).
         self.recent_events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         events.listeners.append(self.recent_events.append)
 
@@ -148,17 +148,11 @@ class Coordinator:
         if addr:  # "": a member known only from a reported view has not re-joined yet
             self._outbox.append(Send(addr, self.terms.stamp(message)))
 
-    def _broadcast(self, members: list[str], message: Message) -> None:
-        """One message object for every recipient: the caller encodes it once (a CommitView grows with the job)."""
-        message, outbox, records = self.terms.stamp(message), self._outbox, self.members
-        for member in members:
-            record = records.get(member)
-            if record is not None and record.control_addr:
-                outbox.append(Send(record.control_addr, message))
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
+    def _broadcast(self, members: list[str], message: Message, relay: bool = True) -> fanout.Plan:
+        """One message object for every recipient (encoded once), through their host agents where heard (fanout.py)."""
+        plan = self.fanout.plan(members, self.members, self.agents, self._now, self.terms.term, relay)
+        self._outbox += plan.sends(self.terms.stamp(message))
+        return plan
 
     def _epoch(self) -> int:
         return self.view.epoch if self.view else 0
@@ -172,7 +166,8 @@ class Coordinator:
             # Agents repeat their hello every second, so a restarted coordinator re-learns who owns which pid.
             self.agents[message.sender] = Agent(message.sender, message.host, message.control_addr,
                                                 dict(message.members), now)
-            self.send(message.control_addr, Welcome(self._epoch(), message.sender, self._world_size,
+            self.fanout.hello(message.sender, message.members)
+            self.send(message.control_addr, Welcome(self._epoch(), message.sender, self.world_size,
                                                      standby=self.terms.standby))
         elif isinstance(message, StandbyHello):
             if self.terms.standby_hello(now, message.sender):
@@ -236,6 +231,7 @@ class Coordinator:
             record.snapshot_step, record.confirmed_step = message.snapshot_step, message.confirmed_step
             record.stall_p99_s = message.stall_p99_s
             self.chaos.fire_armed(self, record)
+            self.fanout.catch_up.check(now, sender, message.epoch, self.resend_view)
         elif isinstance(message, PrepareAck):
             rnd = self.round
             if rnd is None or not rnd.first_epoch <= message.epoch <= rnd.epoch:  # or a full answer after an early one
@@ -272,8 +268,7 @@ class Coordinator:
         elif isinstance(message, UserException):
             raised.on_user_exception(self, message, now)
         elif isinstance(message, ViewRequest) and self.view is not None and message.epoch <= self.view.epoch:
-            for piece in self._views.whole(self.view, self.terms.term):  # it missed a delta's base
-                self.send(record.control_addr, piece)
+            self.resend_view(sender, -1)  # it missed a delta's base: the whole view
         else:
             self.events.emit(Event.REJECTED, reason="unexpected_type", detail=type(message).__name__)
 
@@ -281,9 +276,9 @@ class Coordinator:
         if join.sender in self.fenced:
             self.send(join.control_addr, Fenced(join.sender, self._epoch(), self.fenced[join.sender]))
             return
-        if join.world_size != self._world_size and not (join.role == Role.SPARE and join.world_size == 0):
+        if join.world_size != self.world_size and not (join.role == Role.SPARE and join.world_size == 0):
             self.events.emit(Event.REJECTED, reason="wrong_world_size", peer=join.sender,
-                             detail=f"member has WORLD_SIZE={join.world_size}, job has {self._world_size}")
+                             detail=f"member has WORLD_SIZE={join.world_size}, job has {self.world_size}")
             return
         known = join.sender in self.members
         self.members[join.sender] = MemberRecord(
@@ -293,7 +288,7 @@ class Coordinator:
         self._live.seen(join.sender, now)
         if join.role == Role.ACTIVE:
             self._seats_joined.add(join.seat_hint)
-        self.send(join.control_addr, Welcome(self._epoch(), join.sender, self._world_size, self.terms.term,
+        self.send(join.control_addr, Welcome(self._epoch(), join.sender, self.world_size, self.terms.term,
                                               self.terms.standby))  # with its term: no copy to stamp one
         rnd, view = self.round, self.view
         if rnd is not None and view is not None and (join.sender in self._survivors_cache.set_of(view, rnd, self.fenced)
@@ -321,6 +316,12 @@ class Coordinator:
             self.events.emit(Event.REJOIN_ASKED, member=member)
             self.send(control_addr, Rejoin(self._epoch(), member))
 
+    def resend_view(self, member: str, held: int) -> None:
+        """`member` still holds view `held` a grace period after a newer commit (or asks): again, directly."""
+        if self.view is not None and member not in self.fenced and self.view.contains(member):
+            for piece in self._views.again(self.view, held, self.terms.term):
+                self.send(self.members[member].control_addr, piece)
+
     def _adopt_reported_view(self, report: ViewReport, now: float) -> None:
         """After a restart: take the highest-epoch view any member holds, as it is (no new epoch)."""
         reported = report.view
@@ -343,12 +344,12 @@ class Coordinator:
             self._on_finished(finished)
 
     def _maybe_first_view(self) -> None:
-        if len(self._seats_joined) < self._world_size:
+        if len(self._seats_joined) < self.world_size:
             return  # seats cannot all be filled yet (building the view on every Join made startup O(members^2))
         seat_members = {r.seat_hint: r.member for r in self.members.values()
                         if r.role == Role.ACTIVE and r.member not in self.fenced}
         spares = [r.member for r in self.members.values() if r.role == Role.SPARE and r.member not in self.fenced]
-        view, reason = decisions.first_view(seat_members, self._world_size, spares, self._store_addr,
+        view, reason = decisions.first_view(seat_members, self.world_size, spares, self._store_addr,
                                             self._hosts(), self._bulk_addrs())
         if view is not None:
             self._commit(view, reason, failed={}, trigger=Trigger.FIRST_VIEW)
@@ -442,15 +443,17 @@ class Coordinator:
                            trigger, joined, waiting_since, first_epoch=previous.first_epoch if previous else epoch)
         self._suspect_since = None
         survivors = self._survivors()
-        self.events.emit(Event.VIEW_PREPARED, epoch=epoch, failed_seats=sorted(failed), reason=self.round.reason,
-                         replacements={str(k): v for k, v in replacements.items()}, trigger=trigger)
         prepare = Prepare(epoch, sorted(failed), self.round.reason, dict(replacements), reanswer=previous is None)
         # The chosen spares hear it too: one that wraps its model for its seat (rt.device_mesh) does it now,
         # while the survivors finish their step, instead of after the commit. A grown round skips the survivors
         # whose full answer it keeps: they stopped at the boundary and learn the outcome from the commit.
         told = survivors if previous is None else self._survivors_cache.unanswered(self.view, self.round, self.fenced)
         chosen = {*replacements.values(), *(previous.replacements.values() if previous else ())}
-        self._broadcast([*told, *chosen], prepare)
+        plan = self._broadcast([*told, *chosen], prepare)
+        self.round.prepare, self.round.resend_at = prepare, now + self.fanout.grace if plan.relays else float("inf")
+        self.events.emit(Event.VIEW_PREPARED, epoch=epoch, failed_seats=sorted(failed), reason=self.round.reason,
+                         replacements={str(k): v for k, v in replacements.items()}, trigger=trigger,
+                         told=plan.count, through_agents=plan.relayed)
         self._maybe_commit()
 
     def _pick_spares(self, failed: dict[int, str], joined: list[str],
@@ -465,7 +468,7 @@ class Coordinator:
     def _no_spare(self, now: float, failed: dict[int, str], waiting_since: float, why: str) -> tuple[NoSpare, str]:
         lost = ", ".join(f"rank {seat} ({member})" for seat, member in sorted(failed.items()))
         return decisions.no_spare(self._config.no_spare_policy, now, waiting_since, self._config.spare_wait_timeout,
-                                  lost, why, self._world_size)
+                                  lost, why, self.world_size)
 
     def _survivors(self) -> list[str]:
         assert self.view is not None
@@ -520,22 +523,22 @@ class Coordinator:
                          failed_seats=sorted(failed), buddies=view.buddies, trigger=trigger, term=self.terms.term)
         for members, message in self._views.commit(previous, view, self.terms.term):
             self._broadcast(members, message)
+        self.fanout.catch_up.committed(view.epoch, self._now)
 
     def _on_recovered(self, message: Recovered) -> None:
         self._blind_rebuilds = 0  # a step finished under the new view: the last rebuild worked
         for swap in [s for s in self._swaps if s.new_member == message.sender and message.epoch >= s.epoch]:
             self._swaps.remove(swap)
-            recovery = message.ts - swap.failed_at
             self.events.emit(Event.SWAP_COMPLETED, rank=swap.seat, old_member=swap.old_member,
-                             new_member=swap.new_member, recovery_s=round(recovery, 4), step=message.step,
-                             epoch=message.epoch, member=message.sender, groups_rebuilt=message.groups_rebuilt,
-                             group_s=round(message.group_s, 6))
+                             new_member=swap.new_member, recovery_s=round(message.ts - swap.failed_at, 4),
+                             step=message.step, epoch=message.epoch, member=message.sender,
+                             groups_rebuilt=message.groups_rebuilt, group_s=round(message.group_s, 6))
 
     def _on_finished(self, message: Finished) -> None:
         if self.view is None or self._views.seat_of(self.view, message.sender) != message.seat:
             return
         self._finished[message.seat] = message
-        if len(self._finished) < self._world_size:
+        if len(self._finished) < self.world_size:
             return
         digests = {f.digest for f in self._finished.values()}
         if len(digests) != 1:
@@ -571,7 +574,7 @@ class Coordinator:
             return
         self.outcome = (ok, reason)
         live = [m for m in self.members if m not in self.fenced and not self._seat_finished(m)]
-        self._broadcast(live, Stop(ok, reason))
+        self._broadcast(live, Stop(ok, reason), relay=False)  # not through agents: their own Stop ends them
         for agent in self.agents.values():
             self.send(agent.control_addr, Stop(ok, reason))
         self.send(self.terms.standby, Stop(ok, reason))
@@ -637,7 +640,7 @@ class Coordinator:
         if self._recovering and now > self._recover_deadline:
             self._recovering = False  # nobody reported a view: every seat finished, or the job had not started
             done = {f.seat: f for f in self.handed_finished}
-            if len(done) == self._world_size:
+            if len(done) == self.world_size:
                 self.view = View(max(f.epoch for f in done.values()), [f.sender for _, f in sorted(done.items())],
                                  [], -1, "", "", {}, {}, [], {})  # the finished seats, only to count them
                 self._finished.clear()
@@ -663,6 +666,7 @@ class Coordinator:
                 self._fail_job(why)
                 return
         if rnd is not None:
+            self._outbox += self.fanout.resend(rnd, now, self._survivors(), self.members, self.agents)
             for member, why in decisions.unanswered_prepare(now, rnd.deadline, self._survivors(), rnd.acks,
                                                             rnd.epoch, self._config.prepare_timeout):
                 self._declare_dead(now, member, "prepare_timeout", why)

@@ -22,6 +22,8 @@ class ViewSender:
         self._whole: list[CommitView | ViewChunk] = []
         self._term = -1
         self._seats: tuple[View | None, dict[str, int]] = (None, {})
+        self._delta: Message | None = None  # the newest view's delta, and the epoch it applies to
+        self._delta_base = -1
 
     def seat_of(self, view: View, member: str) -> int | None:
         """`member`'s seat in `view` (None: a spare or a stranger), from an index built once per view."""
@@ -42,6 +44,7 @@ class ViewSender:
         holders = {*previous.seats, *previous.spares} if previous is not None and delta is not None else set()
         newcomers = [m for m in members if m not in holders]
         sends: list[tuple[list[str], Message]] = []
+        self._delta, self._delta_base = delta, previous.epoch if previous is not None and delta is not None else -1
         if delta is not None:
             sends.append(([m for m in members if m in holders], delta))
         if newcomers:
@@ -54,3 +57,9 @@ class ViewSender:
         if not self._whole or self._term != term:
             self._whole, self._term = viewsync.whole(view, self._digest, term), term
         return list(self._whole)
+
+    def again(self, view: View, held: int, term: int) -> list[Message]:
+        """What a member holding epoch `held` needs of `view` once more: the delta where it applies, else the whole."""
+        if self._view is view and self._delta is not None and held == self._delta_base:
+            return [self._delta]
+        return self.whole(view, term)

@@ -18,7 +18,7 @@ class Event(enum.StrEnum):
     MEMBER_FAILED = "member_failed"  # detected_by (Detector), reason, detection_s
     SPARE_LOST = "spare_lost"  # a spare died or was fenced before it was seated
     SPARE_RELEASED = "spare_released"  # a spare told to leave at the end of the job
-    VIEW_PREPARED = "view_prepared"  # reason, trigger, seats being refilled
+    VIEW_PREPARED = "view_prepared"  # reason, trigger, seats being refilled, told (through_agents of them)
     VIEW_COMMITTED = "view_committed"  # resume_step, reason, seats refilled
     VIEW_ADOPTED = "view_adopted"  # a worker took a committed view
     PAUSED = "paused"  # stopped at a step boundary for a Prepare: reason, backward_abandoned, forward_abandoned

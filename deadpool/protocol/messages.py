@@ -522,6 +522,19 @@ class ViewRequest:
     epoch: int  # the epoch it holds (0: none)
 
 
+@dataclass(frozen=True, slots=True)
+class Relay:
+    """The header of a coordinator's broadcast that a host agent passes on to its workers (``coordinator/fanout.py``).
+
+    It travels as the first of two frames; the second is the message itself, encoded and authenticated
+    once for every host. The agent sends that frame unchanged to each of its workers named in ``to``, so a
+    broadcast costs the coordinator one send per host, not one per member.
+    """
+
+    to: list[str]  # control addresses of the agent's workers
+    term: int = 0  # the sending coordinator's term; an agent drops a relay of an older one
+
+
 Message = (
     Join
     | Heartbeat
@@ -562,6 +575,7 @@ Message = (
     | ViewRequest
     | PeerPaused
     | HostHeartbeat
+    | Relay
 )
 
 # Append-only: a tag, once given, is never reused or renumbered.
@@ -605,5 +619,6 @@ REGISTRY: dict[int, type[Message]] = {
     37: ViewRequest,
     45: PeerPaused,
     60: HostHeartbeat,
+    61: Relay,
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}

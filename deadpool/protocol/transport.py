@@ -53,6 +53,8 @@ class Limits:
 # The control channel (coordinator, agents, members' membership and heartbeat traffic).  Defined here, not
 # beside the runtime thread, so that the launcher, the coordinator and the operator tools import no torch.
 CONTROL_LIMITS = Limits(max_frame_bytes=1 << 20, max_frames=1, inbox_size=256, send_hwm=64)
+# A host agent's endpoint: the same, but a coordinator's broadcast to pass on is two frames (header, message).
+AGENT_LIMITS = Limits(max_frame_bytes=1 << 20, max_frames=2, inbox_size=256, send_hwm=64)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from deadpool.config import relax_gc
+from deadpool.coordinator import fanout
 from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import Coordinator
 from deadpool.events.catalogue import Event
@@ -31,6 +32,7 @@ from deadpool.protocol.messages import (
     Message,
     ProcessExited,
     Recovered,
+    Relay,
     Role,
     ViewChunk,
     ViewDelta,
@@ -62,7 +64,8 @@ class Simulation:
         self.coordinator = coordinator_class(self.coordinator_config, cfg.seats, "sim-store:29400", self._events,
                                              started=self.now(), wall_clock=self.now)
         self._inbound: list[bytes] = []
-        self._outbox: list[tuple[str, bytes]] = []  # the coordinator's encoded sends of this tick
+        # The coordinator's encoded sends of this tick: (address, frame, the Relay header's frame when relayed).
+        self._outbox: list[tuple[str, bytes, bytes]] = []
         self._timers: list[tuple[int, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._decoded: dict[int, tuple[bytes, Message]] = {}  # id(frame) -> decoded, for this tick's sends
@@ -332,7 +335,7 @@ class Simulation:
         outbox, self._outbox = self._outbox, []
         decoded, self._decoded = self._decoded, {}
         limit = self.config.max_frame_bytes
-        for address, frame in outbox:
+        for address, frame, header in outbox:
             target = self._by_addr.get(address)
             if target is None or (isinstance(target, SimMember) and not target.running):
                 continue  # a dead or frozen process reads nothing
@@ -341,7 +344,16 @@ class Simulation:
                 continue
             cached = decoded.get(id(frame))
             message = cached[1] if cached is not None and cached[0] is frame else _decode(frame)
-            target.receive(message, self)
+            if not header:
+                target.receive(message, self)
+                continue
+            relay = decoded.get(id(header))
+            to = relay[1] if relay is not None and relay[0] is header else _decode(header)
+            assert isinstance(target, SimAgent) and isinstance(to, Relay), f"a relay to {address}"
+            for addr in to.to:  # the agent passes the frame on to its workers (agent/relay.py)
+                member = self._by_addr.get(addr)
+                if isinstance(member, SimMember) and member.running and member.agent is target:
+                    member.receive(message, self)
 
     def _view_delivered(self, info: ViewInfo) -> None:
         """A newer view reaches the members: after a rebuild the group runs again unless a seat is still down."""
@@ -416,18 +428,18 @@ class Simulation:
 
     def _encode(self, sends: Sequence[Send]) -> None:
         """The coordinator process's share of a send: encoding, once per message object (a broadcast)."""
-        last: Message | None = None
-        frame = b""
-        for send in sends:
-            if send.message is not last:
-                last, frame = send.message, codec.encode(send.message)
-            self._outbox.append((send.address, frame))
-            self.costs.bytes_out += len(frame)
+        for send, frames in fanout.encoded(sends, None):
+            header = frames[0] if len(frames) == 2 else b""
+            self._outbox.append((send.address, frames[-1], header))
+            self.costs.bytes_out += len(frames[-1]) + len(header)
 
     def _check_sends(self) -> None:
         """Every distinct frame sent this tick is decoded once (members read the decoded copy); views checked."""
         last: bytes | None = None
-        for _, frame in self._outbox:
+        for _, frame, header in self._outbox:
+            if header and id(header) not in self._decoded:
+                self._decoded[id(header)] = (header, _decode(header))
+                self.costs.max_frame_bytes = max(self.costs.max_frame_bytes, len(header))
             if frame is last:
                 continue
             last = frame

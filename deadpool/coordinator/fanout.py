@@ -1,0 +1,157 @@
+"""Broadcasts through host agents: one send per host, not one per member, and the nets for a lost relay.
+
+A member whose host agent started it (its ``AgentHello``) and was heard within the last two heartbeat
+intervals gets a broadcast (a Prepare, a view, the coordinators' addresses) through that agent: the coordinator
+sends the agent a :class:`~deadpool.protocol.messages.Relay` header naming those workers' control
+addresses, then the message's own frame, which the agent passes on unchanged (``agent/relay.py``).
+Every other member, and a host with one recipient, gets its own copy.  An agent can die between its
+last heartbeat and a relay; two nets catch what it then loses, both direct sends to members whose
+agent has gone silent: a survivor that has not answered a relayed Prepare within :func:`grace` gets
+it again (:meth:`Fanout.resend`), and a member whose own heartbeats (it beats to the coordinator
+itself once its agent is gone) still show an older epoch :func:`grace` after a commit gets its view
+again (:class:`CatchUp`).  docs/architecture.md has the argument.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from deadpool.coordinator.records import Agent, MemberRecord, Round, Send
+from deadpool.protocol import codec
+from deadpool.protocol.messages import Message, Relay
+
+RELAY_WITHIN = 2.0  # heartbeat intervals: an agent heard longer ago than this relays nothing
+
+
+def grace(heartbeat_interval: float) -> float:
+    """How long a relayed message may take before its direct copy goes: an agent's beat spans two intervals."""
+    return max(0.5, 3 * heartbeat_interval)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Who gets a broadcast how: their own copy, or through an agent (one Relay header per agent)."""
+
+    direct: list[str]  # control addresses
+    relays: list[tuple[str, Relay]]  # (agent's control address, header naming its workers)
+
+    @property
+    def relayed(self) -> int:
+        """Members reached through their agents."""
+        return sum(len(relay.to) for _, relay in self.relays)
+
+    @property
+    def count(self) -> int:
+        """Members reached."""
+        return len(self.direct) + self.relayed
+
+    def sends(self, message: Message) -> list[Send]:
+        return [*(Send(addr, message) for addr in self.direct),
+                *(Send(agent, message, relay) for agent, relay in self.relays)]
+
+
+class Fanout:
+    """The coordinator's broadcasts: which agent runs which member, their plans (the last one kept: a view's
+    pieces share it), and the nets for a lost relay."""
+
+    def __init__(self, heartbeat_interval: float, relay: bool) -> None:
+        self.within = RELAY_WITHIN * heartbeat_interval if relay else 0.0
+        self.grace = grace(heartbeat_interval)
+        self.catch_up = CatchUp(self.grace)
+        self._agent_of: dict[str, str] = {}  # member -> the agent whose AgentHello listed it last
+        self._hosted: dict[str, frozenset[str]] = {}  # agent -> the members of its last hello
+        self._last: tuple[list[str] | None, float, Plan] = (None, 0.0, Plan([], []))
+
+    def hello(self, agent: str, members: Iterable[str]) -> None:
+        """`agent` started `members` (its AgentHello, repeated every second: indexed when it changes)."""
+        listed = frozenset(members)
+        if self._hosted.get(agent) != listed:
+            self._hosted[agent] = listed
+            self._agent_of.update(dict.fromkeys(listed, agent))
+
+    def heard(self, member: str, agents: Mapping[str, Agent], now: float) -> Agent | None:
+        """`member`'s agent, if it was heard within the relay window (None: reach the member directly)."""
+        agent = agents.get(self._agent_of.get(member, ""))
+        return agent if agent is not None and now - agent.seen <= self.within else None
+
+    def plan(self, members: list[str], records: Mapping[str, MemberRecord], agents: Mapping[str, Agent],
+             now: float, term: int, relay: bool = True) -> Plan:
+        """How to reach `members` (unknown ones, and ones without an address, are skipped)."""
+        relay = relay and self.within > 0
+        if relay and self._last[0] is members and self._last[1] == now:
+            return self._last[2]
+        direct: list[str] = []
+        hosts: dict[str, tuple[Agent, list[str]]] = {}
+        for member in members:
+            record = records.get(member)
+            if record is None or not record.control_addr:
+                continue
+            agent = self.heard(member, agents, now) if relay else None
+            if agent is None:
+                direct.append(record.control_addr)
+            else:
+                hosts.setdefault(agent.agent_id, (agent, []))[1].append(record.control_addr)
+        relays: list[tuple[str, Relay]] = []
+        for agent, addrs in hosts.values():
+            if len(addrs) == 1:
+                direct += addrs
+            else:
+                relays.append((agent.control_addr, Relay(addrs, term)))
+        made = Plan(direct, relays)
+        if relay:
+            self._last = (members, now, made)
+        return made
+
+    def resend(self, rnd: Round, now: float, survivors: list[str], records: Mapping[str, MemberRecord],
+               agents: Mapping[str, Agent]) -> list[Send]:
+        """`rnd`'s Prepare went partly through agents and its grace passed: once more, directly, to each survivor
+        that has not answered and whose agent is no longer heard (a live agent passed it on)."""
+        if now < rnd.resend_at or rnd.prepare is None:
+            return []
+        rnd.resend_at = float("inf")
+        prepare = rnd.prepare
+        return [Send(records[m].control_addr, prepare) for m in itertools.filterfalse(rnd.acks.__contains__, survivors)
+                if self.heard(m, agents, now) is None]
+
+
+def encoded(sends: Iterable[Send], secret: bytes | None) -> Iterator[tuple[Send, list[bytes]]]:
+    """Each send with its frames: a broadcast's message encoded once (consecutive sends share it), a Relay
+    header once per agent however many of a view's pieces it precedes."""
+    last: tuple[Message | None, bytes] = (None, b"")
+    headers: dict[int, tuple[Relay, bytes]] = {}
+    for send in sends:
+        if last[0] is not send.message:
+            last = (send.message, codec.encode(send.message, secret))
+        if send.relay is None:
+            yield send, [last[1]]
+            continue
+        header = headers.get(id(send.relay))
+        if header is None:
+            header = headers[id(send.relay)] = (send.relay, codec.encode(send.relay, secret))
+        yield send, [header[1], last[1]]
+
+
+class CatchUp:
+    """A member whose agent is gone, still on an older view a grace period after a commit: its view again.
+
+    Checked on a member's own heartbeats, which it sends only once its agent is gone (a live agent's
+    relay reached it); once per member and commit, so a member slow to adopt is not flooded.
+    """
+
+    def __init__(self, after: float) -> None:
+        self._after = after
+        self._epoch = 0
+        self._due = float("inf")  # from when a member behind counts as having lost its copy
+        self._sent: set[str] = set()  # members sent their copy again since the last commit
+
+    def committed(self, epoch: int, now: float) -> None:
+        self._epoch, self._due = epoch, now + self._after
+        self._sent.clear()
+
+    def check(self, now: float, member: str, epoch: int, send: Callable[[str, int], None]) -> None:
+        """`member`'s own heartbeat reported `epoch`: past the grace and behind, it is sent its view again."""
+        if now >= self._due and epoch < self._epoch and member not in self._sent:
+            self._sent.add(member)
+            send(member, epoch)

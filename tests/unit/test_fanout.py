@@ -1,0 +1,141 @@
+"""Broadcasts through host agents (coordinator/fanout.py, agent/relay.py): one send per host, and the nets.
+
+The sans-I/O coordinator on a virtual clock (the ``Job`` of test_coordinator_service)
+whose one host agent started every member and was heard just now: a round's Prepare
+and the view that ends it go to the agent once, as a Relay header naming the workers;
+a member a lost relay left behind (its agent gone silent) gets the Prepare or the
+view again, directly, a grace period later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from test_coordinator_service import Job, ack
+from test_coverage import host_beat
+
+from deadpool.agent.relay import pass_on
+from deadpool.config import Config
+from deadpool.coordinator import fanout
+from deadpool.coordinator.records import Send
+from deadpool.protocol import codec
+from deadpool.protocol.messages import CommitView, Heartbeat, Prepare, ProcessExited, Relay, ViewDelta
+from deadpool.protocol.transport import Frame, TransportError
+
+ALL = ["m0", "m1", "m2", "s0"]
+
+
+def relayed(sends: list[Send], kind: type) -> dict[str, list[str]]:
+    """agent address -> the workers a relay of `kind` named."""
+    return {s.address: s.relay.to for s in sends if s.relay is not None and isinstance(s.message, kind)}
+
+
+def direct(sends: list[Send], kind: type) -> set[str]:
+    return {s.address for s in sends if s.relay is None and isinstance(s.message, kind)}
+
+
+def covered_job() -> Job:
+    """A 3-seat job whose agent was heard just now."""
+    job = Job(seats=3, spares=1)
+    job.now += 0.25
+    job.handle(host_beat(ALL))
+    job.sent.clear()
+    return job
+
+
+def test_a_round_and_its_view_go_once_to_the_agent_of_the_hosts_workers() -> None:
+    job = covered_job()
+    job.handle(ProcessExited("agent-h0", "m1", -9))
+    assert relayed(job.sent, Prepare) == {"inproc://agent": ["inproc://m0", "inproc://m2", "inproc://s0"]}
+    assert direct(job.sent, Prepare) == set()
+    job.sent.clear()
+    job.handle(ack("m0", 2, [7, 8], {2: [7]}))
+    job.handle(ack("m2", 2, [7, 8], {1: [6, 7]}))
+    assert job.epoch == 2
+    assert relayed(job.sent, ViewDelta) == {"inproc://agent": ["inproc://m0", "inproc://s0", "inproc://m2"]}
+
+
+def test_without_a_recent_word_from_the_agent_or_with_relays_off_every_member_gets_its_own_copy() -> None:
+    job = covered_job()
+    job.now += 2 * Config().heartbeat_interval + 0.01  # the agent's last HostHeartbeat is too old to relay through
+    job.handle(ProcessExited("agent-h0", "m1", -9))
+    assert relayed(job.sent, Prepare) == {}
+    assert direct(job.sent, Prepare) == {"inproc://m0", "inproc://m2", "inproc://s0"}
+    off = Job(seats=3, spares=1, config=Config(relay_broadcasts=False))
+    off.handle(host_beat(ALL))
+    off.handle(ProcessExited("agent-h0", "m1", -9))
+    assert relayed(off.sent, Prepare) == {} and len(direct(off.sent, Prepare)) == 3
+
+
+def test_a_survivor_silent_after_a_relayed_prepare_whose_agent_fell_silent_gets_it_again_directly() -> None:
+    grace = fanout.grace(Config().heartbeat_interval)
+    for agent_alive in (True, False):
+        job = covered_job()
+        job.handle(ProcessExited("agent-h0", "m1", -9))
+        job.handle(ack("m0", 2, [7, 8], {2: [7]}))  # m2 has not answered yet
+        job.now += grace - 0.01
+        if agent_alive:
+            job.handle(host_beat(["m0", "m2", "s0"]))
+        job.sent.clear()
+        job.tick()
+        assert direct(job.sent, Prepare) == set(), "not before the grace"
+        job.now += 0.02
+        job.tick()
+        # Only the survivor that has not answered, and only when its agent is gone: a live one passed it on.
+        assert direct(job.sent, Prepare) == (set() if agent_alive else {"inproc://m2"})
+        job.sent.clear()
+        job.now += grace
+        job.tick()
+        assert direct(job.sent, Prepare) == set(), "once"
+
+
+def test_a_member_beating_on_its_own_still_on_the_old_view_a_grace_after_the_commit_gets_it_again_once() -> None:
+    job = covered_job()
+    job.handle(ProcessExited("agent-h0", "m1", -9))
+    job.handle(ack("m0", 2, [7, 8], {2: [7]}))
+    job.handle(ack("m2", 2, [7, 8], {1: [6, 7]}))
+    assert job.epoch == 2
+    job.sent.clear()
+    job.handle(Heartbeat("m0", 1, 7, 7, 6, 0.0, "inproc://m0"))  # within the grace, behind is only slow
+    assert direct(job.sent, ViewDelta) == set()
+    job.now += fanout.grace(Config().heartbeat_interval)
+    for _ in range(2):
+        job.handle(Heartbeat("m0", 1, 7, 7, 6, 0.0, "inproc://m0"))
+        job.handle(Heartbeat("m2", 2, 7, 7, 6, 0.0, "inproc://m2"))  # holds it: nothing to send
+    assert [s.address for s in job.sent if isinstance(s.message, ViewDelta)] == ["inproc://m0"], "once, the delta"
+    job.sent.clear()
+    job.handle(Heartbeat("s0", 0, 7, 7, 6, 0.0, "inproc://s0"))  # it holds no view at all: the whole view
+    assert [type(s.message) for s in job.sent if s.address == "inproc://s0"] == [CommitView]
+
+
+class Recorder:
+    """A transport that records the frames sent to each address, and refuses some addresses."""
+
+    def __init__(self, refuse: set[str]) -> None:
+        self.sent: dict[str, bytes] = {}
+        self.refuse = refuse
+
+    async def send(self, address: str, frames: Sequence[Frame], timeout: float) -> None:
+        if address in self.refuse:
+            raise TransportError(f"{address} refused")
+        self.sent[address] = bytes(frames[0])
+
+
+def test_the_agent_passes_the_frame_on_unchanged_and_names_the_workers_it_could_not_reach() -> None:
+    frame = codec.encode(Prepare(2, [1], "m1 died"), b"secret")
+    transport = Recorder(refuse={"tcp://w2"})
+    missed = asyncio.run(pass_on(transport, Relay(["tcp://w0", "tcp://w2"], term=1), frame, 1.0))  # type: ignore[arg-type]
+    assert transport.sent == {"tcp://w0": frame}, "byte for byte, still under the coordinator's MAC"
+    assert missed == ["tcp://w2"]
+
+
+def test_a_relay_is_two_frames_whose_header_each_agent_gets_once_per_view() -> None:
+    relay = Relay(["tcp://w0", "tcp://w1"])
+    pieces = [Prepare(2, [1], "a"), Prepare(3, [1], "b")]
+    sends = [Send("tcp://agent", pieces[0], relay), Send("tcp://w9", pieces[0]), Send("tcp://agent", pieces[1], relay)]
+    frames = [f for _, f in fanout.encoded(sends, None)]
+    assert [len(f) for f in frames] == [2, 1, 2]
+    assert frames[0][0] is frames[2][0], "one header for both pieces"
+    assert frames[0][1] is frames[1][0], "one encoding of a broadcast"
+    assert codec.decode(frames[0][0]) == relay
