@@ -45,6 +45,7 @@ from deadpool.tools.simulate.cluster import (  # noqa: E402
 )
 from deadpool.transports.zmq_transport import ZmqTransport, shared_context  # noqa: E402
 
+from deadpool.agent.relay import ACK_WINDOW_S  # noqa: E402
 from deadpool.protocol import codec, viewsync  # noqa: E402
 from deadpool.protocol.messages import (  # noqa: E402
     AgentHello,
@@ -53,6 +54,7 @@ from deadpool.protocol.messages import (  # noqa: E402
     Join,
     Message,
     Prepare,
+    PrepareAck,
     ProcessExited,
     Recovered,
     Relay,
@@ -227,6 +229,18 @@ class SwarmWorld:
 
     def send(self, message: Message) -> None:
         self._queue(codec.encode(message, self._secret))
+
+    def answer(self, member: SimMember, ack: PrepareAck) -> None:
+        """As an agent's AckBatcher (deadpool/agent/relay.py): the first answer waits for its host's others."""
+        agent = member.agent
+        if not agent.acks:
+            self._loop.call_later(ACK_WINDOW_S, self._send_answers, agent)
+        agent.acks.append(ack)
+
+    def _send_answers(self, agent: SimAgent) -> None:
+        batch = agent.answers()
+        if batch is not None:
+            self.send(batch)
 
     def view_info(self, view: View) -> ViewInfo:
         """One ViewInfo per committed view in this process, however it arrived (whole, delta, pieces)."""

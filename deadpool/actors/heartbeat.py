@@ -84,7 +84,9 @@ class HeartbeatActor:
             if standby:  # the standby learns who is alive, and where, from the same beats, whatever the active does
                 with contextlib.suppress(TransportError):
                     await self._transport.send(standby, [last[1]], STANDBY_SEND_TIMEOUT_S)
-            if not await self._via_agent(last[1]):
+            if await self.via_agent(last[1]):
+                self.sent += 1
+            else:
                 try:
                     await self._transport.send(self._link.active, [last[1]], self._interval)
                     self.sent += 1
@@ -100,13 +102,13 @@ class HeartbeatActor:
                     outage = True
             await asyncio.sleep(self._interval)
 
-    async def _via_agent(self, frame: bytes) -> bool:
-        """Hand the beat to the host agent; False when there is none, it is gone, or it does not take it."""
+    async def via_agent(self, frame: bytes) -> bool:
+        """Hand a frame (a beat, or an answer to Prepare) to the host agent; False when there is none, it is
+        gone, or it does not take it."""
         if not self._agent or os.getppid() != self._agent_pid:
             return False
         try:
             await self._transport.send(self._agent, [frame], self._interval)
         except TransportError:
             return False
-        self.sent += 1
         return True

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from deadpool.actors.handoff import Handoff
 from deadpool.actors.inbox import Drain, Inbound, Mailbox, Outbound, PrepareArrived, ViewChanged
@@ -28,6 +28,7 @@ from deadpool.protocol.messages import (
     Join,
     Message,
     Prepare,
+    PrepareAck,
     Rejoin,
     Role,
     Stop,
@@ -59,6 +60,7 @@ class MembershipActor:
         joined: asyncio.Event,
         reconnected: asyncio.Event,
         identity: tuple[Role, str, int, str, str],
+        via_agent: Callable[[bytes], Awaitable[bool]] | None = None,
     ) -> None:
         # Local lane: the compute thread's messages and drain markers (through the SnapshotActor), in order.
         self.inbox: Mailbox[Outbound | Drain, Inbound] = Mailbox("membership actor", peer_size=256)
@@ -80,6 +82,10 @@ class MembershipActor:
         self._join: Join | None = None
         self._last_step = -1
         self._prepared = (0, 0)  # (term, epoch) of the newest Prepare handed on: its direct resend is a repeat
+        # The host agent batches its workers' PrepareAcks (agent/relay.py); the ones it took for the newest
+        # Prepare are sent again directly when that Prepare comes again (the coordinator lost the agent).
+        self._via_agent = via_agent
+        self._acks_via_agent: list[PrepareAck] = []
 
     async def run(self) -> None:
         """Set up (the rejoin tasks), serve the inbox until cancelled by the owner, tear down."""
@@ -124,11 +130,14 @@ class MembershipActor:
             if self._join is not None and not self._joined.is_set():
                 await self._send(self._join)
 
-    async def _send(self, message: Message) -> None:
+    async def _send(self, message: Message, direct: bool = False) -> None:
         if self._fenced:
             return  # a fenced member changes nothing
         try:
             frame = codec.encode(message, self._secret)
+            if isinstance(message, PrepareAck) and not direct and self._via_agent and await self._via_agent(frame):
+                self._acks_via_agent.append(message)
+                return
             await self._transport.send(self._link.active, [frame], self._send_timeout)
             if isinstance(message, Finished) and self._link.standby:
                 # A seat's Finished is its last word (the process exits next): the standby keeps it for a
@@ -213,8 +222,12 @@ class MembershipActor:
                 self._events.emit(Event.REJECTED, reason="stale_prepare", detail=f"prepare {message.epoch} <= {epoch}")
                 return
             if (message.term, message.epoch) <= self._prepared:
-                return  # the same Prepare again (a relay's direct resend, fanout.py): answered once already
-            self._prepared = (message.term, message.epoch)
+                # The same Prepare again, sent directly: its relay or our answers were lost with our agent
+                # (coordinator/fanout.py). The compute thread has it; the answers the agent took go again.
+                for ack in [a for a in self._acks_via_agent if a.epoch == message.epoch]:
+                    await self._send(ack, direct=True)
+                return
+            self._prepared, self._acks_via_agent = (message.term, message.epoch), []
             self._handoff.deliver(message)
             self._to_snapshots(PrepareArrived(message.epoch))  # after: the compute thread takes no snapshot now
         elif isinstance(message, Fenced):

@@ -153,7 +153,7 @@ class RuntimeThread:
         membership = MembershipActor(
             self.member, link, control, self._handoff, self._events, snapshots.inbox.post,
             self._secret, config.send_timeout, heartbeat.joined, heartbeat.reconnected,
-            (*self.role_and_host, os.getpid(), control.address, bulk.address),
+            (*self.role_and_host, os.getpid(), control.address, bulk.address), heartbeat.via_agent,
         )
         self._membership, self._snapshots = membership, snapshots
         loop = asyncio.get_running_loop()

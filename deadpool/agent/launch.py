@@ -35,7 +35,7 @@ from typing import Any
 from deadpool.agent import coordinators, determinism, exits, jobfile, progress, relay
 from deadpool.agent.closing import summarize
 from deadpool.agent.heapenv import worker_heap_env
-from deadpool.agent.relay import BeatRelay
+from deadpool.agent.relay import AckBatcher, BeatRelay
 from deadpool.chaos import SIGNALS, ChaosAction, ChaosSpec, unreachable
 from deadpool.chaos import parse as parse_chaos
 from deadpool.config import Config, is_loopback, raise_priority
@@ -47,6 +47,7 @@ from deadpool.protocol.messages import (
     Coordinators,
     FenceKill,
     Heartbeat,
+    PrepareAck,
     ProcessExited,
     Relay,
     SignalMember,
@@ -277,6 +278,7 @@ class Launcher:
         self.last_contact = time.monotonic()  # last answer from the coordinator (it answers every hello)
         self._drops = DropLog()  # frames the inbox could not use
         self.relay = BeatRelay(self.agent_id, [])  # this host's workers' heartbeats, one message per interval
+        self.acks = AckBatcher(self.agent_id, [])  # ... and their answers to a Prepare, together
 
     def _config_env(self) -> dict[str, str]:
         overrides: dict[str, Any] = {}
@@ -345,6 +347,7 @@ class Launcher:
             _normal_priority(proc.pid)
             self.workers.append(Worker(label, member, "spare" if spare else "active", proc, rank))
         self.relay = BeatRelay(self.agent_id, [w.member for w in self.workers])
+        self.acks = AckBatcher(self.agent_id, [w.member for w in self.workers])
         if coordinator_proc is not None or self.standby_proc is not None:
             self._write_job_file()
             if coordinator_proc is not None:
@@ -467,6 +470,23 @@ class Launcher:
         for addr in await relay.pass_on(self.transport, header, frame, 1.0):
             self._drops.note(f"relay to {addr}: not reachable")
 
+    async def _send_acks(self) -> None:
+        """The workers' answers that came within the window, as one message; retried while the coordinator
+        cannot take it (a worker whose answer went through its agent does not send it again)."""
+        assert self.transport is not None
+        await asyncio.sleep(relay.ACK_WINDOW_S)
+        for _ in range(10):
+            batch = self.acks.take()
+            if batch is None:
+                return
+            try:
+                await self.transport.send(self.link.active, [codec.encode(batch, self.secret)], 1.0)
+                return
+            except TransportError as err:
+                self._drops.note(f"answers to Prepare not sent yet: {err}")
+                self.acks.put_back(batch)
+                await asyncio.sleep(0.1)
+
     def _keep(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` beside the inbox, holding its task until it ends (the loop keeps only weak references)."""
         task = asyncio.get_running_loop().create_task(work)
@@ -538,6 +558,12 @@ class Launcher:
                 self._keep(self._start_standby())
             elif isinstance(message, Relay):
                 self._keep(self._pass_on(message, frames[1]))
+            elif isinstance(message, PrepareAck):
+                if not self.acks.add(message):
+                    self._drops.note(f"answer of {message.sender}, not a worker of this host")
+                elif not self.acks.scheduled:
+                    self.acks.scheduled = True
+                    self._keep(self._send_acks())
             elif isinstance(message, Heartbeat):
                 if not self.relay.heard(message):
                     self._drops.note(f"heartbeat of {message.sender}, not a worker of this host")

@@ -13,7 +13,10 @@ of failure for its host's seats.
 Down, the coordinator sends a broadcast (a Prepare, a view) for a host's workers to
 their agent once, as a ``Relay`` header and the message's own frame
 (``coordinator/fanout.py``); :func:`pass_on` sends that frame, unchanged and still
-authenticated by the coordinator (the header is too), to each worker the header names.
+authenticated by the coordinator (the header is too), to each worker the header names. Its
+workers answer at nearly the same moment, and their answers go up together: an
+:class:`AckBatcher` holds the first for :data:`ACK_WINDOW_S` and forwards whatever came by then
+as one ``AckBatch``.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from collections.abc import Callable, Collection
 
 from deadpool.protocol import codec
 from deadpool.protocol.link import CoordinatorLink
-from deadpool.protocol.messages import Heartbeat, HostHeartbeat, Relay
+from deadpool.protocol.messages import AckBatch, Heartbeat, HostHeartbeat, PrepareAck, Relay
 from deadpool.protocol.transport import Frame, Transport, TransportError
 
 HEARD_WITHIN = 2.0  # intervals: a worker beating at the same period never misses a message by phase drift
+ACK_WINDOW_S = 0.002  # a worker's answer to Prepare waits this long for its host's others (they come together)
 
 
 class BeatRelay:
@@ -63,6 +67,32 @@ class BeatRelay:
                              [b.step for b in beats], [b.snapshot_step for b in beats],
                              [b.confirmed_step for b in beats], [b.control_addr for b in beats],
                              [b.stall_p99_s for b in beats])
+
+
+class AckBatcher:
+    """This host's workers' answers to a Prepare, forwarded as one AckBatch (``AckBatch`` of the agent)."""
+
+    def __init__(self, agent_id: str, members: Collection[str]) -> None:
+        self._agent_id = agent_id
+        self._members = frozenset(members)
+        self._pending: list[PrepareAck] = []
+        self.scheduled = False  # a flush will take the pending answers
+
+    def add(self, ack: PrepareAck) -> bool:
+        """Keep `ack` if it is from one of this agent's workers."""
+        if ack.sender not in self._members:
+            return False
+        self._pending.append(ack)
+        return True
+
+    def take(self) -> AckBatch | None:
+        """The pending answers as one message (None: none), and no flush scheduled any more."""
+        pending, self._pending, self.scheduled = self._pending, [], False
+        return AckBatch(self._agent_id, pending) if pending else None
+
+    def put_back(self, batch: AckBatch) -> None:
+        """`batch` could not be sent: its answers go with the next attempt."""
+        self._pending[:0] = batch.acks
 
 
 async def forward(relay: BeatRelay, transport: Transport, link: CoordinatorLink, interval: float,

@@ -1,4 +1,4 @@
-"""The coordinator's side of a host agent's batches: ``HostHeartbeat`` and ``HeartbeatBatch``.
+"""The coordinator's side of a host agent's batches: ``HostHeartbeat``, ``HeartbeatBatch`` and ``AckBatch``.
 
 An agent forwards what its workers would have sent the coordinator themselves.
 It may speak only for the members it registered in its ``AgentHello``; a fenced
@@ -18,7 +18,7 @@ from deadpool.coordinator.operator_chaos import OperatorChaos
 from deadpool.coordinator.records import Agent, MemberRecord
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
-from deadpool.protocol.messages import Fenced, HeartbeatBatch, HostHeartbeat, Message
+from deadpool.protocol.messages import AckBatch, Fenced, HeartbeatBatch, HostHeartbeat, Message
 from deadpool.protocol.view import View
 
 
@@ -39,7 +39,7 @@ class Coordinator(Protocol):
     def ask_to_rejoin(self, member: str, control_addr: str, now: float) -> None: ...
 
 
-def agent_of(c: Coordinator, message: HostHeartbeat | HeartbeatBatch, now: float) -> Agent | None:
+def agent_of(c: Coordinator, message: HostHeartbeat | HeartbeatBatch | AckBatch, now: float) -> Agent | None:
     """The registered agent that sent `message` (heard at `now`), or None (rejected: unknown agent)."""
     agent = c.agents.get(message.sender)
     if agent is None:
@@ -108,12 +108,12 @@ def _progress(c: Coordinator, record: MemberRecord, message: HostHeartbeat, i: i
         c.chaos.fire_armed(c, record)
 
 
-def relay(c: Coordinator, message: HeartbeatBatch, now: float,
+def relay(c: Coordinator, message: HeartbeatBatch | AckBatch, now: float,
           handle: Callable[[float, Message], None]) -> None:
     """Each member's message in an agent's batch, handled as if the member had sent it."""
     agent = agent_of(c, message, now)
     if agent is None:
         return
-    for inner in message.beats:
+    for inner in message.beats if isinstance(message, HeartbeatBatch) else message.acks:
         if speaks_for(c, agent, inner.sender):
             handle(now, inner)

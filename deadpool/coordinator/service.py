@@ -34,6 +34,7 @@ from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.link import StandDown
 from deadpool.protocol.messages import (
+    AckBatch,
     AgentHello,
     ChaosCommand,
     ChaosInjected,
@@ -186,7 +187,7 @@ class Coordinator:
             self._on_exit(message, now)
         elif isinstance(message, HostHeartbeat):  # one host's beats (coverage.py)
             hostbeats.on_host_heartbeat(self, message, now)
-        elif isinstance(message, HeartbeatBatch):  # each as if its member had sent it
+        elif isinstance(message, HeartbeatBatch | AckBatch):  # each as if its member had sent it
             hostbeats.relay(self, message, now, self._handle)
         else:
             sender = getattr(message, "sender", None)

@@ -535,6 +535,18 @@ class Relay:
     term: int = 0  # the sending coordinator's term; an agent drops a relay of an older one
 
 
+@dataclass(frozen=True, slots=True)
+class AckBatch:
+    """A host agent's PrepareAcks for its workers, one message for those that answered within a few ms.
+
+    Its workers answer a relayed Prepare at nearly the same moment; the coordinator then reads
+    one message per host, not one per survivor (``agent/relay.py``).
+    """
+
+    sender: str  # agent id, registered with AgentHello; it may answer only for its own members
+    acks: list[PrepareAck]
+
+
 Message = (
     Join
     | Heartbeat
@@ -576,6 +588,7 @@ Message = (
     | PeerPaused
     | HostHeartbeat
     | Relay
+    | AckBatch
 )
 
 # Append-only: a tag, once given, is never reused or renumbered.
@@ -620,5 +633,6 @@ REGISTRY: dict[int, type[Message]] = {
     45: PeerPaused,
     60: HostHeartbeat,
     61: Relay,
+    62: AckBatch,
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}

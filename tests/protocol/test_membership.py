@@ -22,6 +22,7 @@ from deadpool.protocol.messages import (
     Finished,
     Message,
     Prepare,
+    PrepareAck,
     Recovered,
     Role,
     Stop,
@@ -57,8 +58,17 @@ class GatedTransport:
 
 
 class Member:
-    def __init__(self) -> None:
+    def __init__(self, agent_takes: bool = False) -> None:
         self.transport = GatedTransport()
+        self.via_agent: list[Message] = []  # what the host agent took
+
+        async def via_agent(frame: bytes) -> bool:
+            if agent_takes:
+                decoded = codec.decode(frame, None)
+                assert not isinstance(decoded, codec.DecodeError)
+                self.via_agent.append(decoded)
+            return agent_takes
+
         self.handoff = Handoff()
         self.events = EventLog(None, member=ME)
         self.events.records = []
@@ -80,7 +90,7 @@ class Member:
 
         self.actor = MembershipActor(ME, CoordinatorLink(COORDINATOR), self.transport, self.handoff, self.events,  # type: ignore[arg-type]
                                      to_snapshots, None, 1.0, asyncio.Event(), asyncio.Event(),
-                                     (Role.ACTIVE, "h0", 101, "inproc://m1", "inproc://m1-bulk"))
+                                     (Role.ACTIVE, "h0", 101, "inproc://m1", "inproc://m1-bulk"), via_agent)
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -184,3 +194,25 @@ async def test_a_prepare_sent_again_directly_after_its_relay_reaches_the_compute
     # The repeat is dropped; a newer term's Prepare of the same epoch (a takeover) and a grown round are not.
     assert member.order == ["snapshots:3", "compute:CommitView", "compute:Prepare", "compute:Prepare",
                             "compute:Prepare"]
+
+
+async def test_answers_go_through_the_agent_and_again_directly_when_the_prepare_comes_again() -> None:
+    member = Member(agent_takes=True)
+    member.start()
+    try:
+        await member.actor.inbox.put(Inbound(CommitView(_view(3))))
+        await member.actor.inbox.put(Inbound(Prepare(4, [0], "m0 died", term=1)))
+        await until(lambda: "compute:Prepare" in member.order)  # answered once the compute side has it
+        answer = PrepareAck(ME, 4, 7, [7], {0: [6]}, early=True)
+        member.actor.inbox.post(Outbound(answer))
+        member.actor.inbox.post(Outbound(Recovered(ME, 3, 7, 0.0)))  # not an answer: straight to the coordinator
+        await until(lambda: len(member.transport.sent) == 1)
+        assert member.via_agent == [answer] and isinstance(member.transport.sent[0], Recovered)
+        # The coordinator lost the agent and sends the Prepare again, directly: the answer goes again, directly.
+        await member.actor.inbox.put(Inbound(Prepare(4, [0], "m0 died", term=1)))
+        await until(lambda: len(member.transport.sent) == 2)
+        assert member.transport.sent[1] == answer and member.via_agent == [answer]
+    finally:
+        assert member.task is not None
+        member.task.cancel()
+        await asyncio.gather(member.task, return_exceptions=True)

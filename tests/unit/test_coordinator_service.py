@@ -48,7 +48,8 @@ class Job:
         self.events.records = []
         self.coordinator = Coordinator(config or Config(), seats, "store:1", self.events, started=self.now,
                                        wall_clock=lambda: self.now)
-        self.sent: list[Send] = []
+        self.sent: list[Send] = []  # what each address received (a relayed broadcast: each worker its copy)
+        self.raw: list[Send] = []  # what the coordinator sent (a relay: one send to the agent)
         self.seats = [f"m{i}" for i in range(seats)]
         self.spares = [f"s{i}" for i in range(spares)]
         self.handle(AgentHello(AGENT, "h0", "inproc://agent", {m: 10 + i for i, m in
@@ -59,13 +60,15 @@ class Job:
             self.handle(join(member, Role.ACTIVE, i, seats))
 
     def handle(self, message: Message) -> list[Send]:
-        sends = self.coordinator.handle(self.now, message)
-        self.sent.extend(sends)
-        return sends
+        return self._record(self.coordinator.handle(self.now, message))
 
     def tick(self) -> list[Send]:
-        sends = self.coordinator.tick(self.now)
-        self.sent.extend(sends)
+        return self._record(self.coordinator.tick(self.now))
+
+    def _record(self, sends: list[Send]) -> list[Send]:
+        self.raw.extend(sends)
+        for send in sends:
+            self.sent += [Send(addr, send.message) for addr in send.relay.to] if send.relay else [send]
         return sends
 
     def advance(self, seconds: float, alive: list[str]) -> None:

@@ -15,12 +15,13 @@ from collections.abc import Sequence
 from test_coordinator_service import Job, ack
 from test_coverage import host_beat
 
-from deadpool.agent.relay import pass_on
+from deadpool.agent.relay import AckBatcher, pass_on
 from deadpool.config import Config
 from deadpool.coordinator import fanout
 from deadpool.coordinator.records import Send
+from deadpool.events.catalogue import Event
 from deadpool.protocol import codec
-from deadpool.protocol.messages import CommitView, Heartbeat, Prepare, ProcessExited, Relay, ViewDelta
+from deadpool.protocol.messages import AckBatch, CommitView, Heartbeat, Prepare, ProcessExited, Relay, ViewDelta
 from deadpool.protocol.transport import Frame, TransportError
 
 ALL = ["m0", "m1", "m2", "s0"]
@@ -40,32 +41,32 @@ def covered_job() -> Job:
     job = Job(seats=3, spares=1)
     job.now += 0.25
     job.handle(host_beat(ALL))
-    job.sent.clear()
+    job.raw.clear()
     return job
 
 
 def test_a_round_and_its_view_go_once_to_the_agent_of_the_hosts_workers() -> None:
     job = covered_job()
     job.handle(ProcessExited("agent-h0", "m1", -9))
-    assert relayed(job.sent, Prepare) == {"inproc://agent": ["inproc://m0", "inproc://m2", "inproc://s0"]}
-    assert direct(job.sent, Prepare) == set()
-    job.sent.clear()
+    assert relayed(job.raw, Prepare) == {"inproc://agent": ["inproc://m0", "inproc://m2", "inproc://s0"]}
+    assert direct(job.raw, Prepare) == set()
+    job.raw.clear()
     job.handle(ack("m0", 2, [7, 8], {2: [7]}))
     job.handle(ack("m2", 2, [7, 8], {1: [6, 7]}))
     assert job.epoch == 2
-    assert relayed(job.sent, ViewDelta) == {"inproc://agent": ["inproc://m0", "inproc://s0", "inproc://m2"]}
+    assert relayed(job.raw, ViewDelta) == {"inproc://agent": ["inproc://m0", "inproc://s0", "inproc://m2"]}
 
 
 def test_without_a_recent_word_from_the_agent_or_with_relays_off_every_member_gets_its_own_copy() -> None:
     job = covered_job()
     job.now += 2 * Config().heartbeat_interval + 0.01  # the agent's last HostHeartbeat is too old to relay through
     job.handle(ProcessExited("agent-h0", "m1", -9))
-    assert relayed(job.sent, Prepare) == {}
-    assert direct(job.sent, Prepare) == {"inproc://m0", "inproc://m2", "inproc://s0"}
+    assert relayed(job.raw, Prepare) == {}
+    assert direct(job.raw, Prepare) == {"inproc://m0", "inproc://m2", "inproc://s0"}
     off = Job(seats=3, spares=1, config=Config(relay_broadcasts=False))
     off.handle(host_beat(ALL))
     off.handle(ProcessExited("agent-h0", "m1", -9))
-    assert relayed(off.sent, Prepare) == {} and len(direct(off.sent, Prepare)) == 3
+    assert relayed(off.raw, Prepare) == {} and len(direct(off.raw, Prepare)) == 3
 
 
 def test_a_survivor_silent_after_a_relayed_prepare_whose_agent_fell_silent_gets_it_again_directly() -> None:
@@ -77,17 +78,17 @@ def test_a_survivor_silent_after_a_relayed_prepare_whose_agent_fell_silent_gets_
         job.now += grace - 0.01
         if agent_alive:
             job.handle(host_beat(["m0", "m2", "s0"]))
-        job.sent.clear()
+        job.raw.clear()
         job.tick()
-        assert direct(job.sent, Prepare) == set(), "not before the grace"
+        assert direct(job.raw, Prepare) == set(), "not before the grace"
         job.now += 0.02
         job.tick()
         # Only the survivor that has not answered, and only when its agent is gone: a live one passed it on.
-        assert direct(job.sent, Prepare) == (set() if agent_alive else {"inproc://m2"})
-        job.sent.clear()
+        assert direct(job.raw, Prepare) == (set() if agent_alive else {"inproc://m2"})
+        job.raw.clear()
         job.now += grace
         job.tick()
-        assert direct(job.sent, Prepare) == set(), "once"
+        assert direct(job.raw, Prepare) == set(), "once"
 
 
 def test_a_member_beating_on_its_own_still_on_the_old_view_a_grace_after_the_commit_gets_it_again_once() -> None:
@@ -96,17 +97,17 @@ def test_a_member_beating_on_its_own_still_on_the_old_view_a_grace_after_the_com
     job.handle(ack("m0", 2, [7, 8], {2: [7]}))
     job.handle(ack("m2", 2, [7, 8], {1: [6, 7]}))
     assert job.epoch == 2
-    job.sent.clear()
+    job.raw.clear()
     job.handle(Heartbeat("m0", 1, 7, 7, 6, 0.0, "inproc://m0"))  # within the grace, behind is only slow
-    assert direct(job.sent, ViewDelta) == set()
+    assert direct(job.raw, ViewDelta) == set()
     job.now += fanout.grace(Config().heartbeat_interval)
     for _ in range(2):
         job.handle(Heartbeat("m0", 1, 7, 7, 6, 0.0, "inproc://m0"))
         job.handle(Heartbeat("m2", 2, 7, 7, 6, 0.0, "inproc://m2"))  # holds it: nothing to send
-    assert [s.address for s in job.sent if isinstance(s.message, ViewDelta)] == ["inproc://m0"], "once, the delta"
-    job.sent.clear()
+    assert [s.address for s in job.raw if isinstance(s.message, ViewDelta)] == ["inproc://m0"], "once, the delta"
+    job.raw.clear()
     job.handle(Heartbeat("s0", 0, 7, 7, 6, 0.0, "inproc://s0"))  # it holds no view at all: the whole view
-    assert [type(s.message) for s in job.sent if s.address == "inproc://s0"] == [CommitView]
+    assert [type(s.message) for s in job.raw if s.address == "inproc://s0"] == [CommitView]
 
 
 class Recorder:
@@ -139,3 +140,27 @@ def test_a_relay_is_two_frames_whose_header_each_agent_gets_once_per_view() -> N
     assert frames[0][0] is frames[2][0], "one header for both pieces"
     assert frames[0][1] is frames[1][0], "one encoding of a broadcast"
     assert codec.decode(frames[0][0]) == relay
+
+
+def test_the_answers_of_a_hosts_workers_come_up_together_and_an_agent_answers_only_for_its_own() -> None:
+    job = covered_job()
+    job.handle(ProcessExited("agent-h0", "m1", -9))
+    job.handle(AckBatch("agent-h0", [ack("m0", 2, [7, 8], {2: [7]}), ack("ghost", 2, [7, 8], {})]))
+    assert any(r.get("detail") == "ghost" for r in job.of(Event.REJECTED) if r.get("reason") == "not_agents_member")
+    assert job.epoch == 1, "m2 has not answered"
+    job.handle(AckBatch("agent-h0", [ack("m2", 2, [7, 8], {1: [6, 7]})]))
+    assert job.epoch == 2
+
+
+def test_the_agent_holds_its_workers_answers_for_one_message_and_keeps_a_failed_one_for_the_next() -> None:
+    batcher = AckBatcher("agent-a", ["w0", "w1"])
+    assert batcher.take() is None
+    assert batcher.add(ack("w0", 2, [7], {})) and batcher.add(ack("w1", 2, [7], {}))
+    assert not batcher.add(ack("stranger", 2, [7], {}))
+    batch = batcher.take()
+    assert batch is not None and [a.sender for a in batch.acks] == ["w0", "w1"] and batch.sender == "agent-a"
+    assert batcher.take() is None
+    batcher.add(ack("w0", 3, [8], {}))
+    batcher.put_back(batch)
+    again = batcher.take()
+    assert again is not None and [(a.sender, a.epoch) for a in again.acks] == [("w0", 2), ("w1", 2), ("w0", 3)]

@@ -17,7 +17,7 @@ from deadpool.config import Config
 from deadpool.coordinator.decisions import Trigger
 from deadpool.coordinator.service import Coordinator
 from deadpool.events.catalogue import Event
-from deadpool.protocol.messages import HeartbeatBatch, HostHeartbeat, Message
+from deadpool.protocol.messages import AckBatch, HeartbeatBatch, HostHeartbeat, Message
 
 from .cluster import Failure, SimConfig
 
@@ -139,6 +139,8 @@ class Checker:
         """For each fenced member a message speaks for: the coordinator state it must not change."""
         if isinstance(message, HeartbeatBatch):
             senders = [beat.sender for beat in message.beats]
+        elif isinstance(message, AckBatch):
+            senders = [ack.sender for ack in message.acks]
         elif isinstance(message, HostHeartbeat):
             senders = message.members
         else:

@@ -16,6 +16,7 @@ from deadpool.config import Config
 from deadpool.errors import MisuseError
 from deadpool.protocol import codec
 from deadpool.protocol.messages import (
+    AckBatch,
     CommitView,
     Fenced,
     FenceKill,
@@ -168,6 +169,9 @@ class World(Protocol):
     def send(self, message: Message) -> None:
         """Send to the coordinator (handled in this tick)."""
 
+    def answer(self, member: SimMember, ack: PrepareAck) -> None:
+        """`member` answers a Prepare: through its host agent (one AckBatch per host), or directly."""
+
     def view_info(self, view: View) -> ViewInfo:
         """The shared lookups over `view`."""
 
@@ -276,7 +280,7 @@ class SimMember:
                 if self.paused_step is None:
                     self.paused_step = self.step(world)
                 self.prep_acked = message.epoch
-                world.send(self._ack(message.epoch))
+                world.answer(self, self._ack(message.epoch))
         elif isinstance(message, Fenced):
             world.stop_member(self, ProcessState.DEAD, returncode=1)  # a fenced member exits touching nothing
         elif isinstance(message, Stop):
@@ -306,14 +310,15 @@ class SimMember:
 
 
 class SimAgent:
-    """One host's launcher: registers its workers, reports exits, fences by kill, batches heartbeats."""
+    """One host's launcher: registers its workers, reports exits, fences by kill, batches heartbeats and answers."""
 
-    __slots__ = ("agent_id", "batch_frame", "batch_key", "control_addr", "host", "members")
+    __slots__ = ("acks", "agent_id", "batch_frame", "batch_key", "control_addr", "host", "members")
 
     def __init__(self, agent_id: str, host: str) -> None:
         self.agent_id, self.host = agent_id, host
         self.control_addr = f"inproc://sim-agent/{host}"
         self.members: list[SimMember] = []
+        self.acks: list[PrepareAck] = []  # its members' answers to a Prepare, not sent yet
         self.batch_key: list[Heartbeat] = []
         self.batch_frame = b""
 
@@ -329,6 +334,11 @@ class SimAgent:
                 [b.snapshot_step for b in beats], [b.confirmed_step for b in beats],
                 [b.control_addr for b in beats], [b.stall_p99_s for b in beats]))
         return self.batch_frame
+
+    def answers(self) -> AckBatch | None:
+        """The answers its members gave since the last call, as one message (None: none)."""
+        acks, self.acks = self.acks, []
+        return AckBatch(self.agent_id, acks) if acks else None
 
     def receive(self, message: Message, world: World) -> None:
         if isinstance(message, FenceKill):

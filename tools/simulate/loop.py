@@ -30,6 +30,7 @@ from deadpool.protocol.messages import (
     CommitView,
     Join,
     Message,
+    PrepareAck,
     ProcessExited,
     Recovered,
     Relay,
@@ -64,6 +65,7 @@ class Simulation:
         self.coordinator = coordinator_class(self.coordinator_config, cfg.seats, "sim-store:29400", self._events,
                                              started=self.now(), wall_clock=self.now)
         self._inbound: list[bytes] = []
+        self._answering: list[SimAgent] = []  # agents holding their members' answers of this tick
         # The coordinator's encoded sends of this tick: (address, frame, the Relay header's frame when relayed).
         self._outbox: list[tuple[str, bytes, bytes]] = []
         self._timers: list[tuple[int, int, Callable[[], None]]] = []
@@ -160,6 +162,23 @@ class Simulation:
     def send(self, message: Message) -> None:
         """A member or agent sends to the coordinator; it is handled in this tick."""
         self._inbound.append(codec.encode(message))
+
+    def answer(self, member: SimMember, ack: PrepareAck) -> None:
+        """Batched, an answer goes with its host's others of this tick (as an agent's window, agent/relay.py)."""
+        if not self.config.aggregate:
+            self.send(ack)
+            return
+        if not member.agent.acks:
+            self._answering.append(member.agent)
+        member.agent.acks.append(ack)
+
+    def _answers(self) -> None:
+        """Each agent that its members answered through this tick sends them as one AckBatch."""
+        answering, self._answering = self._answering, []
+        for agent in answering:
+            batch = agent.answers()
+            if batch is not None:
+                self.send(batch)
 
     def view_info(self, view: View) -> ViewInfo:
         info = self._infos.get(view.epoch)
@@ -310,6 +329,7 @@ class Simulation:
             self.tick = tick
             self._fire(tick)
             self._deliver()
+            self._answers()
             self._beat(tick)
             self._coordinator_turn(tick)
             self._check_sends()
