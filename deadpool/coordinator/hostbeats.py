@@ -110,10 +110,22 @@ def _progress(c: Coordinator, record: MemberRecord, message: HostHeartbeat, i: i
 
 def relay(c: Coordinator, message: HeartbeatBatch | AckBatch, now: float,
           handle: Callable[[float, Message], None]) -> None:
-    """Each member's message in an agent's batch, handled as if the member had sent it."""
+    """Each member's message in an agent's batch, handled as if the member had sent it.
+
+    A heartbeat vouches for a member's life, so only its own agent may forward it. An answer to a
+    Prepare is the member's own word, which the agent only carries: it counts whoever carried it, for
+    a coordinator that has just taken over may not yet know which agent started whom (a lost answer
+    costs the round its Prepare timeout).
+    """
+    if isinstance(message, AckBatch):
+        if message.sender in c.agents:
+            c.agents[message.sender].seen = now
+        for ack in message.acks:
+            handle(now, ack)
+        return
     agent = agent_of(c, message, now)
     if agent is None:
         return
-    for inner in message.beats if isinstance(message, HeartbeatBatch) else message.acks:
+    for inner in message.beats:
         if speaks_for(c, agent, inner.sender):
             handle(now, inner)
