@@ -64,7 +64,7 @@ from deadpool.protocol.messages import (  # noqa: E402
     ViewDelta,
     Welcome,
 )
-from deadpool.protocol.transport import AGENT_LIMITS, CONTROL_LIMITS, TransportError, new_event_loop  # noqa: E402
+from deadpool.protocol.transport import AGENT_LIMITS, CONTROL_LIMITS, Limits, TransportError, new_event_loop  # noqa: E402
 from deadpool.protocol.view import View  # noqa: E402
 
 HELLO_EVERY_S = 1.0  # a welcomed agent repeats its AgentHello this often (deadpool/agent/launch.py)
@@ -182,26 +182,25 @@ class SwarmWorld:
                 self.members.append(member)
                 self._by_id[member.member] = member
 
-    def _listen(self, member: SimMember) -> None:
-        """The member's own control socket, configured as the transport configures its PULL socket."""
+    def _pull(self, limits: Limits) -> tuple[zmq.Socket[bytes], str]:
+        """A control socket of its own, configured as a transport with `limits` configures its PULL socket."""
         sock: zmq.Socket[bytes] = self._zmq.socket(zmq.PULL)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, CONTROL_LIMITS.inbox_size)
-        sock.setsockopt(zmq.MAXMSGSIZE, CONTROL_LIMITS.max_frame_bytes)
+        sock.setsockopt(zmq.RCVHWM, limits.inbox_size)
+        sock.setsockopt(zmq.MAXMSGSIZE, limits.max_frame_bytes)
         sock.bind("tcp://127.0.0.1:*")
-        member.control_addr = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        return sock, sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def _listen(self, member: SimMember) -> None:
+        """The member's own control socket, as a worker's."""
+        sock, member.control_addr = self._pull(CONTROL_LIMITS)
         self._by_addr[member.control_addr] = member
         self._sockets[member.member] = sock
         self._loop.add_reader(sock.fileno(), self._readable, member, sock)
 
     def _listen_agent(self, agent: SimAgent) -> None:
-        """The agent's own control socket, configured as an agent's transport (AGENT_LIMITS: a relay is 2 frames)."""
-        sock: zmq.Socket[bytes] = self._zmq.socket(zmq.PULL)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, AGENT_LIMITS.inbox_size)
-        sock.setsockopt(zmq.MAXMSGSIZE, AGENT_LIMITS.max_frame_bytes)
-        sock.bind("tcp://127.0.0.1:*")
-        agent.control_addr = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        """The agent's own control socket, as an agent's (AGENT_LIMITS: a relay is 2 frames)."""
+        sock, agent.control_addr = self._pull(AGENT_LIMITS)
         self._agent_sockets.append(sock)
         self._loop.add_reader(sock.fileno(), self._agent_readable, sock)
 
