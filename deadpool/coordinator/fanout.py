@@ -53,8 +53,8 @@ class Plan:
 
 
 class Fanout:
-    """The coordinator's broadcasts: which agent runs which member, their plans (the last one kept: a view's
-    pieces share it), and the nets for a lost relay."""
+    """The coordinator's broadcasts: which agent runs which member, how to reach a list of members, and the
+    nets for a lost relay."""
 
     def __init__(self, heartbeat_interval: float, relay: bool) -> None:
         self.within = RELAY_WITHIN * heartbeat_interval if relay else 0.0
@@ -62,7 +62,6 @@ class Fanout:
         self.catch_up = CatchUp(self.grace)
         self._agent_of: dict[str, str] = {}  # member -> the agent whose AgentHello listed it last
         self._hosted: dict[str, frozenset[str]] = {}  # agent -> the members of its last hello
-        self._last: tuple[list[str] | None, float, Plan] = (None, 0.0, Plan([], []))
 
     def hello(self, agent: str, members: Iterable[str]) -> None:
         """`agent` started `members` (its AgentHello, repeated every second: indexed when it changes)."""
@@ -80,8 +79,6 @@ class Fanout:
              now: float, term: int, relay: bool = True) -> Plan:
         """How to reach `members` (unknown ones, and ones without an address, are skipped)."""
         relay = relay and self.within > 0
-        if relay and self._last[0] is members and self._last[1] == now:
-            return self._last[2]
         direct: list[str] = []
         hosts: dict[str, tuple[Agent, list[str]]] = {}
         for member in members:
@@ -99,10 +96,7 @@ class Fanout:
                 direct += addrs
             else:
                 relays.append((agent.control_addr, Relay(addrs, term)))
-        made = Plan(direct, relays)
-        if relay:
-            self._last = (members, now, made)
-        return made
+        return Plan(direct, relays)
 
     def resend(self, rnd: Round, now: float, survivors: list[str], records: Mapping[str, MemberRecord],
                agents: Mapping[str, Agent]) -> list[Send]:

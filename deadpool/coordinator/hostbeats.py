@@ -39,7 +39,7 @@ class Coordinator(Protocol):
     def ask_to_rejoin(self, member: str, control_addr: str, now: float) -> None: ...
 
 
-def agent_of(c: Coordinator, message: HostHeartbeat | HeartbeatBatch | AckBatch, now: float) -> Agent | None:
+def agent_of(c: Coordinator, message: HostHeartbeat | HeartbeatBatch, now: float) -> Agent | None:
     """The registered agent that sent `message` (heard at `now`), or None (rejected: unknown agent)."""
     agent = c.agents.get(message.sender)
     if agent is None:

@@ -149,10 +149,11 @@ class Coordinator:
         if addr:  # "": a member known only from a reported view has not re-joined yet
             self._outbox.append(Send(addr, self.terms.stamp(message)))
 
-    def _broadcast(self, members: list[str], message: Message, relay: bool = True) -> fanout.Plan:
-        """One message object for every recipient (encoded once), through their host agents where heard (fanout.py)."""
+    def _broadcast(self, members: list[str], *messages: Message, relay: bool = True) -> fanout.Plan:
+        """Each message object to every recipient (encoded once), through their host agents where heard (fanout.py)."""
         plan = self.fanout.plan(members, self.members, self.agents, self._now, self.terms.term, relay)
-        self._outbox += plan.sends(self.terms.stamp(message))
+        for message in messages:  # a whole view's pieces share one plan
+            self._outbox += plan.sends(self.terms.stamp(message))
         return plan
 
     def _epoch(self) -> int:
@@ -522,8 +523,8 @@ class Coordinator:
                          spares=view.spares, store_prefix=view.store_prefix, reason=reason,
                          rebuild_groups=view.rebuild_groups,
                          failed_seats=sorted(failed), buddies=view.buddies, trigger=trigger, term=self.terms.term)
-        for members, message in self._views.commit(previous, view, self.terms.term):
-            self._broadcast(members, message)
+        for members, messages in self._views.commit(previous, view, self.terms.term):
+            self._broadcast(members, *messages)
         self.fanout.catch_up.committed(view.epoch, self._now)
 
     def _on_recovered(self, message: Recovered) -> None:

@@ -36,19 +36,20 @@ class ViewSender:
             self._view, self._digest, self._whole = view, viewsync.view_digest(view), []
         return self._digest
 
-    def commit(self, previous: View | None, view: View, term: int) -> list[tuple[list[str], Message]]:
-        """What to send of the newly committed `view`: a delta to the members of `previous`, the whole to others."""
+    def commit(self, previous: View | None, view: View, term: int) -> list[tuple[list[str], list[Message]]]:
+        """What to send of the newly committed `view` to whom: a delta to the members of `previous`, the whole
+        (one message, or its pieces) to the others."""
         base_digest = self.digest(previous) if previous is not None else b""
         delta = viewsync.make_delta(previous, view, base_digest, self.digest(view)) if previous is not None else None
         members = [*view.seats, *view.spares]
         holders = {*previous.seats, *previous.spares} if previous is not None and delta is not None else set()
         newcomers = [m for m in members if m not in holders]
-        sends: list[tuple[list[str], Message]] = []
+        sends: list[tuple[list[str], list[Message]]] = []
         self._delta, self._delta_base = delta, previous.epoch if previous is not None and delta is not None else -1
         if delta is not None:
-            sends.append(([m for m in members if m in holders], delta))
+            sends.append(([m for m in members if m in holders], [delta]))
         if newcomers:
-            sends += [(newcomers, piece) for piece in self.whole(view, term)]
+            sends.append((newcomers, self.whole(view, term)))
         return sends
 
     def whole(self, view: View, term: int) -> list[Message]:
