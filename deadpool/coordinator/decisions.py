@@ -162,8 +162,8 @@ def _crosses(view: View, hosts: Mapping[str, str], offset: int) -> bool:
 def _fill(failed_seats: Sequence[int], view: View, spares: Sequence[str], hosts: Mapping[str, str],
           failed_hosts: set[str], held: Mapping[int, str]) -> dict[int, str]:
     """`held`, and a spare for every other failed seat: away from failed hosts, then from the seat's buddy's host."""
-    chosen = dict(held)
-    available = [spare for spare in spares if spare not in chosen.values()]
+    chosen, taken = dict(held), set(held.values())
+    available = [spare for spare in spares if spare not in taken]
     for seat in sorted(set(failed_seats) - set(chosen)):
         buddy_host = hosts.get(view.buddy_member(seat), "")
         # The first of the best (join order within a preference class); stops at the first of the best class,

@@ -19,13 +19,24 @@ SPARE_BATCH_S = 0.2  # spares joining a running job are pooled by at most one vi
 
 
 class Survivors:
-    """The members seated in `view`, not failed in `round` and not fenced: a list and a set, cached."""
+    """The members seated in `view`, not failed in `round` and not fenced: a list and a set, cached; and
+    those of them a round still waits on, kept as answers come.
+
+    A grown round keeps its predecessor's answers (the same dict), so what it still waits on is the
+    predecessor's wait less the newly failed: a round that grows with each of 100 failures costs
+    O(changed) per growth, not O(seats).
+    """
 
     def __init__(self) -> None:
         self._key: tuple[View | None, Round | None, int] = (None, None, -1)
         self._list: list[str] = []
         self._set: set[str] | None = None  # built on first use: most rounds never ask
-        self._scan: tuple[list[str], object, int] = ([], None, 0)  # (survivors, answers, first unanswered)
+        # Survivors without an answer (in seat order) and those whose answer is early, for the answers dict
+        # of one view; the members already taken out of the wait (failed in the round, or fenced).
+        self._wait_key: tuple[View | None, object] = (None, None)
+        self._synced: tuple[Round | None, int] = (None, -1)  # the round and fenced count last taken out
+        self._pending: dict[str, None] = {}
+        self._early: set[str] = set()
 
     def _build(self, view: View, rnd: Round | None, fenced: Mapping[str, str], fenced_count: int) -> None:
         if self._key[0] is view and self._key[1] is rnd and self._key[2] == fenced_count:
@@ -46,29 +57,39 @@ class Survivors:
             self._set = set(self._list)
         return self._set
 
+    def _waiting(self, view: View, rnd: Round, fenced: dict[str, str]) -> dict[str, None]:
+        """The survivors `rnd` has no answer from, brought up to date with its failed and the fenced."""
+        if self._wait_key[0] is not view or self._wait_key[1] is not rnd.acks:
+            acks = rnd.acks
+            self._pending = dict.fromkeys(itertools.filterfalse(acks.__contains__, self.of(view, rnd, fenced)))
+            self._early = {member for member, ack in acks.items() if ack.early}
+            self._wait_key = (view, acks)
+        elif self._synced != (rnd, len(fenced)):  # the round grew, or someone was fenced: O(failures)
+            for member in [*rnd.failed.values(), *fenced]:
+                self._pending.pop(member, None)
+        self._synced = (rnd, len(fenced))
+        return self._pending
+
+    def answered(self, rnd: Round, member: str, early: bool) -> None:
+        """`member`'s answer was just stored in `rnd.acks` (an early one is asked again when the round grows)."""
+        if self._wait_key[1] is rnd.acks:
+            self._pending.pop(member, None)
+            if early:
+                self._early.add(member)
+            else:
+                self._early.discard(member)
+
     def unanswered(self, view: View, rnd: Round, fenced: dict[str, str]) -> list[str]:
         """The survivors without a full answer in `rnd` (none, or an early one): a grown round asks them again."""
-        survivors, acks = self.of(view, rnd, fenced), rnd.acks
-        early = [m for m, ack in acks.items() if ack.early]
-        if early:
-            seated = self.set_of(view, rnd, fenced)
-            early = [m for m in early if m in seated]
-        return [*itertools.filterfalse(acks.__contains__, survivors), *early]
+        pending = self._waiting(view, rnd, fenced)
+        if not self._early:
+            return list(pending)
+        seated = self.set_of(view, rnd, fenced)
+        return [*pending, *(m for m in self._early if m in seated)]
 
     def first_unanswered(self, view: View, rnd: Round, fenced: dict[str, str]) -> str:
-        """A survivor `rnd` has no answer from ("": none), scanning on from where the last scan stopped.
-
-        Answers are only ever added during a round, so the survivors before that point have all
-        answered: collecting a round's answers costs O(survivors) in all, not per answer.
-        """
-        survivors = self.of(view, rnd, fenced)
-        if self._scan[0] is not survivors or self._scan[1] is not rnd.acks:
-            self._scan = (survivors, rnd.acks, 0)
-        acks, position = rnd.acks, self._scan[2]
-        while position < len(survivors) and survivors[position] in acks:
-            position += 1
-        self._scan = (survivors, acks, position)
-        return survivors[position] if position < len(survivors) else ""
+        """A survivor `rnd` has no answer from ("": none)."""
+        return next(iter(self._waiting(view, rnd, fenced)), "")
 
 
 class JoiningSpares:

@@ -245,6 +245,7 @@ class Coordinator:
                 return  # a full answer (kept from an earlier Prepare of the round) beats a later early one
             rnd.acks[message.sender] = decisions.Snapshots(message.local_steps, message.ward_steps,
                                                            message.disk_steps, message.dirty_groups, message.early)
+            self._survivors_cache.answered(rnd, message.sender, message.early)
             self._maybe_commit()
         elif isinstance(message, CollectiveFailed):
             if message.epoch < self._groups_epoch:  # about a group a later view replaced: nothing to rebuild
@@ -420,15 +421,14 @@ class Coordinator:
         self.send(record.control_addr, Fenced(record.member, epoch, self.fenced[record.member]))
         if not self._config.fence_by_kill or record.exited:
             return
-        for agent in self.agents.values():
-            if record.member in agent.members:
-                self.send(agent.control_addr, FenceKill(record.member, epoch, detected_by))
+        agent = self.agents.get(self.fanout.agent_id(record.member))  # the agent that started it
+        if agent is not None and record.member in agent.members:
+            self.send(agent.control_addr, FenceKill(record.member, epoch, detected_by))
 
     def _start_round(self, now: float, newly_failed: dict[int, str], reason: str, trigger: Trigger) -> None:
         assert self.view is not None
         previous = self.round
-        failed = dict(previous.failed) if previous else {}
-        failed.update(newly_failed)
+        failed = {**(previous.failed if previous else {}), **newly_failed}
         joined = list(previous.joined) if previous else []
         replacements, why = self._pick_spares(failed, joined, previous.replacements if previous else {})
         waiting_since = None
@@ -440,16 +440,16 @@ class Coordinator:
                 return
             replacements = {}  # the survivors pause (Prepare) while the seat waits for a spare to join
         epoch = max(self.view.epoch, previous.epoch if previous else 0) + 1
-        acks = dict(previous.acks) if previous else {}  # still true: a survivor's state does not change paused
+        acks = previous.acks if previous else {}  # kept (the same dict): a survivor's state does not change paused
         self.round = Round(epoch, failed, replacements, acks, now + self._config.prepare_timeout, f"{reason}; {why}",
                            trigger, joined, waiting_since, first_epoch=previous.first_epoch if previous else epoch)
         self._suspect_since = None
-        survivors = self._survivors()
         prepare = Prepare(epoch, sorted(failed), self.round.reason, dict(replacements), reanswer=previous is None)
         # The chosen spares hear it too: one that wraps its model for its seat (rt.device_mesh) does it now,
         # while the survivors finish their step, instead of after the commit. A grown round skips the survivors
         # whose full answer it keeps: they stopped at the boundary and learn the outcome from the commit.
-        told = survivors if previous is None else self._survivors_cache.unanswered(self.view, self.round, self.fenced)
+        told = self._survivors() if previous is None else self._survivors_cache.unanswered(self.view, self.round,
+                                                                                          self.fenced)
         chosen = {*replacements.values(), *(previous.replacements.values() if previous else ())}
         plan = self._broadcast([*told, *chosen], prepare)
         self.round.prepare, self.round.resend_at = prepare, now + self.fanout.grace if plan.relays else float("inf")
@@ -667,7 +667,7 @@ class Coordinator:
             if waited is NoSpare.STOP:
                 self._fail_job(why)
                 return
-        if rnd is not None:
+        if rnd is not None and now >= min(rnd.resend_at, rnd.deadline):  # listing the survivors is O(seats)
             self._outbox += self.fanout.resend(rnd, now, self._survivors(), self.members, self.agents)
             for member, why in decisions.unanswered_prepare(now, rnd.deadline, self._survivors(), rnd.acks,
                                                             rnd.epoch, self._config.prepare_timeout):

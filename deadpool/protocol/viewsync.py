@@ -28,13 +28,27 @@ MAX_VIEW_BYTES = 256 * 1024 * 1024  # a reassembled view may not exceed this (ab
 
 
 def view_digest(view: View) -> bytes:
-    """16 bytes over a canonical encoding of `view` (maps sorted), equal wherever the view is equal."""
+    """16 bytes over a canonical encoding of `view`, equal wherever the view is equal.
+
+    The member maps are listed in the order of the view's members (nil where one has no entry),
+    then any other keys sorted: the same as sorting every entry, without sorting 131,072 of them.
+    """
+    members = [*view.seats, *view.spares]
     canonical = [
         view.epoch, view.seats, view.spares, view.resume_step, view.store_prefix, view.store_addr,
-        sorted(view.bulk_addrs.items()), sorted(view.hosts.items()), view.buddies,
+        *_in_order(view.bulk_addrs, members), *_in_order(view.hosts, members), view.buddies,
         sorted(view.restore_from.items()), view.rebuild_groups,
     ]
     return hashlib.blake2b(msgpack.packb(canonical, use_bin_type=True), digest_size=16).digest()
+
+
+def _in_order(entries: dict[str, str], members: list[str]) -> tuple[list[str | None], list[tuple[str, str]]]:
+    """`entries`' values in `members`' order (None: no entry), and its entries for other keys, sorted."""
+    values = list(map(entries.get, members))
+    if len(values) - values.count(None) == len(entries):  # every key is a member: nothing else to list
+        return values, []
+    listed = set(members)
+    return values, sorted(item for item in entries.items() if item[0] not in listed)
 
 
 def _changed(old: dict[str, str], new: dict[str, str]) -> dict[str, str]:

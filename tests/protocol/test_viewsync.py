@@ -70,3 +70,17 @@ def test_liveness_finds_the_silent_oldest_first_and_out_of_order_times() -> None
     live.forget("m1")
     live.all_seen(20.0)
     assert live.silent(25.0, 10.0) == {}
+
+
+def test_the_digest_does_not_depend_on_map_order_but_sees_every_entry() -> None:
+    view = big_view(2_000)
+    digest = viewsync.view_digest(view)
+    shuffled = dataclasses.replace(view, bulk_addrs=dict(reversed(view.bulk_addrs.items())),
+                                   hosts=dict(reversed(view.hosts.items())))
+    assert viewsync.view_digest(shuffled) == digest
+    # An entry for a key that is not a member, a missing entry and a changed one each change it.
+    assert viewsync.view_digest(dataclasses.replace(view, hosts={**view.hosts, "stranger": "node0"})) != digest
+    missing = {m: h for m, h in view.hosts.items() if m != view.seats[3]}
+    assert viewsync.view_digest(dataclasses.replace(view, hosts=missing)) != digest
+    moved = {**view.bulk_addrs, view.seats[3]: "tcp://10.9.9.9:1"}
+    assert viewsync.view_digest(dataclasses.replace(view, bulk_addrs=moved)) != digest
