@@ -64,7 +64,7 @@ def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> Non
         return
     columns = (message.epochs, message.steps, message.snapshot_steps, message.confirmed_steps, message.stall_p99_s)
     count = len(message.members)
-    if len(message.control_addrs) != count or any(len(column) != count for column in columns):
+    if len(message.control_addrs) != count or {len(column) for column in columns} != {count}:
         c.events.emit(Event.REJECTED, reason="bad_field", peer=message.sender,
                       detail="HostHeartbeat columns of different lengths")
         return
@@ -75,10 +75,10 @@ def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> Non
         c.coverage.renew(message.sender, now)
         if before.columns != columns:  # a step finished: the same members, their progress moved
             before.columns = columns
-            records, fenced = c.members, c.fenced
-            for i, member in enumerate(message.members):
-                if member in before.vouched and member not in fenced:
-                    _progress(c, records[member], message, i, now)
+            records, fenced, covered = c.members, c.fenced, before.vouched
+            for member, epoch, step, snapshot, confirmed, stall in zip(message.members, *columns, strict=True):
+                if member in covered and member not in fenced:
+                    _progress(c, records[member], now, epoch, step, snapshot, confirmed, stall)
         return
     vouched: list[str] = []
     for i, member in enumerate(message.members):
@@ -94,16 +94,16 @@ def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> Non
             c.send(record.control_addr, Fenced(member, c.view.epoch if c.view else 0, c.fenced[member]))
             continue
         vouched.append(member)
-        _progress(c, record, message, i, now)
+        _progress(c, record, now, message.epochs[i], message.steps[i], message.snapshot_steps[i],
+                  message.confirmed_steps[i], message.stall_p99_s[i])
     c.coverage.cover(message.sender, now, message.members, columns, frozenset(vouched))
 
 
-def _progress(c: Coordinator, record: MemberRecord, message: HostHeartbeat, i: int, now: float) -> None:
-    """Column `i` of `message` into the member's record, as its own Heartbeat would have put it."""
-    record.last_seen = now
-    record.epoch, record.step = message.epochs[i], message.steps[i]
-    record.snapshot_step, record.confirmed_step = message.snapshot_steps[i], message.confirmed_steps[i]
-    record.stall_p99_s = message.stall_p99_s[i]
+def _progress(c: Coordinator, record: MemberRecord, now: float, epoch: int, step: int, snapshot_step: int,
+              confirmed_step: int, stall_p99_s: float) -> None:
+    """A member's columns of a HostHeartbeat into its record, as its own Heartbeat would have put them."""
+    record.last_seen, record.epoch, record.step = now, epoch, step
+    record.snapshot_step, record.confirmed_step, record.stall_p99_s = snapshot_step, confirmed_step, stall_p99_s
     if c.chaos.armed:
         c.chaos.fire_armed(c, record)
 

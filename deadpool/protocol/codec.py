@@ -137,12 +137,23 @@ def _struct_checker(cls: type[Any]) -> Checker:
         1 for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     )
     name = cls.__name__
+    # The fast path, for a message with every field present: a field of an exact type (str, int, ...) or a list
+    # of one costs a type comparison instead of a call; the others go through their checkers. Anything the
+    # comparisons do not accept exactly (an int for a float, a bool for an int) takes the full path, which
+    # converts or names the field that failed. A HostHeartbeat decodes in about half the time.
+    exact: list[tuple[int, type[Any]]] = []
+    columns: list[tuple[int, frozenset[type[Any]]]] = []
+    others: list[tuple[int, Checker]] = []
+    for i, f in enumerate(fields):
+        hint = hints[f.name]
+        if hint in (str, int, float, bool, bytes):
+            exact.append((i, hint))
+        elif typing.get_origin(hint) is list and typing.get_args(hint)[0] in (str, int, float):
+            columns.append((i, frozenset(typing.get_args(hint))))
+        else:
+            others.append((i, checks[i]))
 
-    def check_struct(value: Any) -> Any:
-        if not isinstance(value, list):
-            raise _FieldError(f"{name}: expected a field list, got {type(value).__name__}")
-        if not required <= len(value) <= len(checks):
-            raise _FieldError(f"{name}: expected {required}..{len(checks)} fields, got {len(value)}")
+    def check_all(value: list[Any]) -> Any:
         try:  # fields in declaration order, so positional; trailing defaults may be absent
             return cls(*[check(item) for check, item in zip(checks, value, strict=False)])
         except _FieldError:
@@ -152,6 +163,29 @@ def _struct_checker(cls: type[Any]) -> Checker:
                 except _FieldError as err:
                     raise _FieldError(f"{name}.{f.name}: {err}") from None
             raise
+
+    def check_struct(value: Any) -> Any:
+        if type(value) is not list:
+            raise _FieldError(f"{name}: expected a field list, got {type(value).__name__}")
+        if len(value) != len(checks):
+            if not required <= len(value) <= len(checks):
+                raise _FieldError(f"{name}: expected {required}..{len(checks)} fields, got {len(value)}")
+            return check_all(value)
+        for i, kind in exact:
+            if type(value[i]) is not kind:
+                return check_all(value)
+        for i, allowed in columns:
+            column = value[i]
+            if type(column) is not list or not allowed.issuperset(map(type, column)):
+                return check_all(value)
+        if others:
+            value = list(value)
+            for i, check in others:
+                try:
+                    value[i] = check(value[i])
+                except _FieldError as err:
+                    raise _FieldError(f"{name}.{fields[i].name}: {err}") from None
+        return cls(*value)
     return check_struct
 
 

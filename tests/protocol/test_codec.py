@@ -33,8 +33,10 @@ from deadpool.protocol.messages import (
     PROTOCOL_VERSION,
     REGISTRY,
     TAGS,
+    AckBatch,
     CommitView,
     Heartbeat,
+    HostHeartbeat,
     Message,
     RestoreReply,
     SnapshotHeader,
@@ -223,6 +225,21 @@ def test_int_is_accepted_for_float_and_becomes_float() -> None:
     result = decode(frame([TAGS[Heartbeat], ["m", 1, 2, 3, 4, 0, ""]]))
     assert isinstance(result, Heartbeat)
     assert type(result.stall_p99_s) is float
+
+
+def test_a_full_message_whose_columns_need_converting_or_refusing_is_judged_like_any_other() -> None:
+    """Messages with every field present take a fast path of type comparisons; what it does not accept
+    exactly is converted (an int where a float goes) or refused with the field named, as on the full path."""
+    beat = ["agent", ["m0", "m1"], [1, 1], [5, 5], [4, 4], [3, 3], ["tcp://a", "tcp://b"], [0, 0.5]]
+    result = decode(frame([TAGS[HostHeartbeat], beat]))
+    assert isinstance(result, HostHeartbeat) and [type(x) for x in result.stall_p99_s] == [float, float]
+    bad_column = refused(decode(frame([TAGS[HostHeartbeat], [*beat[:3], [5, True], *beat[4:]]])))
+    assert bad_column.reason == "bad_field" and "HostHeartbeat.steps" in bad_column.detail
+    ack = ["m0", 2, 7, [6, 7], {3: [6, 7]}, [], [], False]
+    good = decode(frame([TAGS[AckBatch], ["agent", [ack]]]))
+    assert isinstance(good, AckBatch) and good.acks[0].ward_steps == {3: [6, 7]}
+    bad_ward = refused(decode(frame([TAGS[AckBatch], ["agent", [[*ack[:4], {3: ["six"]}, *ack[5:]]]]])))
+    assert "PrepareAck.ward_steps" in bad_ward.detail
 
 
 def test_encode_refuses_unregistered_types() -> None:
