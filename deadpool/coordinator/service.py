@@ -107,9 +107,7 @@ class Coordinator:
         self._blind_rebuilds = 0  # rebuilds with nobody dead since the last finished step (bounded)
         self._rejoins = RejoinAsks()  # when we last sent each unreachable member a Rejoin
         self._raised: list[RaisedError] = []  # the scripts' exceptions reported so far (one per member at most)
-        # A restarted coordinator knows nobody: it learns the view from the members (highest epoch wins)
-        # instead of forming a first view, until this deadline passes with no member holding a view.
-        self._recovering = recovering
+        self._recovering = recovering  # restarted: the highest view members report, or a first view after the deadline
         self.terms = terms or Terms(1, "", store_addr, 0, config.failure_timeout)
         self.stood_down: StandDown | None = None  # it stopped acting: a newer term runs the job, or it is cut off
         self._now = self._ticked = started
@@ -312,11 +310,13 @@ class Coordinator:
     def ask_to_rejoin(self, member: str, control_addr: str, now: float) -> None:
         """A member we cannot reach is alive: ask it for its Join (once a second, not every beat).
 
-        After a restart on the same address a member's heartbeats may never have failed, so it
-        does not know to re-join; without its Join a Prepare could not reach it (prepare_timeout).
+        After a restart on the same address its heartbeats may never have failed, so it does not know to
+        re-join (a Prepare could not reach it); after a takeover it may still follow the lost term: told ours.
         """
         if self._rejoins.due(member, control_addr, now):
             self.events.emit(Event.REJOIN_ASKED, member=member)
+            if self.terms.term > 1:
+                self.send(control_addr, self.terms.coordinators())
             self.send(control_addr, Rejoin(self._epoch(), member))
 
     def resend_view(self, member: str, held: int) -> None:

@@ -15,8 +15,10 @@ from deadpool.protocol.messages import (
     CommitView,
     Coordinators,
     Finished,
+    Heartbeat,
     Join,
     ProcessExited,
+    Rejoin,
     Role,
     SilenceQuery,
     SilenceReport,
@@ -175,3 +177,15 @@ def test_links_follow_the_newest_term_only() -> None:
     assert link.follow(2, STANDBY, "") is True and link.active == STANDBY
     assert link.stale(1) and not link.stale(0) and not link.stale(2)
     assert link.follow(1, ACTIVE, STANDBY) is False and link.active == STANDBY
+
+
+def test_a_member_asked_to_rejoin_after_a_takeover_first_hears_who_coordinates_this_term() -> None:
+    """A member still following the lost term would send its Join to the dead coordinator: the new
+    term's Rejoin comes after a Coordinators notice, which makes it follow (and join) this term."""
+    coordinator = Coordinator(CONFIG, 2, "s:1", EventLog(None), started=0.0, recovering=True,
+                              terms=Terms(2, STANDBY, "s:1", 3, CONFIG.failure_timeout))
+    sends = coordinator.handle(0.5, Heartbeat("m1", 3, 9, 9, 8, 0.0, "tcp://10.0.0.12:7"))
+    assert [type(s.message) for s in sends] == [Coordinators, Rejoin]
+    assert all(s.address == "tcp://10.0.0.12:7" for s in sends)
+    notice = sends[0].message
+    assert isinstance(notice, Coordinators) and (notice.term, notice.active) == (2, STANDBY)
