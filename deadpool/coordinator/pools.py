@@ -31,8 +31,8 @@ class Survivors:
         self._key: tuple[View | None, Round | None, int] = (None, None, -1)
         self._list: list[str] = []
         self._set: set[str] | None = None  # built on first use: most rounds never ask
-        # Survivors without an answer (in seat order) and those whose answer is early, for the answers dict
-        # of one view; the members already taken out of the wait (failed in the round, or fenced).
+        # For one view and answers dict: the survivors without an answer (in seat order), and the members
+        # whose answer is early (asked again when the round grows).
         self._wait_key: tuple[View | None, object] = (None, None)
         self._synced: tuple[Round | None, int] = (None, -1)  # the round and fenced count last taken out
         self._pending: dict[str, None] = {}

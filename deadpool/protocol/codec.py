@@ -140,7 +140,7 @@ def _struct_checker(cls: type[Any]) -> Checker:
     # The fast path, for a message with every field present: a field of an exact type (str, int, ...) or a list
     # of one costs a type comparison instead of a call; the others go through their checkers. Anything the
     # comparisons do not accept exactly (an int for a float, a bool for an int) takes the full path, which
-    # converts or names the field that failed. A HostHeartbeat decodes in about half the time.
+    # converts or names the field that failed. A HostHeartbeat decodes in about 6 us instead of 7-10 here.
     exact: list[tuple[int, type[Any]]] = []
     columns: list[tuple[int, frozenset[type[Any]]]] = []
     others: list[tuple[int, Checker]] = []
