@@ -76,7 +76,10 @@ class Fanout:
 
     def heard(self, member: str, agents: Mapping[str, Agent], now: float) -> Agent | None:
         """`member`'s agent, if it was heard within the relay window (None: reach the member directly)."""
-        agent = agents.get(self.agent_id(member))
+        return self._heard_agent(self.agent_id(member), agents, now)
+
+    def _heard_agent(self, agent_id: str, agents: Mapping[str, Agent], now: float) -> Agent | None:
+        agent = agents.get(agent_id)
         return agent if agent is not None and now - agent.seen <= self.within else None
 
     def plan(self, members: list[str], records: Mapping[str, MemberRecord], agents: Mapping[str, Agent],
@@ -84,18 +87,18 @@ class Fanout:
         """How to reach `members` (unknown ones, and ones without an address, are skipped)."""
         relay = relay and self.within > 0
         direct: list[str] = []
-        # heard(), inlined, each agent looked up once per plan (a view goes to 131,072 members): agent id ->
-        # the agent and the addresses it passes the message to, or None where it was not heard.
+        # Each agent judged once per plan (a view goes to 131,072 members): agent id -> the agent and the
+        # addresses it passes the message to, or None where it was not heard.
         hosts: dict[str, tuple[Agent, list[str]] | None] = {}
-        agent_of, within = self._agent_of.get, self.within
+        agent_of = self._agent_of.get
         for member in members:
             record = records.get(member)
             if record is None or not record.control_addr:
                 continue
             agent_id = agent_of(member, "") if relay else ""
             if agent_id not in hosts:
-                agent = agents.get(agent_id)
-                hosts[agent_id] = (agent, []) if agent is not None and now - agent.seen <= within else None
+                agent = self._heard_agent(agent_id, agents, now)
+                hosts[agent_id] = (agent, []) if agent is not None else None
             host = hosts[agent_id]
             if host is None:
                 direct.append(record.control_addr)
