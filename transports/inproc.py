@@ -40,6 +40,9 @@ class InProcTransport:
         self._address = url
         self._limits = limits
         self._inbox: asyncio.Queue[list[memoryview]] = asyncio.Queue(maxsize=limits.inbox_size)
+        # Senders waiting for room get it in the order they came: a send made just as room appears does not
+        # pass one already waiting (asyncio.Lock hands itself to its oldest waiter), as ZeroMQ's queue keeps order.
+        self._room = asyncio.Lock()
         self._dropped = 0
         self._closed = asyncio.Event()
         _ENDPOINTS[url] = self
@@ -75,9 +78,13 @@ class InProcTransport:
             return
         copied = [memoryview(bytes(frame)) for frame in frames]
         try:
-            await asyncio.wait_for(self._inbox.put(copied), timeout)
+            await asyncio.wait_for(self._put(copied), timeout)
         except TimeoutError:
             raise TransportError(f"{self._address} did not accept within {timeout:.2f}s") from None
+
+    async def _put(self, message: list[memoryview]) -> None:
+        async with self._room:
+            await self._inbox.put(message)
 
     def forget(self, address: str) -> None:
         """Nothing is cached per peer here."""

@@ -30,6 +30,7 @@ _CONTEXT: zmq.asyncio.Context | None = None
 _CONTEXT_PID = 0
 _OPEN = 0  # transports open on _CONTEXT
 _LOCK = threading.Lock()  # transports open and close on several threads (each runtime has its own loop)
+DRAIN_BATCH = 256  # messages read without waiting after one that was waited for, before others run
 
 
 def _max_sockets(limit: int) -> int:
@@ -150,7 +151,15 @@ class ZmqTransport:
             self._pull.close(linger=0)  # a failed bind must not leak the socket (and block Context.term)
             _release_context(self._context)
             raise
+        # What is already queued is read through a plain (blocking-API) handle on the same socket, without
+        # waiting: an asyncio receive costs a future and its callbacks per message, several times what the
+        # read itself does, and a coordinator reads every member's heartbeats and answers.
+        self._pull_direct: zmq.Socket[bytes] = zmq.Socket.shadow(self._pull.underlying)
         self._pushes: dict[str, zmq.asyncio.Socket] = {}
+        # Per peer: a plain handle on its PUSH socket (a send that need not wait costs no future), and how many
+        # sends to it wait for room (while any does, later ones queue behind it: the order stays the order sent).
+        self._direct: dict[str, zmq.Socket[bytes]] = {}
+        self._waiting: dict[str, int] = {}
         self._inbox: asyncio.Queue[list[memoryview]] = asyncio.Queue(maxsize=limits.inbox_size)
         self._dropped = 0
         self._closed = False
@@ -161,6 +170,7 @@ class ZmqTransport:
         return self._address
 
     async def run(self) -> None:
+        drain = self._pull_direct
         while not self._closed:
             try:
                 parts = await self._pull.recv_multipart(copy=False)
@@ -174,15 +184,33 @@ class ZmqTransport:
                 if self._closed:
                     return
                 raise
-            if len(parts) > self._limits.max_frames:
-                self._dropped += 1
-                continue
-            message = [part.buffer for part in parts]
-            try:
-                self._inbox.put_nowait(message)
-            except asyncio.QueueFull:
-                if not await self._put_unless_closed(message):
+            for _ in range(DRAIN_BATCH):
+                if not await self._accept(parts):
                     return
+                try:
+                    parts = drain.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    if self._closed:
+                        return
+                    raise
+            else:
+                if not await self._accept(parts):
+                    return
+            await asyncio.sleep(0)  # a long backlog does not keep the loop's other tasks waiting
+
+    async def _accept(self, parts: list[zmq.Frame]) -> bool:
+        """Queue a received message for recv() (waiting for room); False once the transport is closed."""
+        if len(parts) > self._limits.max_frames:
+            self._dropped += 1
+            return True
+        message = [part.buffer for part in parts]
+        try:
+            self._inbox.put_nowait(message)
+        except asyncio.QueueFull:
+            return await self._put_unless_closed(message)
+        return True
 
     async def _put_unless_closed(self, message: list[memoryview]) -> bool:
         """Wait for room in the full inbox (back-pressure), but stop waiting at close().
@@ -219,6 +247,7 @@ class ZmqTransport:
                 sock.close(linger=0)  # a leaked socket would block Context.term()
                 raise
             self._pushes[address] = sock
+            self._direct[address] = zmq.Socket.shadow(sock.underlying)
         return sock
 
     async def send(self, address: str, frames: Sequence[Frame], timeout: float) -> None:
@@ -229,14 +258,22 @@ class ZmqTransport:
         except zmq.ZMQError as err:
             raise TransportError(f"cannot connect to {address!r}: {err}") from None
         try:
-            # zmq.asyncio returns an asyncio Future (typed only as an Awaitable).
-            sent = typing.cast("asyncio.Future[object]", sock.send_multipart(list(frames), copy=False))
-            if sent.done():
-                # pyzmq queued it at once (the usual case): no timer and no extra loop iteration for a wait
-                # that cannot happen.  Only a pending send (full queue, peer not connected) waits, bounded.
-                sent.result()
-            else:
-                await asyncio.wait_for(sent, timeout)
+            if not self._waiting.get(address):
+                try:
+                    self._direct[address].send_multipart(list(frames), zmq.NOBLOCK, copy=False)
+                    return  # queued at once, the usual case
+                except zmq.Again:
+                    pass  # a full queue, or the peer is not connected yet: wait for room, bounded
+            self._waiting[address] = self._waiting.get(address, 0) + 1
+            try:
+                # zmq.asyncio returns an asyncio Future (typed only as an Awaitable).
+                sent = typing.cast("asyncio.Future[object]", sock.send_multipart(list(frames), copy=False))
+                if sent.done():  # room came meanwhile: no timer for a wait that cannot happen
+                    sent.result()
+                else:
+                    await asyncio.wait_for(sent, timeout)
+            finally:
+                self._waiting[address] -= 1
         except TimeoutError:
             raise TransportError(f"send to {address} not accepted within {timeout:.2f}s") from None
         except asyncio.CancelledError:
@@ -256,6 +293,7 @@ class ZmqTransport:
     def forget(self, address: str) -> None:
         """Close the PUSH socket to a peer that left, dropping what was queued for it."""
         sock = self._pushes.pop(address, None)
+        self._direct.pop(address, None)
         if sock is not None:
             sock.close(linger=0)
 
@@ -271,4 +309,5 @@ class ZmqTransport:
         for sock in self._pushes.values():
             sock.close(linger=max(0, int(linger * 1000)))
         self._pushes.clear()
+        self._direct.clear()
         _release_context(self._context)

@@ -191,6 +191,43 @@ async def test_messages_from_one_sender_arrive_in_order(endpoints: Endpoints) ->
     await assert_quiet(receiver)
 
 
+async def test_a_burst_longer_than_a_drain_arrives_whole_and_in_order(endpoints: Endpoints) -> None:
+    """The ZeroMQ reader takes what is queued without waiting, DRAIN_BATCH messages at a time: a burst of
+    several batches loses nothing and keeps its order."""
+    receiver, sender = endpoints.open(), endpoints.open()
+    count = 3 * zmq_transport.DRAIN_BATCH + 7
+
+    async def burst() -> None:
+        for n in range(count):
+            await sender.send(receiver.address, sequenced(n, b"y"), timeout=RECV_TIMEOUT)
+
+    sending = asyncio.create_task(burst())
+    assert [struct.unpack("!Q", (await recv_within(receiver))[0])[0] for _ in range(count)] == list(range(count))
+    await sending
+    await assert_quiet(receiver)
+
+
+async def test_sends_issued_together_behind_a_full_queue_keep_their_order(endpoints: Endpoints) -> None:
+    """As the coordinator sends (a task per message): once one send to a peer waits for room, later sends to it
+    queue behind that one, even when room comes before they are issued (no later message overtakes)."""
+    limits = Limits(inbox_size=4, send_hwm=2)
+    receiver, sender = endpoints.open(limits), endpoints.open(limits)
+    payload = b"\x00" * (64 << 10)
+
+    def send(n: int) -> asyncio.Task[None]:
+        return asyncio.create_task(sender.send(receiver.address, sequenced(n, payload), timeout=10.0))
+
+    first = [send(n) for n in range(400)]  # 25 MB: far more than the HWMs and kernel buffers hold, most wait
+    await asyncio.sleep(0.2)
+    assert not all(task.done() for task in first), "the queue never filled: nothing here waited"
+    got = [struct.unpack("!Q", (await recv_within(receiver))[0])[0] for _ in range(5)]  # room again
+    later = [send(n) for n in range(400, 410)]
+    got += [struct.unpack("!Q", (await recv_within(receiver))[0])[0] for _ in range(405)]
+    await asyncio.gather(*first, *later)
+    assert got == list(range(410))
+    await assert_quiet(receiver)
+
+
 async def test_many_senders_reach_one_receiver(endpoints: Endpoints) -> None:
     receiver = endpoints.open()
     senders = [endpoints.open() for _ in range(4)]
