@@ -7,6 +7,10 @@ Two numbers bound what DeadPool can promise:
   as the full per-message path (``encode`` + ``Transport.send`` +
   ``Transport.recv`` + ``decode`` of a ``Heartbeat``), sender and receiver on
   one loop, for tcp, ipc and inproc, with and without HMAC.
+- **inbound control**: what a coordinator does, several processes sending to
+  one endpoint: four sender processes each send a burst of heartbeats; the
+  receiver's CPU seconds per message received and decoded, over tcp, against
+  a plain pyzmq receive loop on the same traffic (the floor).
 - **snapshot streaming**: a seat streams its snapshot to its buddy as
   zero-copy frames (``copy=False``, as the transport sends them).  Measured
   from the first frame sent until the buddy, a separate process, acknowledges
@@ -170,6 +174,83 @@ async def control_rates(scheme: str, secret: bytes | None, messages: int, reps: 
     return await with_readers([receiver, sender], body)
 
 
+# --- inbound control (many senders, one receiver) -------------------------------------------------
+
+SENDERS = 4
+INBOUND_MESSAGES = 40_000  # enough for a steady state: a short burst is mostly the senders starting
+
+
+def sender_main(address: str, count: int, loop: str) -> None:
+    """Entry point of a sender process: `count` heartbeats to `address`, as fast as they are accepted."""
+
+    async def send_all() -> None:
+        sender = open_transport("tcp://127.0.0.1:0")
+        frame = encode(Heartbeat("bench-host:4242:5f3a", 7, 3, 2, 1, 0.0021, "tcp://10.0.3.17:41234"))
+
+        async def body() -> None:
+            for _ in range(count):
+                await sender.send(address, [frame], SEND_TIMEOUT)
+
+        await with_readers([sender], body)
+        await sender.close(linger=RECV_TIMEOUT)  # what is queued leaves before the process does
+
+    run_loop(send_all, loop)
+
+
+def _spawn_senders(address: str, count: int, loop: str) -> list[multiprocessing.process.BaseProcess]:
+    spawn = multiprocessing.get_context("spawn")  # no fork of a process holding ZeroMQ state
+    processes: list[multiprocessing.process.BaseProcess] = [
+        spawn.Process(target=sender_main, args=(address, count, loop), daemon=True, name=f"sender-{i}")
+        for i in range(SENDERS)]
+    for process in processes:
+        process.start()
+    return processes
+
+
+def _join(processes: list[multiprocessing.process.BaseProcess]) -> None:
+    for process in processes:
+        process.join(JOIN_TIMEOUT)
+        if process.is_alive():
+            process.kill()
+            process.join(JOIN_TIMEOUT)
+
+
+async def inbound_cpu(messages: int, loop: str, urls: Urls) -> float:
+    """The receiving process's CPU microseconds per message (received and decoded) from SENDERS processes."""
+    receiver = open_transport(urls.fresh("tcp"))
+    processes = _spawn_senders(receiver.address, messages // SENDERS, loop)
+
+    async def body() -> float:
+        decode((await recv_one(receiver))[0])  # the first one starts the clock: the senders are up
+        started = time.process_time()
+        async with asyncio.timeout(RECV_TIMEOUT):  # one bound for the whole burst: no timer per message
+            for _ in range(SENDERS * (messages // SENDERS) - 1):
+                decode((await receiver.recv())[0])
+        return (time.process_time() - started) * 1e6 / (SENDERS * (messages // SENDERS) - 1)
+
+    try:
+        return await with_readers([receiver], body)
+    finally:
+        await asyncio.to_thread(_join, processes)
+
+
+def raw_inbound_cpu(messages: int, loop: str, urls: Urls) -> float:
+    """The same traffic into a plain blocking pyzmq PULL socket, decoded: the floor for `inbound_cpu`."""
+    pull: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    processes = _spawn_senders(f"tcp://127.0.0.1:{port}", messages // SENDERS, loop)
+    try:
+        pull.setsockopt(zmq.RCVTIMEO, int(RECV_TIMEOUT * 1000))
+        decode(pull.recv_multipart(copy=False)[0].buffer)
+        started = time.process_time()
+        for _ in range(SENDERS * (messages // SENDERS) - 1):
+            decode(pull.recv_multipart(copy=False)[0].buffer)
+        return (time.process_time() - started) * 1e6 / (SENDERS * (messages // SENDERS) - 1)
+    finally:
+        pull.close(linger=0)
+        _join(processes)
+
+
 # --- snapshot streaming -------------------------------------------------------------------------
 
 
@@ -306,6 +387,16 @@ def collect(settings: Settings, urls: Urls, progress: Callable[[str], None]) -> 
                     "us_per_msg": 1e6 / stats["median"],
                 }
             )
+    progress(f"inbound: {SENDERS} senders, raw pyzmq and DeadPool's transport, alternately")
+    raw: list[float] = []
+    ours: list[float] = []
+    for _ in range(settings.reps):
+        raw.append(raw_inbound_cpu(INBOUND_MESSAGES, settings.loop, urls))
+        ours.append(run_loop(lambda: inbound_cpu(INBOUND_MESSAGES, settings.loop, urls), settings.loop))
+    rows.append({"bench": "inbound", "transport": "tcp", "senders": SENDERS, "messages": INBOUND_MESSAGES,
+                 "reps": settings.reps, "raw_us_per_msg": statistics.median(raw),
+                 "us_per_msg": statistics.median(ours), "us_per_msg_min": min(ours), "us_per_msg_max": max(ours),
+                 "ratio_to_raw": statistics.median(o / r for o, r in zip(ours, raw, strict=True))})
     progress("memcpy")
     copy = summary(memcpy_rates(settings.snapshot_bytes, settings.reps))
     stream_common = {"bytes": settings.snapshot_bytes, "frame_bytes": settings.frame_bytes, "reps": settings.reps}
@@ -348,6 +439,16 @@ def render(rows: list[dict[str, Any]], settings: Settings) -> str:
                 f"{row['transport']:<10} {'yes' if row['hmac'] else 'no':<5} {row['msgs_per_s']:>10,.0f} "
                 f"{row['us_per_msg']:>7.1f}   {row['msgs_per_s_min']:,.0f}..{row['msgs_per_s_max']:,.0f}"
             )
+    for row in rows:
+        if row["bench"] == "inbound":
+            lines += [
+                "",
+                f"inbound control: {row['senders']} sender processes, {row['messages']} heartbeats into one tcp "
+                "endpoint, received and decoded; the receiver's CPU per message",
+                f"{'transport':<10} {'us/msg':>7} {'raw pyzmq us/msg':>17} {'ratio':>6}   {'min..max us/msg':<16}",
+                f"{row['transport']:<10} {row['us_per_msg']:>7.1f} {row['raw_us_per_msg']:>17.1f} "
+                f"{row['ratio_to_raw']:>6.2f}   {row['us_per_msg_min']:.1f}..{row['us_per_msg_max']:.1f}",
+            ]
     lines += [
         "",
         f"snapshot streaming: {settings.snapshot_bytes // mb} MB in {settings.frame_bytes // mb} MB zero-copy "
