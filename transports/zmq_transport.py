@@ -185,7 +185,7 @@ class ZmqTransport:
                     return
                 raise
             for _ in range(DRAIN_BATCH):
-                if not await self._accept(parts):
+                if not await self._accept(parts) or self._closed:  # the plain handle must not outlive the socket
                     return
                 try:
                     parts = drain.recv_multipart(zmq.NOBLOCK, copy=False)
