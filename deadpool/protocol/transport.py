@@ -13,7 +13,10 @@ URL scheme) never touches an actor.  Implementations live in the top-level
 Limits are part of the contract: every frame larger than ``max_frame_bytes``
 is dropped before it reaches an actor, the inbox holds at most
 ``inbox_size`` messages (a full inbox pushes back on senders), and every send
-has a timeout.
+has a timeout.  Messages to one peer arrive in the order their sends were
+issued, also when several sends are in flight at once (a coordinator sends
+each message as a task): one issued while an earlier one waits for room
+queues behind it.
 """
 
 from __future__ import annotations
