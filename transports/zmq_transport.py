@@ -170,10 +170,9 @@ class ZmqTransport:
         return self._address
 
     async def run(self) -> None:
-        drain = self._pull_direct
         while not self._closed:
             try:
-                parts = await self._pull.recv_multipart(copy=False)
+                parts: list[zmq.Frame] | None = await self._pull.recv_multipart(copy=False)
             except asyncio.CancelledError:
                 # close() makes pyzmq cancel the pending receive: that is our
                 # normal end, not a cancellation of the task that awaits run().
@@ -184,21 +183,20 @@ class ZmqTransport:
                 if self._closed:
                     return
                 raise
-            for _ in range(DRAIN_BATCH):
+            taken = 0
+            while parts is not None:  # this message, then up to DRAIN_BATCH - 1 already queued ones
                 if not await self._accept(parts) or self._closed:  # the plain handle must not outlive the socket
                     return
-                try:
-                    parts = drain.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                except zmq.ZMQError:
-                    if self._closed:
-                        return
-                    raise
-            else:
-                if not await self._accept(parts):
-                    return
+                taken += 1
+                parts = self._queued() if taken < DRAIN_BATCH else None
             await asyncio.sleep(0)  # a long backlog does not keep the loop's other tasks waiting
+
+    def _queued(self) -> list[zmq.Frame] | None:
+        """The next message if one is queued already (read without waiting), else None."""
+        try:
+            return self._pull_direct.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
 
     async def _accept(self, parts: list[zmq.Frame]) -> bool:
         """Queue a received message for recv() (waiting for room); False once the transport is closed."""
@@ -273,7 +271,10 @@ class ZmqTransport:
                 else:
                     await asyncio.wait_for(sent, timeout)
             finally:
-                self._waiting[address] -= 1
+                if self._waiting[address] > 1:
+                    self._waiting[address] -= 1
+                else:
+                    del self._waiting[address]  # only peers with a send waiting keep an entry
         except TimeoutError:
             raise TransportError(f"send to {address} not accepted within {timeout:.2f}s") from None
         except asyncio.CancelledError:
