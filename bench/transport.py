@@ -197,14 +197,16 @@ def sender_main(address: str, count: int, loop: str) -> None:
     run_loop(send_all, loop)
 
 
-def _spawn_senders(address: str, count: int, loop: str) -> list[multiprocessing.process.BaseProcess]:
+def _spawn_senders(address: str, messages: int, loop: str) -> tuple[list[multiprocessing.process.BaseProcess], int]:
+    """SENDERS processes sending about `messages` in all to `address`; also how many arrive after the first."""
     spawn = multiprocessing.get_context("spawn")  # no fork of a process holding ZeroMQ state
+    count = messages // SENDERS
     processes: list[multiprocessing.process.BaseProcess] = [
         spawn.Process(target=sender_main, args=(address, count, loop), daemon=True, name=f"sender-{i}")
         for i in range(SENDERS)]
     for process in processes:
         process.start()
-    return processes
+    return processes, SENDERS * count - 1
 
 
 def _join(processes: list[multiprocessing.process.BaseProcess]) -> None:
@@ -218,15 +220,15 @@ def _join(processes: list[multiprocessing.process.BaseProcess]) -> None:
 async def inbound_cpu(messages: int, loop: str, urls: Urls) -> float:
     """The receiving process's CPU microseconds per message (received and decoded) from SENDERS processes."""
     receiver = open_transport(urls.fresh("tcp"))
-    processes = _spawn_senders(receiver.address, messages // SENDERS, loop)
+    processes, timed = _spawn_senders(receiver.address, messages, loop)
 
     async def body() -> float:
         decode((await recv_one(receiver))[0])  # the first one starts the clock: the senders are up
         started = time.process_time()
         async with asyncio.timeout(RECV_TIMEOUT):  # one bound for the whole burst: no timer per message
-            for _ in range(SENDERS * (messages // SENDERS) - 1):
+            for _ in range(timed):
                 decode((await receiver.recv())[0])
-        return (time.process_time() - started) * 1e6 / (SENDERS * (messages // SENDERS) - 1)
+        return (time.process_time() - started) * 1e6 / timed
 
     try:
         return await with_readers([receiver], body)
@@ -238,14 +240,14 @@ def raw_inbound_cpu(messages: int, loop: str, urls: Urls) -> float:
     """The same traffic into a plain blocking pyzmq PULL socket, decoded: the floor for `inbound_cpu`."""
     pull: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
-    processes = _spawn_senders(f"tcp://127.0.0.1:{port}", messages // SENDERS, loop)
+    processes, timed = _spawn_senders(f"tcp://127.0.0.1:{port}", messages, loop)
     try:
         pull.setsockopt(zmq.RCVTIMEO, int(RECV_TIMEOUT * 1000))
         decode(pull.recv_multipart(copy=False)[0].buffer)
         started = time.process_time()
-        for _ in range(SENDERS * (messages // SENDERS) - 1):
+        for _ in range(timed):
             decode(pull.recv_multipart(copy=False)[0].buffer)
-        return (time.process_time() - started) * 1e6 / (SENDERS * (messages // SENDERS) - 1)
+        return (time.process_time() - started) * 1e6 / timed
     finally:
         pull.close(linger=0)
         _join(processes)

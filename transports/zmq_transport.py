@@ -155,10 +155,10 @@ class ZmqTransport:
         # waiting: an asyncio receive costs a future and its callbacks per message, several times what the
         # read itself does, and a coordinator reads every member's heartbeats and answers.
         self._pull_direct: zmq.Socket[bytes] = zmq.Socket.shadow(self._pull.underlying)
-        self._pushes: dict[str, zmq.asyncio.Socket] = {}
-        # Per peer: a plain handle on its PUSH socket (a send that need not wait costs no future), and how many
-        # sends to it wait for room (while any does, later ones queue behind it: the order stays the order sent).
-        self._direct: dict[str, zmq.Socket[bytes]] = {}
+        # Per peer: its PUSH socket, with a plain handle on it (a send that need not wait costs no future), and
+        # how many sends to it wait for room (while any does, later ones queue behind it: the order stays the
+        # order sent).
+        self._pushes: dict[str, tuple[zmq.asyncio.Socket, zmq.Socket[bytes]]] = {}
         self._waiting: dict[str, int] = {}
         self._inbox: asyncio.Queue[list[memoryview]] = asyncio.Queue(maxsize=limits.inbox_size)
         self._dropped = 0
@@ -232,9 +232,9 @@ class ZmqTransport:
     def pending(self) -> int:
         return self._inbox.qsize()
 
-    def _push_for(self, address: str) -> zmq.asyncio.Socket:
-        sock = self._pushes.get(address)
-        if sock is None:
+    def _push_for(self, address: str) -> tuple[zmq.asyncio.Socket, zmq.Socket[bytes]]:
+        push = self._pushes.get(address)
+        if push is None:
             sock = self._context.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, self._limits.send_hwm)
@@ -244,21 +244,20 @@ class ZmqTransport:
             except zmq.ZMQError:
                 sock.close(linger=0)  # a leaked socket would block Context.term()
                 raise
-            self._pushes[address] = sock
-            self._direct[address] = zmq.Socket.shadow(sock.underlying)
-        return sock
+            push = self._pushes[address] = (sock, zmq.Socket.shadow(sock.underlying))
+        return push
 
     async def send(self, address: str, frames: Sequence[Frame], timeout: float) -> None:
         if self._closed:
             raise TransportClosed("transport is closed")
         try:
-            sock = self._push_for(address)
+            sock, direct = self._push_for(address)
         except zmq.ZMQError as err:
             raise TransportError(f"cannot connect to {address!r}: {err}") from None
         try:
             if not self._waiting.get(address):
                 try:
-                    self._direct[address].send_multipart(list(frames), zmq.NOBLOCK, copy=False)
+                    direct.send_multipart(list(frames), zmq.NOBLOCK, copy=False)
                     return  # queued at once, the usual case
                 except zmq.Again:
                     pass  # a full queue, or the peer is not connected yet: wait for room, bounded
@@ -293,10 +292,9 @@ class ZmqTransport:
 
     def forget(self, address: str) -> None:
         """Close the PUSH socket to a peer that left, dropping what was queued for it."""
-        sock = self._pushes.pop(address, None)
-        self._direct.pop(address, None)
-        if sock is not None:
-            sock.close(linger=0)
+        push = self._pushes.pop(address, None)
+        if push is not None:
+            push[0].close(linger=0)
 
     def dropped(self) -> int:
         return self._dropped
@@ -307,8 +305,7 @@ class ZmqTransport:
         self._closed = True
         self._closed_event.set()
         self._pull.close(linger=0)
-        for sock in self._pushes.values():
+        for sock, _ in self._pushes.values():
             sock.close(linger=max(0, int(linger * 1000)))
         self._pushes.clear()
-        self._direct.clear()
         _release_context(self._context)
