@@ -195,6 +195,25 @@ def relax_gc(thresholds: tuple[int, int, int] = COORDINATOR_GC) -> tuple[int, in
     return previous
 
 
+class FreezeOnCommit:
+    """A coordinator's long-lived state kept out of the collector's walks: frozen (``gc.freeze``) at each view.
+
+    What is alive when a view is committed (the records, the view, its indexes) lives on until the next one;
+    a full collection walked all of it again, for 2.1 s in one tick of ``deadpool simulate`` at 131,072
+    members (the run's longest stall).  Frozen objects are still freed by reference counting; only cycles
+    among them would stay, and the coordinator makes none.  Freezing is O(1).
+    """
+
+    def __init__(self) -> None:
+        self._epoch = -1
+
+    def committed(self, epoch: int) -> None:
+        """The coordinator holds view `epoch` (called after each turn; freezes once per new epoch)."""
+        if epoch != self._epoch:
+            self._epoch = epoch
+            gc.freeze()
+
+
 def raise_priority(niceness: int = -10) -> bool:
     """Give a control-plane process (launcher, coordinator) the CPU before busy workers.
 

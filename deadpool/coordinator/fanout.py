@@ -15,6 +15,7 @@ again (:class:`CatchUp`).  docs/architecture.md has the argument.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -62,6 +63,7 @@ class Fanout:
         self.catch_up = CatchUp(self.grace)
         self._agent_of: dict[str, str] = {}  # member -> the agent whose AgentHello listed it last
         self._hosted: dict[str, frozenset[str]] = {}  # agent -> the members of its last hello
+        self._relays: dict[str, Relay] = {}  # agent's address -> the last header sent it
 
     def hello(self, agent: str, members: Iterable[str]) -> None:
         """`agent` started `members` (its AgentHello, repeated every second: indexed when it changes)."""
@@ -82,35 +84,42 @@ class Fanout:
         agent = agents.get(agent_id)
         return agent if agent is not None and now - agent.seen <= self.within else None
 
-    def plan(self, members: list[str], records: Mapping[str, MemberRecord], agents: Mapping[str, Agent],
+    def plan(self, members: list[str], control_of: Mapping[str, str], agents: Mapping[str, Agent],
              now: float, term: int, relay: bool = True) -> Plan:
-        """How to reach `members` (unknown ones, and ones without an address, are skipped)."""
+        """How to reach `members` (unknown ones, and ones without a control address, are skipped).
+
+        The members of one host are usually neighbours in `members` (seats in rank order): the lookups and the
+        grouping run in C, and Python sees each run of one agent's members once (a view goes to 131,072).
+        """
         relay = relay and self.within > 0
         direct: list[str] = []
-        # Each agent judged once per plan (a view goes to 131,072 members): agent id -> the agent and the
-        # addresses it passes the message to, or None where it was not heard.
-        hosts: dict[str, tuple[Agent, list[str]] | None] = {}
-        agent_of = self._agent_of.get
-        for member in members:
-            record = records.get(member)
-            if record is None or not record.control_addr:
-                continue
-            agent_id = agent_of(member, "") if relay else ""
+        # Each agent judged once per plan: agent id -> the agent and the addresses it passes the message to,
+        # or None where it was not heard.
+        hosts: dict[str | None, tuple[Agent, list[str]] | None] = {}
+        owners = map(self._agent_of.get, members) if relay else itertools.repeat(None, len(members))
+        pairs = zip(owners, map(control_of.get, members), strict=True)
+        for agent_id, run in itertools.groupby(pairs, operator.itemgetter(0)):
+            addrs = [addr for _, addr in run if addr]
             if agent_id not in hosts:
-                agent = self._heard_agent(agent_id, agents, now)
+                agent = self._heard_agent(agent_id, agents, now) if agent_id is not None else None
                 hosts[agent_id] = (agent, []) if agent is not None else None
             host = hosts[agent_id]
-            if host is None:
-                direct.append(record.control_addr)
-            else:
-                host[1].append(record.control_addr)
+            (direct if host is None else host[1]).extend(addrs)
         relays: list[tuple[str, Relay]] = []
         for agent, addrs in filter(None, hosts.values()):
             if len(addrs) == 1:
                 direct += addrs
-            else:
-                relays.append((agent.control_addr, Relay(addrs, term)))
+            elif addrs:
+                relays.append(self._relay(agent, addrs, term))
         return Plan(direct, relays)
+
+    def _relay(self, agent: Agent, addrs: list[str], term: int) -> tuple[str, Relay]:
+        """The header for `agent`: the same object as its last one where nothing changed, so its encoding is
+        reused across broadcasts (:func:`encoded` with a header cache)."""
+        last = self._relays.get(agent.control_addr)
+        if last is None or last.to != addrs or last.term != term:
+            last = self._relays[agent.control_addr] = Relay(addrs, term)
+        return agent.control_addr, last
 
     def resend(self, rnd: Round, now: float, survivors: list[str], records: Mapping[str, MemberRecord],
                agents: Mapping[str, Agent]) -> list[Send]:
@@ -124,20 +133,22 @@ class Fanout:
                 if self.heard(m, agents, now) is None]
 
 
-def encoded(sends: Iterable[Send], secret: bytes | None) -> Iterator[tuple[Send, list[bytes]]]:
+def encoded(sends: Iterable[Send], secret: bytes | None,
+            headers: dict[str, tuple[Relay, bytes]] | None = None) -> Iterator[tuple[Send, list[bytes]]]:
     """Each send with its frames: a broadcast's message encoded once (consecutive sends share it), a Relay
-    header once per agent however many of a view's pieces it precedes."""
+    header once per agent however many of a view's pieces it precedes. `headers` (agent's address -> its last
+    header and frame), kept by the caller across calls, spares re-encoding a header the Fanout sends again."""
     last: tuple[Message | None, bytes] = (None, b"")
-    headers: dict[int, tuple[Relay, bytes]] = {}
+    headers = {} if headers is None else headers
     for send in sends:
         if last[0] is not send.message:
             last = (send.message, codec.encode(send.message, secret))
         if send.relay is None:
             yield send, [last[1]]
             continue
-        header = headers.get(id(send.relay))
-        if header is None:
-            header = headers[id(send.relay)] = (send.relay, codec.encode(send.relay, secret))
+        header = headers.get(send.address)
+        if header is None or header[0] is not send.relay:
+            header = headers[send.address] = (send.relay, codec.encode(send.relay, secret))
         yield send, [header[1], last[1]]
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
 
-from deadpool.config import Config, raise_priority, relax_gc
+from deadpool.config import Config, FreezeOnCommit, raise_priority, relax_gc
 from deadpool.coordinator import fanout
 from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import Coordinator
@@ -31,7 +31,7 @@ from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.link import EXIT_CODES, StandDown
-from deadpool.protocol.messages import Message
+from deadpool.protocol.messages import Message, Relay
 from deadpool.protocol.transport import (
     CONTROL_LIMITS,
     Transport,
@@ -74,10 +74,12 @@ async def serve(coordinator: Served, transport: Transport, config: Config,
     # timeouts of seconds, and everything else here is driven by messages, not by this tick.
     interval = min(config.heartbeat_interval, config.failure_timeout / 10)
     pending: set[asyncio.Task[None]] = set()
+    headers: dict[str, tuple[Relay, bytes]] = {}  # each agent's last Relay header, encoded
+    frozen = FreezeOnCommit()
     async with asyncio.TaskGroup() as senders:
 
         def dispatch(sends: Sequence[Send]) -> None:
-            for send, frames in fanout.encoded(sends, secret):  # a broadcast is encoded once
+            for send, frames in fanout.encoded(sends, secret, headers):  # a broadcast is encoded once
                 task = senders.create_task(_deliver(transport, send, frames, config.send_timeout))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
@@ -96,6 +98,7 @@ async def serve(coordinator: Served, transport: Transport, config: Config,
                 # inbox is not a missed heartbeat.
                 frames = await transport.recv() if transport.pending() else None
             dispatch(coordinator.tick(time.monotonic()))
+            frozen.committed(coordinator.events.epoch)  # the epoch its events carry: the view it holds
         if not drain:  # a standby taking over: its greetings to a lost active must not hold up the new term
             for task in pending:
                 task.cancel()

@@ -10,9 +10,9 @@ second), not one O(members) view per spare.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Container, Iterator, Mapping
+from collections.abc import Container, Mapping
 
-from deadpool.coordinator.records import MemberRecord, Round
+from deadpool.coordinator.records import Round
 from deadpool.protocol.view import View
 
 SPARE_BATCH_S = 0.2  # spares joining a running job are pooled by at most one view this often
@@ -127,23 +127,3 @@ class RejoinAsks:
             self._asked.clear()
         self._asked[member] = now
         return True
-
-
-class HostsOf(Mapping[str, str]):
-    """member -> host, read from the member records where it is asked for (no O(members) copy per decision)."""
-
-    def __init__(self, records: Mapping[str, MemberRecord]) -> None:
-        self._records = records
-
-    def __getitem__(self, member: str) -> str:
-        return self._records[member].host
-
-    def get(self, member: str, default: str | None = None) -> str | None:  # type: ignore[override]
-        record = self._records.get(member)
-        return record.host if record is not None else default
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._records)
-
-    def __len__(self) -> int:
-        return len(self._records)

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from deadpool.config import Config
@@ -24,7 +24,7 @@ from deadpool.coordinator.coverage import Coverage
 from deadpool.coordinator.decisions import NoSpare, RaisedError, Suspicion, Trigger
 from deadpool.coordinator.liveness import Liveness
 from deadpool.coordinator.operator_chaos import OperatorChaos
-from deadpool.coordinator.pools import HostsOf, JoiningSpares, RejoinAsks, Survivors
+from deadpool.coordinator.pools import JoiningSpares, RejoinAsks, Survivors
 from deadpool.coordinator.ratelimit import RateLimit
 from deadpool.coordinator.records import Agent, MemberRecord, PendingSwap, Round, Send
 from deadpool.coordinator.status import status_document
@@ -83,7 +83,10 @@ class Coordinator:
         self.world_size = world_size  # seats: fixed for the job's life (a hot-swap keeps the mesh)
         self._store_addr = store_addr
         self.events = events
-        self.members: dict[str, MemberRecord] = {}
+        self.members: dict[str, MemberRecord] = {}  # stored through _keep(), which also fills the two maps below
+        self._host_of: dict[str, str] = {}  # member -> host: what views are built from, without an O(members) copy
+        self._bulk_of: dict[str, str] = {}  # member -> bulk address
+        self._control_of: dict[str, str] = {}  # member -> control address ("": known only from a reported view)
         self.agents: dict[str, Agent] = {}
         self.fenced: dict[str, str] = {}  # member -> reason
         self.view: View | None = None
@@ -149,7 +152,7 @@ class Coordinator:
 
     def _broadcast(self, members: list[str], *messages: Message, relay: bool = True) -> fanout.Plan:
         """Each message object to every recipient (encoded once), through their host agents where heard (fanout.py)."""
-        plan = self.fanout.plan(members, self.members, self.agents, self._now, self.terms.term, relay)
+        plan = self.fanout.plan(members, self._control_of, self.agents, self._now, self.terms.term, relay)
         for message in messages:  # a whole view's pieces share one plan
             self._outbox += plan.sends(self.terms.stamp(message))
         return plan
@@ -282,10 +285,8 @@ class Coordinator:
                              detail=f"member has WORLD_SIZE={join.world_size}, job has {self.world_size}")
             return
         known = join.sender in self.members
-        self.members[join.sender] = MemberRecord(
-            join.sender, join.role, join.host, join.pid, join.control_addr, join.bulk_addr, join.seat_hint,
-            now, now,
-        )
+        self._keep(MemberRecord(join.sender, join.role, join.host, join.pid, join.control_addr, join.bulk_addr,
+                                join.seat_hint, now, now))
         self._live.seen(join.sender, now)
         if join.role == Role.ACTIVE:
             self._seats_joined.add(join.seat_hint)
@@ -306,6 +307,11 @@ class Coordinator:
                 self._maybe_first_view()
         elif not self.view.contains(join.sender):
             self._add_spare(join.sender, now)
+
+    def _keep(self, record: MemberRecord) -> None:
+        self.members[record.member] = record
+        self._host_of[record.member], self._bulk_of[record.member] = record.host, record.bulk_addr
+        self._control_of[record.member] = record.control_addr
 
     def ask_to_rejoin(self, member: str, control_addr: str, now: float) -> None:
         """A member we cannot reach is alive: ask it for its Join (once a second, not every beat).
@@ -337,9 +343,9 @@ class Coordinator:
             if member not in self.members:
                 # Placeholder until the member re-joins; one that never does is found silent and swapped (after
                 # a takeover, counting the silence the standby had seen).
-                self.members[member] = MemberRecord(
+                self._keep(MemberRecord(
                     member, Role.ACTIVE if seat_hint >= 0 else Role.SPARE, reported.hosts.get(member, ""), 0, "",
-                    reported.bulk_addrs.get(member, ""), seat_hint, now, now - self.handed_silence.get(member, 0.0))
+                    reported.bulk_addrs.get(member, ""), seat_hint, now, now - self.handed_silence.get(member, 0.0)))
                 self._live.seen(member, self.members[member].last_seen)
         self.events.emit(Event.VIEW_ADOPTED, epoch=reported.epoch, seats=reported.seats, spares=reported.spares,
                          resume_step=reported.resume_step, reported_by=report.sender)
@@ -353,7 +359,7 @@ class Coordinator:
                         if r.role == Role.ACTIVE and r.member not in self.fenced}
         spares = [r.member for r in self.members.values() if r.role == Role.SPARE and r.member not in self.fenced]
         view, reason = decisions.first_view(seat_members, self.world_size, spares, self._store_addr,
-                                            self._hosts(), self._bulk_addrs())
+                                            self._host_of, self._bulk_of)
         if view is not None:
             self._commit(view, reason, failed={}, trigger=Trigger.FIRST_VIEW)
 
@@ -375,7 +381,7 @@ class Coordinator:
             return
         self._joining.pooled_at = now
         view = decisions.next_view(self.view, self.view.epoch + 1, {}, [*self.view.spares, *joining],
-                                   self.view.resume_step, self._hosts(), self._bulk_addrs(), rebuild=False)
+                                   self.view.resume_step, self._host_of, self._bulk_of, rebuild=False)
         self._commit(view, f"spare {names} joined the pool", failed={}, trigger=Trigger.SPARE_JOINED)
 
     # -- failures and rounds ------------------------------------------------------------------
@@ -409,7 +415,7 @@ class Coordinator:
             self.events.emit(Event.SPARE_LOST, member=member, lost_member=member, spares_left=len(spares))
             if self.round is None:
                 view = decisions.next_view(self.view, self.view.epoch + 1, {}, spares, self.view.resume_step,
-                                           self._hosts(), self._bulk_addrs(), rebuild=False)
+                                           self._host_of, self._bulk_of, rebuild=False)
                 self._commit(view, f"spare {member} lost", failed={}, trigger=Trigger.SPARE_LOST)
             return
         if seat is not None:
@@ -465,7 +471,7 @@ class Coordinator:
         heard = {s: max(self.members[s].last_seen, self.coverage.vouched_at(s))
                  for s in candidates if s in self.members}
         pool, _ = decisions.order_spares(candidates, heard, self.fenced)
-        return decisions.pick_spares(sorted(failed), self.view, pool, self._hosts(), kept)
+        return decisions.pick_spares(sorted(failed), self.view, pool, self._host_of, kept)
 
     def _no_spare(self, now: float, failed: dict[int, str], waiting_since: float, why: str) -> tuple[NoSpare, str]:
         lost = ", ".join(f"rank {seat} ({member})" for seat, member in sorted(failed.items()))
@@ -505,8 +511,8 @@ class Coordinator:
             why = f"{why}; every seat rolls back to the disk checkpoint of step {resume}"
             self.events.emit(Event.DISK_FALLBACK, resume_step=resume, reason=why)
         spares = [s for s in [*view.spares, *rnd.joined] if s not in rnd.replacements.values() and s not in self.fenced]
-        new_view = decisions.next_view(view, rnd.epoch, rnd.replacements, spares, resume, self._hosts(),
-                                       self._bulk_addrs(), rebuild=True, from_disk=from_disk, sources=sources,
+        new_view = decisions.next_view(view, rnd.epoch, rnd.replacements, spares, resume, self._host_of,
+                                       self._bulk_of, rebuild=True, from_disk=from_disk, sources=sources,
                                        dirty_groups=[g for ack in rnd.acks.values() for g in ack.dirty_groups])
         failed_at = {seat: self._failure_wall.get(member, self.wall()) for seat, member in rnd.failed.items()}
         for seat, member in rnd.failed.items():
@@ -688,12 +694,6 @@ class Coordinator:
         self._start_round(now, {}, why, Trigger.BLIND_REBUILD)
 
     # -- views for operators ------------------------------------------------------------------
-
-    def _hosts(self) -> Mapping[str, str]:
-        return HostsOf(self.members)  # looked up, not copied: a spare pick reads a few of 131,072
-
-    def _bulk_addrs(self) -> dict[str, str]:
-        return {m: r.bulk_addr for m, r in self.members.items()}
 
     def status(self, now: float) -> dict[str, Any]:
         """The live state at `now` as a JSON-able document (``deadpool status``)."""

@@ -80,8 +80,8 @@ def place_buddies(seats: Sequence[str], hosts: Mapping[str, str]) -> tuple[list[
         return [0], "one seat: no buddy, snapshots are local only"
     offset = crossing_offset(seats, hosts)
     if offset is not None:
-        return [(seat + offset) % world for seat in range(world)], f"ring offset {offset}: every copy on another host"
-    return [(seat + 1) % world for seat in range(world)], "ring offset 1: one host, copies on the next seat"
+        return [*range(offset, world), *range(offset)], f"ring offset {offset}: every copy on another host"
+    return [*range(1, world), 0], "ring offset 1: one host, copies on the next seat"
 
 
 def crossing_offset(seats: Sequence[str], hosts: Mapping[str, str]) -> int | None:

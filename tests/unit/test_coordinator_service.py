@@ -7,11 +7,12 @@ and the events, and never open a socket or sleep.
 from __future__ import annotations
 
 import dataclasses
+import gc
 from typing import Any
 
 import pytest
 
-from deadpool.config import Config
+from deadpool.config import Config, FreezeOnCommit
 from deadpool.coordinator.decisions import Trigger
 from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import Coordinator
@@ -362,3 +363,19 @@ def test_status_shows_the_newest_events_compacted() -> None:
     assert recent[0]["event"] == Event.MEMBER_JOINED and recent[-1]["event"] == Event.REJECTED
     assert len(recent[-1]["detail"]) == 200 and "members" not in recent[-1]
     assert all(not isinstance(v, (list, dict)) for record in recent for v in record.values())
+
+
+def test_a_coordinator_freezes_what_is_alive_once_per_committed_view() -> None:
+    """FreezeOnCommit: a new epoch moves the heap out of the collector's walks; the same epoch again does not."""
+    frozen = FreezeOnCommit()
+    try:
+        frozen.committed(1)
+        held = gc.get_freeze_count()
+        assert held > 0
+        kept = [[n] for n in range(100)]  # tracked objects made after the freeze
+        frozen.committed(1)
+        assert gc.get_freeze_count() == held, "the same view: nothing frozen again"
+        frozen.committed(2)
+        assert gc.get_freeze_count() >= held + len(kept)
+    finally:
+        gc.unfreeze()

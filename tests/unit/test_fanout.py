@@ -18,7 +18,7 @@ from test_coverage import host_beat
 from deadpool.agent.relay import AckBatcher, pass_on
 from deadpool.config import Config
 from deadpool.coordinator import fanout
-from deadpool.coordinator.records import Send
+from deadpool.coordinator.records import Agent, Send
 from deadpool.events.catalogue import Event
 from deadpool.protocol import codec
 from deadpool.protocol.messages import AckBatch, CommitView, Heartbeat, Prepare, ProcessExited, Relay, ViewDelta
@@ -165,3 +165,30 @@ def test_the_agent_holds_its_workers_answers_for_one_message_and_keeps_a_failed_
     batcher.put_back(batch)
     again = batcher.take()
     assert again is not None and [(a.sender, a.epoch) for a in again.acks] == [("w0", 2), ("w1", 2), ("w0", 3)]
+
+
+def test_a_hosts_members_apart_in_the_list_still_share_one_relay_in_the_lists_order() -> None:
+    out = fanout.Fanout(heartbeat_interval=0.5, relay=True)
+    out.hello("agent-a", ["a0", "a1", "a2"])
+    out.hello("agent-b", ["b0", "b1"])
+    agents = {name: Agent(name, f"host-{name}", f"tcp://{name[-1]}", {}, 10.0) for name in ("agent-a", "agent-b")}
+    control = {m: f"tcp://{m}" for m in ["a0", "a1", "a2", "b0", "b1", "x"]} | {"mute": ""}
+    plan = out.plan(["a0", "b0", "a1", "x", "mute", "stranger", "b1", "a2"], control, agents, now=10.2, term=1)
+    assert plan.relays == [("tcp://a", Relay(["tcp://a0", "tcp://a1", "tcp://a2"], 1)),
+                           ("tcp://b", Relay(["tcp://b0", "tcp://b1"], 1))]
+    assert plan.direct == ["tcp://x"], "no address, or no record: skipped"
+    again = out.plan(["a0", "a1", "a2", "b0"], control, agents, now=10.3, term=1)
+    assert again.relays[0][1] is plan.relays[0][1], "an unchanged header is the same object (encoded once)"
+    assert again.direct == ["tcp://b0"], "one recipient on a host gets its own copy"
+    assert out.plan(["a0", "a1", "a2"], control, agents, now=10.3, term=2).relays[0][1].term == 2
+
+
+def test_a_header_the_fanout_sends_again_is_encoded_once_across_broadcasts() -> None:
+    headers: dict[str, tuple[Relay, bytes]] = {}
+    relay = Relay(["tcp://w0", "tcp://w1"], 1)
+    first = [f for _, f in fanout.encoded([Send("tcp://agent", Prepare(2, [1], "a"), relay)], None, headers)]
+    second = [f for _, f in fanout.encoded([Send("tcp://agent", Prepare(3, [1], "b"), relay)], None, headers)]
+    assert second[0][0] is first[0][0]
+    changed = Relay(["tcp://w0"], 1)
+    third = [f for _, f in fanout.encoded([Send("tcp://agent", Prepare(4, [1], "c"), changed)], None, headers)]
+    assert codec.decode(third[0][0]) == changed and len(headers) == 1

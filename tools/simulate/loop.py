@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from deadpool.config import relax_gc
+from deadpool.config import FreezeOnCommit, relax_gc
 from deadpool.coordinator import fanout
 from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import Coordinator
@@ -68,6 +68,8 @@ class Simulation:
         self._answering: list[SimAgent] = []  # agents holding their members' answers of this tick
         # The coordinator's encoded sends of this tick: (address, frame, the Relay header's frame when relayed).
         self._outbox: list[tuple[str, bytes, bytes]] = []
+        self._headers: dict[str, tuple[Relay, bytes]] = {}  # the coordinator process's encoded Relay headers
+        self._frozen = FreezeOnCommit()
         self._timers: list[tuple[int, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._decoded: dict[int, tuple[bytes, Message]] = {}  # id(frame) -> decoded, for this tick's sends
@@ -311,12 +313,13 @@ class Simulation:
     def run(self) -> dict[str, Any]:
         """Run to the end (bounded), checking the invariants every tick; returns the metrics.
 
-        The process collects garbage as a coordinator's does (``relax_gc``), for the run only.
+        The process collects garbage as a coordinator's does (``relax_gc``, ``FreezeOnCommit``), for the run only.
         """
         previous = relax_gc()
         try:
             return self._run()
         finally:
+            gc.unfreeze()
             gc.set_threshold(*previous)
 
     def _run(self) -> dict[str, Any]:
@@ -432,6 +435,8 @@ class Simulation:
                 checker.check_fenced(fenced)
         t1 = time.process_time()
         self._encode(coordinator.tick(now))
+        if coordinator.view is not None:
+            self._frozen.committed(coordinator.view.epoch)
         t2 = time.process_time()
         spent = t2 - t0
         costs.total_cpu += spent
@@ -448,7 +453,7 @@ class Simulation:
 
     def _encode(self, sends: Sequence[Send]) -> None:
         """The coordinator process's share of a send: encoding, once per message object (a broadcast)."""
-        for send, frames in fanout.encoded(sends, None):
+        for send, frames in fanout.encoded(sends, None, self._headers):
             header = frames[0] if len(frames) == 2 else b""
             self._outbox.append((send.address, frames[-1], header))
             self.costs.bytes_out += len(frames[-1]) + len(header)
