@@ -14,7 +14,7 @@ from typing import cast
 
 from deadpool.protocol.transport import address_host
 from deadpool.protocol.view import DISK_SOURCE as DISK  # restore_from value: read the seat's state from disk
-from deadpool.protocol.view import View, crossing_offset, place_buddies
+from deadpool.protocol.view import View, crosses_at, crossing_offset, hosts_by_seat, place_buddies
 
 MAX_BLIND_REBUILDS = 3  # rebuilds that fix nothing, in a row, before the job is failed with a reason
 
@@ -121,7 +121,8 @@ def pick_spares(
         return None, f"{len(failed_seats)} seat(s) lost but only {len(spares)} spare(s) left"
     failed_hosts = {hosts.get(view.seats[seat], "") for seat in failed_seats} - {""}
     elsewhere = any(hosts.get(spare, "") not in failed_hosts for spare in spares)
-    held = {seat: spare for seat, spare in (kept or {}).items() if seat in failed_seats and spare in spares
+    failed, pool = set(failed_seats), set(spares)
+    held = {seat: spare for seat, spare in (kept or {}).items() if seat in failed and spare in pool
             and not (elsewhere and hosts.get(spare, "") in failed_hosts)}
     chosen = _fill(failed_seats, view, spares, hosts, failed_hosts, held)
     if held:
@@ -154,9 +155,7 @@ _CROSSING: list[tuple[View, int, bool]] = []  # the last view checked: a pure me
 def _crosses(view: View, hosts: Mapping[str, str], offset: int) -> bool:
     """Every seat of `view` has its copy on another host at ring `offset`."""
     if not _CROSSING or _CROSSING[0][0] is not view or _CROSSING[0][1] != offset:
-        host_of = [hosts.get(member, "") for member in view.seats]
-        crosses = all(host_of[seat] != host_of[(seat + offset) % len(host_of)] for seat in range(len(host_of)))
-        _CROSSING[:] = [(view, offset, crosses)]
+        _CROSSING[:] = [(view, offset, crosses_at(hosts_by_seat(view.seats, hosts), offset))]
     return _CROSSING[0][2]
 
 

@@ -42,12 +42,16 @@ class ViewSender:
         base_digest = self.digest(previous) if previous is not None else b""
         delta = viewsync.make_delta(previous, view, base_digest, self.digest(view)) if previous is not None else None
         members = [*view.seats, *view.spares]
-        holders = {*previous.seats, *previous.spares} if previous is not None and delta is not None else set()
-        newcomers = [m for m in members if m not in holders]
         sends: list[tuple[list[str], list[Message]]] = []
         self._delta, self._delta_base = delta, previous.epoch if previous is not None and delta is not None else -1
-        if delta is not None:
-            sends.append(([m for m in members if m in holders], [delta]))
+        if previous is None or delta is None:
+            return [(members, self.whole(view, term))]
+        # Only a member the delta seats or adds as a spare can be new to the job: O(changed) to find them.
+        spares_before = set(previous.spares)
+        newcomers = [m for m in [*delta.seats.values(), *delta.spares_new]
+                     if m not in spares_before and self.seat_of(previous, m) is None]
+        new = set(newcomers)
+        sends.append(([m for m in members if m not in new] if new else members, [delta]))
         if newcomers:
             sends.append((newcomers, self.whole(view, term)))
         return sends

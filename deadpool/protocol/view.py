@@ -12,6 +12,7 @@ import itertools
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 # A `restore_from` value that names no member: the seat reads its state from the disk checkpoint of
 # `resume_step` (the fallback when a seat and the buddy holding its copy are lost together).
@@ -87,10 +88,25 @@ def place_buddies(seats: Sequence[str], hosts: Mapping[str, str]) -> tuple[list[
 def crossing_offset(seats: Sequence[str], hosts: Mapping[str, str]) -> int | None:
     """The smallest ring offset (up to MAX_OFFSET) putting every seat's copy on another host than the seat, or None."""
     world = len(seats)
-    host_of = [hosts.get(member, "") for member in seats]
+    host_of = hosts_by_seat(seats, hosts)
     for offset in range(1, min(world, MAX_OFFSET + 1)):
-        # Seat i against seat i + offset, compared in C without copying the list; a wrong offset usually
-        # fails within the first host's seats.
-        if all(map(operator.ne, host_of, itertools.chain(itertools.islice(host_of, offset, None), host_of))):
+        if crosses_at(host_of, offset):
             return offset
     return None
+
+
+def hosts_by_seat(seats: Sequence[str], hosts: Mapping[str, str]) -> list[str]:
+    """Each seat's host ("": not known), looked up in C."""
+    host_of = list(map(hosts.get, seats))
+    if None in host_of:
+        return [host if host is not None else "" for host in host_of]
+    return cast(list[str], host_of)
+
+
+def crosses_at(host_of: list[str], offset: int) -> bool:
+    """Every seat's host (`host_of`, by seat) differs from the host of the seat `offset` further on the ring.
+
+    Seat i against seat i + offset, compared in C without copying the list; a wrong offset usually fails
+    within the first host's seats.
+    """
+    return all(map(operator.ne, host_of, itertools.chain(itertools.islice(host_of, offset, None), host_of)))
