@@ -24,7 +24,7 @@ from deadpool.coordinator.coverage import Coverage
 from deadpool.coordinator.decisions import NoSpare, RaisedError, Suspicion, Trigger
 from deadpool.coordinator.liveness import Liveness
 from deadpool.coordinator.operator_chaos import OperatorChaos
-from deadpool.coordinator.pools import JoiningSpares, RejoinAsks, Survivors
+from deadpool.coordinator.pools import Addresses, JoiningSpares, RejoinAsks, Survivors
 from deadpool.coordinator.ratelimit import RateLimit
 from deadpool.coordinator.records import Agent, MemberRecord, PendingSwap, Round, Send
 from deadpool.coordinator.status import status_document
@@ -72,6 +72,11 @@ log = logging.getLogger("deadpool.coordinator.service")
 RECENT_EVENTS = 20  # events kept for `deadpool status`
 
 
+# Handled by kind (an agent's, an operator tool's, a coordinator's, a Join); any other message is a member's own.
+_NOT_A_MEMBERS_OWN = (HostHeartbeat, HeartbeatBatch, AckBatch, Join, AgentHello, StandbyHello, Coordinators,
+                      ChaosCommand, StatusRequest, ProcessExited)
+
+
 class Coordinator:
     """State and message handling of the membership service; every call returns what to send."""
 
@@ -83,10 +88,8 @@ class Coordinator:
         self.world_size = world_size  # seats: fixed for the job's life (a hot-swap keeps the mesh)
         self._store_addr = store_addr
         self.events = events
-        self.members: dict[str, MemberRecord] = {}  # stored through _keep(), which also fills the two maps below
-        self._host_of: dict[str, str] = {}  # member -> host: what views are built from, without an O(members) copy
-        self._bulk_of: dict[str, str] = {}  # member -> bulk address
-        self._control_of: dict[str, str] = {}  # member -> control address ("": known only from a reported view)
+        self.members: dict[str, MemberRecord] = {}  # stored through self._addrs.keep (its maps follow)
+        self._addrs = Addresses()  # member -> host, bulk and control address: what views and broadcasts read
         self.agents: dict[str, Agent] = {}
         self.fenced: dict[str, str] = {}  # member -> reason
         self.view: View | None = None
@@ -152,7 +155,7 @@ class Coordinator:
 
     def _broadcast(self, members: list[str], *messages: Message, relay: bool = True) -> fanout.Plan:
         """Each message object to every recipient (encoded once), through their host agents where heard (fanout.py)."""
-        plan = self.fanout.plan(members, self._control_of, self.agents, self._now, self.terms.term, relay)
+        plan = self.fanout.plan(members, self._addrs.control, self.agents, self._now, self.terms.term, relay)
         for message in messages:  # a whole view's pieces share one plan
             self._outbox += plan.sends(self.terms.stamp(message))
         return plan
@@ -163,7 +166,28 @@ class Coordinator:
     # -- message handling ---------------------------------------------------------------------
 
     def _handle(self, now: float, message: Message) -> None:
-        if isinstance(message, Join):
+        if not isinstance(message, _NOT_A_MEMBERS_OWN):  # a member's own (or relayed): the most frequent, first
+            sender = getattr(message, "sender", None)
+            if not isinstance(sender, str) or sender not in self.members:
+                self.events.emit(Event.REJECTED, reason="unknown_peer",
+                                 detail=f"{type(message).__name__} from {sender}")
+                if isinstance(message, Heartbeat):
+                    self.ask_to_rejoin(message.sender, message.control_addr, now)
+                return
+            if sender in self.fenced:
+                self.events.emit(Event.REJECTED, reason="fenced_peer", peer=sender, kind=type(message).__name__)
+                self.send(self.members[sender].control_addr, Fenced(sender, self._epoch(), self.fenced[sender]))
+                return
+            if not self._rate.allow(sender, now):
+                return
+            self.members[sender].last_seen = now
+            self._live.seen(sender, now)
+            self._on_member_message(message, sender, now)
+        elif isinstance(message, HostHeartbeat):  # one host's beats (coverage.py)
+            hostbeats.on_host_heartbeat(self, message, now)
+        elif isinstance(message, HeartbeatBatch | AckBatch):  # each as if its member had sent it
+            hostbeats.relay(self, message, now, self._handle)
+        elif isinstance(message, Join):
             self._on_join(message, now)
         elif isinstance(message, AgentHello):
             # Agents repeat their hello every second, so a restarted coordinator re-learns who owns which pid.
@@ -185,29 +209,8 @@ class Coordinator:
             self.chaos.command(self, message)
         elif isinstance(message, StatusRequest):
             self.send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status(now))))
-        elif isinstance(message, ProcessExited):
-            self._on_exit(message, now)
-        elif isinstance(message, HostHeartbeat):  # one host's beats (coverage.py)
-            hostbeats.on_host_heartbeat(self, message, now)
-        elif isinstance(message, HeartbeatBatch | AckBatch):  # each as if its member had sent it
-            hostbeats.relay(self, message, now, self._handle)
         else:
-            sender = getattr(message, "sender", None)
-            if not isinstance(sender, str) or sender not in self.members:
-                self.events.emit(Event.REJECTED, reason="unknown_peer",
-                                 detail=f"{type(message).__name__} from {sender}")
-                if isinstance(message, Heartbeat):
-                    self.ask_to_rejoin(message.sender, message.control_addr, now)
-                return
-            if sender in self.fenced:
-                self.events.emit(Event.REJECTED, reason="fenced_peer", peer=sender, kind=type(message).__name__)
-                self.send(self.members[sender].control_addr, Fenced(sender, self._epoch(), self.fenced[sender]))
-                return
-            if not self._rate.allow(sender, now):
-                return
-            self.members[sender].last_seen = now
-            self._live.seen(sender, now)
-            self._on_member_message(message, sender, now)
+            self._on_exit(message, now)
 
     def _on_exit(self, message: ProcessExited, now: float) -> None:
         if message.sender not in self.agents:
@@ -244,8 +247,7 @@ class Coordinator:
             held = rnd.acks.get(message.sender)
             if message.early and held is not None and not held.early:
                 return  # a full answer (kept from an earlier Prepare of the round) beats a later early one
-            rnd.acks[message.sender] = decisions.Snapshots(message.local_steps, message.ward_steps,
-                                                           message.disk_steps, message.dirty_groups, message.early)
+            rnd.acks[message.sender] = message
             self._survivors_cache.answered(rnd, message.sender, message.early)
             self._maybe_commit()
         elif isinstance(message, CollectiveFailed):
@@ -285,8 +287,8 @@ class Coordinator:
                              detail=f"member has WORLD_SIZE={join.world_size}, job has {self.world_size}")
             return
         known = join.sender in self.members
-        self._keep(MemberRecord(join.sender, join.role, join.host, join.pid, join.control_addr, join.bulk_addr,
-                                join.seat_hint, now, now))
+        self._addrs.keep(self.members, MemberRecord(join.sender, join.role, join.host, join.pid, join.control_addr,
+                                                    join.bulk_addr, join.seat_hint, now, now))
         self._live.seen(join.sender, now)
         if join.role == Role.ACTIVE:
             self._seats_joined.add(join.seat_hint)
@@ -307,11 +309,6 @@ class Coordinator:
                 self._maybe_first_view()
         elif not self.view.contains(join.sender):
             self._add_spare(join.sender, now)
-
-    def _keep(self, record: MemberRecord) -> None:
-        self.members[record.member] = record
-        self._host_of[record.member], self._bulk_of[record.member] = record.host, record.bulk_addr
-        self._control_of[record.member] = record.control_addr
 
     def ask_to_rejoin(self, member: str, control_addr: str, now: float) -> None:
         """A member we cannot reach is alive: ask it for its Join (once a second, not every beat).
@@ -343,7 +340,7 @@ class Coordinator:
             if member not in self.members:
                 # Placeholder until the member re-joins; one that never does is found silent and swapped (after
                 # a takeover, counting the silence the standby had seen).
-                self._keep(MemberRecord(
+                self._addrs.keep(self.members, MemberRecord(
                     member, Role.ACTIVE if seat_hint >= 0 else Role.SPARE, reported.hosts.get(member, ""), 0, "",
                     reported.bulk_addrs.get(member, ""), seat_hint, now, now - self.handed_silence.get(member, 0.0)))
                 self._live.seen(member, self.members[member].last_seen)
@@ -359,7 +356,7 @@ class Coordinator:
                         if r.role == Role.ACTIVE and r.member not in self.fenced}
         spares = [r.member for r in self.members.values() if r.role == Role.SPARE and r.member not in self.fenced]
         view, reason = decisions.first_view(seat_members, self.world_size, spares, self._store_addr,
-                                            self._host_of, self._bulk_of)
+                                            self._addrs.host, self._addrs.bulk)
         if view is not None:
             self._commit(view, reason, failed={}, trigger=Trigger.FIRST_VIEW)
 
@@ -381,7 +378,7 @@ class Coordinator:
             return
         self._joining.pooled_at = now
         view = decisions.next_view(self.view, self.view.epoch + 1, {}, [*self.view.spares, *joining],
-                                   self.view.resume_step, self._host_of, self._bulk_of, rebuild=False)
+                                   self.view.resume_step, self._addrs.host, self._addrs.bulk, rebuild=False)
         self._commit(view, f"spare {names} joined the pool", failed={}, trigger=Trigger.SPARE_JOINED)
 
     # -- failures and rounds ------------------------------------------------------------------
@@ -415,7 +412,7 @@ class Coordinator:
             self.events.emit(Event.SPARE_LOST, member=member, lost_member=member, spares_left=len(spares))
             if self.round is None:
                 view = decisions.next_view(self.view, self.view.epoch + 1, {}, spares, self.view.resume_step,
-                                           self._host_of, self._bulk_of, rebuild=False)
+                                           self._addrs.host, self._addrs.bulk, rebuild=False)
                 self._commit(view, f"spare {member} lost", failed={}, trigger=Trigger.SPARE_LOST)
             return
         if seat is not None:
@@ -471,7 +468,7 @@ class Coordinator:
         heard = {s: max(self.members[s].last_seen, self.coverage.vouched_at(s))
                  for s in candidates if s in self.members}
         pool, _ = decisions.order_spares(candidates, heard, self.fenced)
-        return decisions.pick_spares(sorted(failed), self.view, pool, self._host_of, kept)
+        return decisions.pick_spares(sorted(failed), self.view, pool, self._addrs.host, kept)
 
     def _no_spare(self, now: float, failed: dict[int, str], waiting_since: float, why: str) -> tuple[NoSpare, str]:
         lost = ", ".join(f"rank {seat} ({member})" for seat, member in sorted(failed.items()))
@@ -511,8 +508,8 @@ class Coordinator:
             why = f"{why}; every seat rolls back to the disk checkpoint of step {resume}"
             self.events.emit(Event.DISK_FALLBACK, resume_step=resume, reason=why)
         spares = [s for s in [*view.spares, *rnd.joined] if s not in rnd.replacements.values() and s not in self.fenced]
-        new_view = decisions.next_view(view, rnd.epoch, rnd.replacements, spares, resume, self._host_of,
-                                       self._bulk_of, rebuild=True, from_disk=from_disk, sources=sources,
+        new_view = decisions.next_view(view, rnd.epoch, rnd.replacements, spares, resume, self._addrs.host,
+                                       self._addrs.bulk, rebuild=True, from_disk=from_disk, sources=sources,
                                        dirty_groups=[g for ack in rnd.acks.values() for g in ack.dirty_groups])
         failed_at = {seat: self._failure_wall.get(member, self.wall()) for seat, member in rnd.failed.items()}
         for seat, member in rnd.failed.items():
