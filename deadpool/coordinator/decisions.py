@@ -10,8 +10,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import cast
 
+from deadpool.protocol.messages import PrepareAck
 from deadpool.protocol.transport import address_host
 from deadpool.protocol.view import DISK_SOURCE as DISK  # restore_from value: read the seat's state from disk
 from deadpool.protocol.view import View, crosses_at, crossing_offset, hosts_by_seat, place_buddies
@@ -63,37 +64,6 @@ class RaisedError:
     seat: int  # its seat then (-1: a spare)
     step: int  # the step in progress (-1: before the first step)
     kind: str  # the exception's type name
-
-
-class Answer(Protocol):
-    """What a survivor's answer to a Prepare says it holds: the PrepareAck itself, kept as it arrived (nothing
-    is copied per answer, 124,518 of them in a round at 131,072 members), or a :class:`Snapshots`."""
-
-    @property
-    def local_steps(self) -> Sequence[int]: ...  # complete local snapshots
-
-    @property
-    def ward_steps(self) -> Mapping[int, Sequence[int]]: ...  # seat -> complete buddy copies held
-
-    @property
-    def disk_steps(self) -> Sequence[int]: ...  # steps with complete disk checkpoints of every seat
-
-    @property
-    def dirty_groups(self) -> Sequence[str]: ...  # mesh groups with a collective the survivor did not complete
-
-    @property
-    def early(self) -> bool: ...  # sent before the survivor stopped: only its newest local snapshot
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshots:
-    """What one survivor holds, without the rest of its PrepareAck (an :class:`Answer`)."""
-
-    local_steps: Sequence[int]  # complete local snapshots
-    ward_steps: Mapping[int, Sequence[int]]  # seat -> complete buddy copies held
-    disk_steps: Sequence[int] = ()  # steps with complete disk checkpoints of every seat
-    dirty_groups: Sequence[str] = ()  # mesh groups with a collective the survivor did not complete
-    early: bool = False  # sent before the survivor stopped: only its newest local snapshot (a full report follows)
 
 
 def silent_members(now: float, last_seen: Mapping[str, float], failure_timeout: float) -> list[tuple[str, str]]:
@@ -202,7 +172,7 @@ def _fill(failed_seats: Sequence[int], view: View, spares: Sequence[str], hosts:
 
 
 def plan_restore(
-    view: View, failed_seats: Sequence[int], reports: Mapping[str, Answer]
+    view: View, failed_seats: Sequence[int], reports: Mapping[str, PrepareAck]
 ) -> tuple[int | None, dict[int, str], str]:
     """The newest step every seat can restore from memory, and where each seat gets it.
 
@@ -352,7 +322,7 @@ def user_exception(earlier: Sequence[RaisedError], new: RaisedError) -> tuple[Ra
         "member (a hardware fault can surface as a Python exception) and it is replaced once")
 
 
-def disk_resume_step(reports: Mapping[str, Answer]) -> int | None:
+def disk_resume_step(reports: Mapping[str, PrepareAck]) -> int | None:
     """The newest step with a complete disk checkpoint of every seat, as every survivor sees it."""
     common: set[int] | None = None
     for report in reports.values():

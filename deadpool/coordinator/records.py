@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from deadpool.coordinator.decisions import Answer, Trigger
-from deadpool.protocol.messages import Message, Prepare, Relay, Role
+from deadpool.coordinator.decisions import Trigger
+from deadpool.protocol.messages import Message, Prepare, PrepareAck, Relay, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,7 @@ class Round:
     epoch: int  # the epoch prepared (and committed when every survivor answered)
     failed: dict[int, str]  # seat -> dead member
     replacements: dict[int, str]  # seat -> spare chosen ({} while waiting for a spare to join)
-    acks: dict[str, Answer]  # survivor -> its PrepareAck (what it reported holding)
+    acks: dict[str, PrepareAck]  # survivor -> its answer, as it arrived (nothing copied per answer)
     deadline: float  # survivors that have not answered by then are declared dead
     reason: str  # why the round started, and the spares chosen
     trigger: Trigger = Trigger.SEAT_LOST  # the same, for readers that count (events' ``trigger``)

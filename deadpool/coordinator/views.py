@@ -42,7 +42,6 @@ class ViewSender:
         base_digest = self.digest(previous) if previous is not None else b""
         delta = viewsync.make_delta(previous, view, base_digest, self.digest(view)) if previous is not None else None
         members = [*view.seats, *view.spares]
-        sends: list[tuple[list[str], list[Message]]] = []
         self._delta, self._delta_base = delta, previous.epoch if previous is not None and delta is not None else -1
         if previous is None or delta is None:
             return [(members, self.whole(view, term))]
@@ -50,11 +49,10 @@ class ViewSender:
         spares_before = set(previous.spares)
         newcomers = [m for m in [*delta.seats.values(), *delta.spares_new]
                      if m not in spares_before and self.seat_of(previous, m) is None]
+        if not newcomers:
+            return [(members, [delta])]
         new = set(newcomers)
-        sends.append(([m for m in members if m not in new] if new else members, [delta]))
-        if newcomers:
-            sends.append((newcomers, self.whole(view, term)))
-        return sends
+        return [([m for m in members if m not in new], [delta]), (newcomers, self.whole(view, term))]
 
     def whole(self, view: View, term: int) -> list[Message]:
         """The whole view, encoded once per view and term however many members ask."""

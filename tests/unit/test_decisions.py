@@ -6,15 +6,21 @@ from collections.abc import Mapping, Sequence
 
 from deadpool.coordinator import decisions
 from deadpool.coordinator.decisions import NoSpare, Suspicion
+from deadpool.protocol.messages import PrepareAck
 from deadpool.protocol.view import View, place_buddies
 
 
 def resume_step(
-    view: View, failed_seats: Sequence[int], reports: Mapping[str, decisions.Snapshots]
+    view: View, failed_seats: Sequence[int], reports: Mapping[str, PrepareAck]
 ) -> tuple[int | None, str]:
     """The newest step every seat can restore (`plan_restore` without the sources), with the reason."""
     step, _, reason = decisions.plan_restore(view, failed_seats, reports)
     return step, reason
+
+
+def held(local_steps: list[int], ward_steps: dict[int, list[int]]) -> PrepareAck:
+    """A survivor's answer naming the snapshots it holds (the rest of the PrepareAck does not matter here)."""
+    return PrepareAck("survivor", 2, 0, local_steps, ward_steps)
 
 
 def make_view(world: int = 4, spares: list[str] | None = None, hosts: dict[str, str] | None = None) -> View:
@@ -72,9 +78,9 @@ def test_pick_spares_refuses_when_too_few() -> None:
 def test_resume_step_is_newest_common_step() -> None:
     view = make_view()  # seat 2's copy lives on seat 3
     reports = {
-        "m0": decisions.Snapshots([18, 19], {3: [18, 19]}),
-        "m1": decisions.Snapshots([19, 20], {0: [19]}),
-        "m3": decisions.Snapshots([18, 19], {2: [18, 19]}),
+        "m0": held([18, 19], {3: [18, 19]}),
+        "m1": held([19, 20], {0: [19]}),
+        "m3": held([18, 19], {2: [18, 19]}),
     }
     step, reason = resume_step(view, [2], reports)
     assert step == 19 and "19" in reason
@@ -83,9 +89,9 @@ def test_resume_step_is_newest_common_step() -> None:
 def test_resume_step_falls_back_when_buddy_lags() -> None:
     view = make_view()
     reports = {
-        "m0": decisions.Snapshots([18, 19], {}),
-        "m1": decisions.Snapshots([18, 19], {}),
-        "m3": decisions.Snapshots([19, 20], {2: [17, 18]}),
+        "m0": held([18, 19], {}),
+        "m1": held([18, 19], {}),
+        "m3": held([19, 20], {2: [17, 18]}),
     }
     # m3 no longer holds 18 locally; nothing is common: a clear refusal, not a guess.
     step, reason = resume_step(view, [2], reports)
@@ -96,10 +102,10 @@ def test_interrupted_adoption_restores_from_the_buddy_again() -> None:
     # Seat 2's spare was adopted, but a second failure interrupted it before it restored anything.
     view = make_view()
     reports = {
-        "m0": decisions.Snapshots([19], {3: [19]}),
-        "m1": decisions.Snapshots([19], {0: [19]}),
-        "m2": decisions.Snapshots([], {}),
-        "m3": decisions.Snapshots([19], {2: [18, 19]}),
+        "m0": held([19], {3: [19]}),
+        "m1": held([19], {0: [19]}),
+        "m2": held([], {}),
+        "m3": held([19], {2: [18, 19]}),
     }
     step, sources, _ = decisions.plan_restore(view, [], reports)
     assert step == 19 and sources == {2: "m3"}
@@ -110,21 +116,21 @@ def test_a_replacement_restores_from_the_buddy_of_an_earlier_view() -> None:
     seat 3, which holds no copy yet, but seat 0 (its buddy before, asked by the failed adoption) still does."""
     view = make_view()
     reports = {
-        "m0": decisions.Snapshots([19], {3: [19], 2: [18, 19]}),
-        "m1": decisions.Snapshots([19], {0: [19]}),
-        "m2": decisions.Snapshots([], {}),
-        "m3": decisions.Snapshots([19], {}),
+        "m0": held([19], {3: [19], 2: [18, 19]}),
+        "m1": held([19], {0: [19]}),
+        "m2": held([], {}),
+        "m3": held([19], {}),
     }
     step, sources, _ = decisions.plan_restore(view, [], reports)
     assert step == 19 and sources == {2: "m0"}
-    reports["m3"] = decisions.Snapshots([19], {2: [19]})  # where both hold it, the buddy of the view serves
+    reports["m3"] = held([19], {2: [19]})  # where both hold it, the buddy of the view serves
     assert decisions.plan_restore(view, [], reports)[1] == {2: "m3"}
 
 
 def test_resume_step_names_seat_lost_with_its_buddy() -> None:
     view = make_view()
     step, reason = resume_step(
-        view, [2, 3], {"m0": decisions.Snapshots([1], {}), "m1": decisions.Snapshots([1], {})}
+        view, [2, 3], {"m0": held([1], {}), "m1": held([1], {})}
     )
     assert step is None and "seat 2" in reason and "seat 3" in reason
 
@@ -182,8 +188,8 @@ def test_a_replacement_that_had_not_restored_loses_its_state_with_its_buddy() ->
     """Seat 2 was refilled from seat 3's copy; seat 3 dies before the replacement restored from it: seat 2's
     member reports nothing (it acked early, still taking the seat), and no copy of seat 2's state survives."""
     view = make_view()  # buddies ring: seat 2's copy is on seat 3
-    reports = {m: decisions.Snapshots([5], {(i - 1) % 4: [5]}) for i, m in enumerate(view.seats) if i != 3}
-    reports["m2"] = decisions.Snapshots([], {1: [5]})
+    reports = {m: held([5], {(i - 1) % 4: [5]}) for i, m in enumerate(view.seats) if i != 3}
+    reports["m2"] = held([], {1: [5]})
     step, why = resume_step(view, [3], reports)
     assert step is None
     assert "seat 2" in why and "no copy of its state survives" in why and "seat 3" in why

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from deadpool.coordinator.decisions import Snapshots
 from deadpool.coordinator.pools import Survivors
 from deadpool.coordinator.records import Round
+from deadpool.protocol.messages import PrepareAck
 from deadpool.protocol.view import View
 
 
@@ -14,7 +14,7 @@ def _view(seats: int) -> View:
 
 
 def _answer(survivors: Survivors, rnd: Round, member: str, early: bool = False) -> None:
-    rnd.acks[member] = Snapshots([3], {}, early=early)  # as the coordinator stores an answer, then tells the cache
+    rnd.acks[member] = PrepareAck(member, 2, 3, [3], {}, early=early)  # stored as it came, then the cache told
     survivors.answered(rnd, member, early)
 
 
@@ -43,9 +43,9 @@ def test_answers_stored_before_the_cache_first_looked_are_counted() -> None:
     view, fenced = _view(4), {}
     cache = Survivors()
     rnd = Round(2, {0: "m0"}, {0: "s0"}, {}, 10.0, "seat 0 lost")
-    rnd.acks["m1"] = Snapshots([3], {})
+    rnd.acks["m1"] = PrepareAck("m1", 2, 3, [3], {})
     cache.answered(rnd, "m1", False)  # the cache had not built this round's wait yet: ignored, then rebuilt
-    rnd.acks["m3"] = Snapshots([3], {}, early=True)
+    rnd.acks["m3"] = PrepareAck("m3", 2, 3, [3], {}, early=True)
     assert cache.unanswered(view, rnd, fenced) == ["m2", "m3"]
     assert cache.first_unanswered(view, rnd, fenced) == "m2"
     # A new view (a commit) starts over from that view's seats.

@@ -435,8 +435,7 @@ class Simulation:
                 checker.check_fenced(fenced)
         t1 = time.process_time()
         self._encode(coordinator.tick(now))
-        if coordinator.view is not None:
-            self._frozen.committed(coordinator.view.epoch)
+        self._frozen.committed(coordinator.events.epoch)  # as the coordinator process does (coordinator/main.py)
         t2 = time.process_time()
         spent = t2 - t0
         costs.total_cpu += spent
