@@ -63,7 +63,6 @@ class Fanout:
         self.catch_up = CatchUp(self.grace)
         self._agent_of: dict[str, str] = {}  # member -> the agent whose AgentHello listed it last
         self._hosted: dict[str, frozenset[str]] = {}  # agent -> the members of its last hello
-        self._relays: dict[str, Relay] = {}  # agent's address -> the last header sent it
 
     def hello(self, agent: str, members: Iterable[str]) -> None:
         """`agent` started `members` (its AgentHello, repeated every second: indexed when it changes)."""
@@ -110,16 +109,8 @@ class Fanout:
             if len(addrs) == 1:
                 direct += addrs
             elif addrs:
-                relays.append(self._relay(agent, addrs, term))
+                relays.append((agent.control_addr, Relay(addrs, term)))
         return Plan(direct, relays)
-
-    def _relay(self, agent: Agent, addrs: list[str], term: int) -> tuple[str, Relay]:
-        """The header for `agent`: the same object as its last one where nothing changed, so its encoding is
-        reused across broadcasts (:func:`encoded` with a header cache)."""
-        last = self._relays.get(agent.control_addr)
-        if last is None or last.to != addrs or last.term != term:
-            last = self._relays[agent.control_addr] = Relay(addrs, term)
-        return agent.control_addr, last
 
     def resend(self, rnd: Round, now: float, survivors: list[str], records: Mapping[str, MemberRecord],
                agents: Mapping[str, Agent]) -> list[Send]:
@@ -137,7 +128,8 @@ def encoded(sends: Iterable[Send], secret: bytes | None,
             headers: dict[str, tuple[Relay, bytes]] | None = None) -> Iterator[tuple[Send, list[bytes]]]:
     """Each send with its frames: a broadcast's message encoded once (consecutive sends share it), a Relay
     header once per agent however many of a view's pieces it precedes. `headers` (agent's address -> its last
-    header and frame), kept by the caller across calls, spares re-encoding a header the Fanout sends again."""
+    header and frame), kept by the caller across calls, spares re-encoding a header equal to the one before it
+    (an agent's workers and the term rarely change between broadcasts)."""
     last: tuple[Message | None, bytes] = (None, b"")
     headers = {} if headers is None else headers
     for send in sends:
@@ -147,7 +139,7 @@ def encoded(sends: Iterable[Send], secret: bytes | None,
             yield send, [last[1]]
             continue
         header = headers.get(send.address)
-        if header is None or header[0] is not send.relay:
+        if header is None or (header[0] is not send.relay and header[0] != send.relay):
             header = headers[send.address] = (send.relay, codec.encode(send.relay, secret))
         yield send, [header[1], last[1]]
 
