@@ -15,10 +15,12 @@ for ``failure_timeout`` is death.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from deadpool.coordinator.liveness import Liveness
+
+Columns = tuple[list[int], list[int], list[int], list[int], list[float]]  # a HostHeartbeat's, per member
 
 
 @dataclass
@@ -27,7 +29,7 @@ class Batch:
 
     at: float  # when it arrived
     listed: list[str]  # its member column, as sent (an unchanged list is compared in one C call)
-    columns: tuple[list[int] | list[float], ...]  # epochs, steps, snapshots, stalls: unchanged, no record update
+    columns: Columns  # epochs, steps, snapshots, confirmed snapshots, stalls (hostbeats.settle copies them)
     vouched: frozenset[str]  # the listed members it may vouch for (its own, known, not fenced)
 
 
@@ -39,6 +41,7 @@ class Coverage:
         self._by_member: dict[str, str] = {}  # covered member -> its agent
         self._agents = Liveness()  # agents by their newest HostHeartbeat
         self._dropped: dict[str, float] = {}  # member -> when an agent last listed it
+        self.unsettled: dict[str, None] = {}  # agents whose newest columns have not reached the records (settle)
 
     def previous(self, agent: str) -> Batch | None:
         return self._batches.get(agent)
@@ -48,10 +51,10 @@ class Coverage:
         self._batches[agent].at = now
         self._agents.seen(agent, now)
 
-    def cover(self, agent: str, now: float, listed: list[str], columns: tuple[list[int] | list[float], ...],
-              vouched: frozenset[str]) -> None:
+    def cover(self, agent: str, now: float, listed: list[str], columns: Columns, vouched: frozenset[str]) -> None:
         """A changed member list: members it no longer lists are dropped (heard last at its previous message)."""
         before = self._batches.get(agent)
+        self.unsettled[agent] = None
         if before is not None:
             for member in before.vouched - vouched:
                 if self._by_member.get(member) == agent:
@@ -63,12 +66,16 @@ class Coverage:
         self._batches[agent] = Batch(now, listed, columns, vouched)
         self._agents.seen(agent, now)
 
-    def vouched_at(self, member: str) -> float:
-        """When an agent last listed `member` (-inf: never, or not since it was forgotten)."""
-        agent = self._by_member.get(member)
-        if agent is not None:
-            return self._batches[agent].at
-        return self._dropped.get(member, float("-inf"))
+    def take_unsettled(self) -> list[str]:
+        """The agents whose columns changed since the last call, oldest change first (and forget them)."""
+        agents, self.unsettled = list(self.unsettled), {}
+        return agents
+
+    def vouched_times(self, members: Sequence[str]) -> list[float]:
+        """When an agent last listed each of `members` (-inf: never, or not since it was forgotten)."""
+        batches, dropped = self._batches, self._dropped
+        return [batches[agent].at if agent is not None else dropped.get(member, float("-inf"))
+                for agent, member in zip(map(self._by_member.get, members), members, strict=True)]
 
     def forget(self, member: str) -> None:
         """No longer watched (declared dead, or finished): no agent's word counts for it again."""

@@ -90,26 +90,34 @@ class Fanout:
         The members of one host are usually neighbours in `members` (seats in rank order): the lookups and the
         grouping run in C, and Python sees each run of one agent's members once (a view goes to 131,072).
         """
-        relay = relay and self.within > 0
+        addrs = list(map(control_of.get, members, itertools.repeat("")))
+        if not all(addrs):  # unknown members, and ones known only from a reported view, are skipped
+            kept = list(map(bool, addrs))
+            members, addrs = list(itertools.compress(members, kept)), list(itertools.compress(addrs, kept))
+        if not (relay and self.within > 0 and members):
+            return Plan(addrs, [])
+        # Where the owning agent changes along the list, found in C; Python then sees each run once.
+        owners = list(map(self._agent_of.get, members))
+        changes = itertools.compress(range(1, len(owners)), map(operator.ne, owners, itertools.islice(owners, 1, None)))
+        starts = [0, *changes, len(owners)]
         direct: list[str] = []
         # Each agent judged once per plan: agent id -> the agent and the addresses it passes the message to,
         # or None where it was not heard.
         hosts: dict[str | None, tuple[Agent, list[str]] | None] = {}
-        owners = map(self._agent_of.get, members) if relay else itertools.repeat(None, len(members))
-        pairs = zip(owners, map(control_of.get, members), strict=True)
-        for agent_id, run in itertools.groupby(pairs, operator.itemgetter(0)):
-            addrs = [addr for _, addr in run if addr]
-            if agent_id not in hosts:
+        for begin, end in zip(starts, itertools.islice(starts, 1, None), strict=False):
+            agent_id = owners[begin]
+            if agent_id in hosts:
+                host = hosts[agent_id]
+            else:
                 agent = self._heard_agent(agent_id, agents, now) if agent_id is not None else None
-                hosts[agent_id] = (agent, []) if agent is not None else None
-            host = hosts[agent_id]
-            (direct if host is None else host[1]).extend(addrs)
+                host = hosts[agent_id] = (agent, []) if agent is not None else None
+            (direct if host is None else host[1]).extend(addrs[begin:end])
         relays: list[tuple[str, Relay]] = []
-        for agent, addrs in filter(None, hosts.values()):
-            if len(addrs) == 1:
-                direct += addrs
-            elif addrs:
-                relays.append((agent.control_addr, Relay(addrs, term)))
+        for agent, to in filter(None, hosts.values()):
+            if len(to) == 1:
+                direct += to
+            elif to:
+                relays.append((agent.control_addr, Relay(to, term)))
         return Plan(direct, relays)
 
     def resend(self, rnd: Round, now: float, survivors: list[str], records: Mapping[str, MemberRecord],

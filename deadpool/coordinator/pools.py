@@ -4,14 +4,15 @@
 list is O(seats), so it is built once per (view, round, fenced count) instead of
 on every acknowledgement.  :class:`JoiningSpares` pools spares that join a
 running job: one view for a storm of joins (131,072 members start within a
-second), not one O(members) view per spare.  :class:`Addresses` keeps every member's
+second), not one O(members) view per spare.  :class:`SparePool` keeps the order spares are
+chosen in for a heartbeat interval.  :class:`Addresses` keeps every member's
 addresses in plain dicts that views and broadcasts read whole.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 
 from deadpool.coordinator.records import MemberRecord, Round
 from deadpool.protocol.view import View
@@ -108,6 +109,33 @@ class JoiningSpares:
         """The waiting spares still alive (the rest are dropped), and how to name them in a reason."""
         joining, self.waiting = [m for m in self.waiting if m not in fenced], []
         return joining, joining[0] if len(joining) == 1 else f"{len(joining)} spares"
+
+
+class SparePool:
+    """The spares a swap chooses from, in the order ``decisions.order_spares`` gives, kept for one interval.
+
+    Ordering reads every spare's last-heard times: about 10 ms for 6,554 spares at 131,072 members, and a
+    round that grows with each of a burst of failures chooses again every time. The order is kept for one
+    heartbeat interval (less the members fenced since): a spare that dies silently falls behind the others
+    no sooner than its next missed heartbeat anyway.
+    """
+
+    def __init__(self, fresh_for: float) -> None:
+        self._fresh_for = fresh_for
+        self._key: tuple[View | None, list[str], int] = (None, [], -1)  # (view, joined, fenced count) ordered for
+        self._at = float("-inf")
+        self._pool: list[str] = []
+
+    def ordered(self, now: float, view: View, joined: list[str], fenced: Mapping[str, str],
+                order: Callable[[list[str]], list[str]]) -> list[str]:
+        """`order` of the view's spares and `joined`, or the kept one, without the members fenced since."""
+        seen, kept_joined, fenced_count = self._key
+        if seen is not view or kept_joined != joined or now - self._at > self._fresh_for:
+            self._pool, self._at = order([*view.spares, *joined]), now
+        elif fenced_count != len(fenced):  # fenced only grows: its size tells a change
+            self._pool = list(itertools.filterfalse(fenced.__contains__, self._pool))
+        self._key = (view, list(joined), len(fenced))
+        return self._pool
 
 
 REJOIN_ASK_INTERVAL_S = 1.0  # a member we cannot reach is asked for its Join at most this often

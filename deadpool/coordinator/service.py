@@ -13,18 +13,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import operator
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from deadpool.config import Config
-from deadpool.coordinator import decisions, fanout, hostbeats, raised
+from deadpool.coordinator import deaths, decisions, fanout, hostbeats, raised
 from deadpool.coordinator.coverage import Coverage
 from deadpool.coordinator.decisions import NoSpare, RaisedError, Suspicion, Trigger
 from deadpool.coordinator.liveness import Liveness
 from deadpool.coordinator.operator_chaos import OperatorChaos
-from deadpool.coordinator.pools import Addresses, JoiningSpares, RejoinAsks, Survivors
+from deadpool.coordinator.pools import Addresses, JoiningSpares, RejoinAsks, SparePool, Survivors
 from deadpool.coordinator.ratelimit import RateLimit
 from deadpool.coordinator.records import Agent, MemberRecord, PendingSwap, Round, Send
 from deadpool.coordinator.status import status_document
@@ -41,7 +42,6 @@ from deadpool.protocol.messages import (
     CollectiveFailed,
     Coordinators,
     Fenced,
-    FenceKill,
     Finished,
     Heartbeat,
     HeartbeatBatch,
@@ -70,6 +70,7 @@ from deadpool.protocol.view import View
 log = logging.getLogger("deadpool.coordinator.service")
 
 RECENT_EVENTS = 20  # events kept for `deadpool status`
+_LAST_SEEN = operator.attrgetter("last_seen")
 
 
 # Handled by kind (an agent's, an operator tool's, a coordinator's, a Join); any other message is a member's own.
@@ -110,6 +111,7 @@ class Coordinator:
         self._seats_joined: set[int] = set()  # seats an active member joined for (the first view needs them all)
         self._joining = JoiningSpares()  # spares that joined the running job, pooled by one view at a time
         self._survivors_cache = Survivors()
+        self._spare_pool = SparePool(config.heartbeat_interval)  # the order spares are chosen in, kept briefly
         self._blind_rebuilds = 0  # rebuilds with nobody dead since the last finished step (bounded)
         self._rejoins = RejoinAsks()  # when we last sent each unreachable member a Rejoin
         self._raised: list[RaisedError] = []  # the scripts' exceptions reported so far (one per member at most)
@@ -206,6 +208,7 @@ class Coordinator:
                 self._stand_down(StandDown.SUPERSEDED,
                                  f"the coordinator at {message.active} took over with term {message.term}")
         elif isinstance(message, ChaosCommand):
+            hostbeats.settle(self)  # a command for a later step compares the target's step with it
             self.chaos.command(self, message)
         elif isinstance(message, StatusRequest):
             self.send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status(now))))
@@ -384,49 +387,7 @@ class Coordinator:
     # -- failures and rounds ------------------------------------------------------------------
 
     def _declare_dead(self, now: float, member: str, detected_by: str, detail: str) -> None:
-        if member in self.fenced or self.outcome is not None:
-            return
-        self.fenced[member] = f"{detected_by}: {detail}"
-        self.coverage.forget(member)
-        record = self.members.get(member)
-        seat = self._views.seat_of(self.view, member) if self.view else None
-        self._failure_wall[member] = min(self.wall(), self.chaos.injected_at.get(member, float("inf")))
-        injected = self.chaos.injected_at.get(member)  # detection time is known only for injected failures
-        self.events.emit(Event.MEMBER_FAILED, member=member, failed_member=member, rank=-1 if seat is None else seat,
-                         detection_s=None if injected is None else round(self.wall() - injected, 4),
-                         failed_rank=-1 if seat is None else seat, detected_by=detected_by, reason=detail,
-                         epoch=self._epoch())
-        if record is not None:
-            self._fence(record, detected_by)
-        if self.view is None:
-            if record is not None and record.role == Role.ACTIVE:
-                self._fail_job(f"member {member} (rank {record.seat_hint}) failed before training started "
-                               f"({detail}); relaunch the job")
-            return
-        if self.round is not None and member in self.round.replacements.values():
-            self._start_round(now, {}, f"spare {member} chosen for the swap failed; choosing again",
-                              Trigger.SPARE_FAILED)
-            return
-        if member in self.view.spares:
-            spares = [s for s in self.view.spares if s != member]
-            self.events.emit(Event.SPARE_LOST, member=member, lost_member=member, spares_left=len(spares))
-            if self.round is None:
-                view = decisions.next_view(self.view, self.view.epoch + 1, {}, spares, self.view.resume_step,
-                                           self._addrs.host, self._addrs.bulk, rebuild=False)
-                self._commit(view, f"spare {member} lost", failed={}, trigger=Trigger.SPARE_LOST)
-            return
-        if seat is not None:
-            self._start_round(now, {seat: member}, f"seat {seat} lost ({detected_by}: {detail})", Trigger.SEAT_LOST)
-
-    def _fence(self, record: MemberRecord, detected_by: str) -> None:
-        """Tell the member it is out (a zombie that wakes up exits), and kill it through its agent."""
-        epoch = self._epoch()
-        self.send(record.control_addr, Fenced(record.member, epoch, self.fenced[record.member]))
-        if not self._config.fence_by_kill or record.exited:
-            return
-        agent = self.agents.get(self.fanout.agent_id(record.member))  # the agent that started it
-        if agent is not None and record.member in agent.members:
-            self.send(agent.control_addr, FenceKill(record.member, epoch, detected_by))
+        deaths.declare(self, now, [(member, detail)], detected_by)
 
     def _start_round(self, now: float, newly_failed: dict[int, str], reason: str, trigger: Trigger) -> None:
         assert self.view is not None
@@ -464,11 +425,14 @@ class Coordinator:
     def _pick_spares(self, failed: dict[int, str], joined: list[str],
                      kept: dict[int, str] | None = None) -> tuple[dict[int, str] | None, str]:
         assert self.view is not None
-        candidates = [*self.view.spares, *joined]
-        heard = {s: max(self.members[s].last_seen, self.coverage.vouched_at(s))
-                 for s in candidates if s in self.members}
-        pool, _ = decisions.order_spares(candidates, heard, self.fenced)
+        pool = self._spare_pool.ordered(self._now, self.view, joined, self.fenced, self._order_spares)
         return decisions.pick_spares(sorted(failed), self.view, pool, self._addrs.host, kept)
+
+    def _order_spares(self, candidates: list[str]) -> list[str]:
+        known = list(filter(self.members.__contains__, candidates))
+        direct = map(_LAST_SEEN, map(self.members.__getitem__, known))
+        heard = dict(zip(known, map(max, direct, self.coverage.vouched_times(known)), strict=True))
+        return decisions.order_spares(candidates, heard, self.fenced)[0]
 
     def _no_spare(self, now: float, failed: dict[int, str], waiting_since: float, why: str) -> tuple[NoSpare, str]:
         lost = ", ".join(f"rank {seat} ({member})" for seat, member in sorted(failed.items()))
@@ -659,8 +623,7 @@ class Coordinator:
             self._live.forget(member)  # no longer watched
             self.coverage.forget(member)
             del silent[member]
-        for member, why in decisions.silent_members(now, silent, self._config.failure_timeout):
-            self._declare_dead(now, member, "heartbeat", why)
+        deaths.declare(self, now, decisions.silent_members(now, silent, self._config.failure_timeout), "heartbeat")
         if self.view is not None and self._joining.due(now):
             self._pool_spares(now)
         rnd = self.round
@@ -672,9 +635,9 @@ class Coordinator:
                 return
         if rnd is not None and now >= min(rnd.resend_at, rnd.deadline):  # listing the survivors is O(seats)
             self._outbox += self.fanout.resend(rnd, now, self._survivors(), self.members, self.agents)
-            for member, why in decisions.unanswered_prepare(now, rnd.deadline, self._survivors(), rnd.acks,
-                                                            rnd.epoch, self._config.prepare_timeout):
-                self._declare_dead(now, member, "prepare_timeout", why)
+            deaths.declare(self, now, decisions.unanswered_prepare(now, rnd.deadline, self._survivors(), rnd.acks,
+                                                                   rnd.epoch, self._config.prepare_timeout),
+                           "prepare_timeout")
         if self._suspect_since is None or self.round is not None:
             return
         action, why = decisions.unexplained_failure(now, self._suspect_since, self._config.failure_timeout,
@@ -694,4 +657,5 @@ class Coordinator:
 
     def status(self, now: float) -> dict[str, Any]:
         """The live state at `now` as a JSON-able document (``deadpool status``)."""
+        hostbeats.settle(self)
         return status_document(self, now)

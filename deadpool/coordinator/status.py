@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Protocol
 
+from deadpool.coordinator.coverage import Coverage
 from deadpool.coordinator.records import MemberRecord, Round
 from deadpool.coordinator.terms import Terms
 from deadpool.protocol.view import View
@@ -20,6 +21,7 @@ class Coordinator(Protocol):
     outcome: tuple[bool, str] | None
     terms: Terms
     recent_events: deque[dict[str, Any]]
+    coverage: Coverage
 
     @property
     def world_size(self) -> int: ...
@@ -28,6 +30,9 @@ class Coordinator(Protocol):
 def status_document(coordinator: Coordinator, now: float) -> dict[str, Any]:
     """The live state at `now`: term, view, every seat's progress and heartbeat age, spares, recent events."""
     view = coordinator.view
+    listed = [*view.seats, *view.spares] if view else []
+    # Heard last: its own message, or its agent's batch that listed it (the steady state of a large job).
+    heard = dict(zip(listed, coordinator.coverage.vouched_times(listed), strict=True))
     seats = []
     if view is not None:
         for seat, member in enumerate(view.seats):
@@ -38,11 +43,11 @@ def status_document(coordinator: Coordinator, now: float) -> dict[str, Any]:
                 "state": "dead" if member in coordinator.fenced else "active",
                 "step": r.step if r else -1, "snapshot_step": r.snapshot_step if r else -2,
                 "confirmed_step": r.confirmed_step if r else -2, "copy_on": buddy,
-                "heartbeat_age_s": round(now - r.last_seen, 3) if r else None,
+                "heartbeat_age_s": round(now - max(r.last_seen, heard[member]), 3) if r else None,
                 "stall_p99_s": r.stall_p99_s if r else 0.0,
             })
     spares = [{"member": m, "host": coordinator.members[m].host, "pid": coordinator.members[m].pid,
-               "heartbeat_age_s": round(now - coordinator.members[m].last_seen, 3)}
+               "heartbeat_age_s": round(now - max(coordinator.members[m].last_seen, heard[m]), 3)}
               for m in (view.spares if view else []) if m in coordinator.members]
     rnd, outcome = coordinator.round, coordinator.outcome
     return {

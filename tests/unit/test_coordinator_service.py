@@ -25,6 +25,7 @@ from deadpool.protocol.messages import (
     Fenced,
     FenceKill,
     Heartbeat,
+    HostHeartbeat,
     Join,
     Message,
     Prepare,
@@ -379,3 +380,37 @@ def test_a_coordinator_freezes_what_is_alive_once_per_committed_view() -> None:
         assert gc.get_freeze_count() >= held + len(kept)
     finally:
         gc.unfreeze()
+
+
+def test_members_found_silent_in_one_tick_are_replaced_by_one_round() -> None:
+    """A burst of deaths found by one silence check costs one round (one Prepare to each survivor), not one each."""
+    job = Job(seats=5, spares=2)
+    job.advance(1.5, alive=["m0", "m1", "m2", "m3", "m4", "s0", "s1"])
+    job.sent.clear()
+    job.advance(2.5, alive=["m0", "m2", "m4", "s0", "s1"])  # m1 and m3 go silent together
+    assert sorted(f["failed_member"] for f in job.of(Event.MEMBER_FAILED)) == ["m1", "m3"]
+    prepared = job.of(Event.VIEW_PREPARED)
+    assert [(p["epoch"], p["failed_seats"]) for p in prepared] == [(2, [1, 3])]
+    assert "seat 1 lost" in prepared[0]["reason"] and "seat 3 lost" in prepared[0]["reason"]
+    prepares = [s.message for s in job.sent if s.address == "inproc://m0" and isinstance(s.message, Prepare)]
+    assert [(p.epoch, p.failed_seats, sorted(p.replacements)) for p in prepares] == [(2, [1, 3], [1, 3])]
+
+
+def test_spares_lost_while_no_round_runs_leave_the_pool_in_one_view() -> None:
+    job = Job(seats=3, spares=3)
+    job.advance(1.5, alive=["m0", "m1", "m2", "s0", "s1", "s2"])
+    job.advance(2.5, alive=["m0", "m1", "m2", "s1"])  # s0 and s2 go silent together
+    assert [(r["epoch"], r["spares"], r["trigger"]) for r in job.of(Event.VIEW_COMMITTED)][1:] == [
+        (2, ["s1"], Trigger.SPARE_LOST)]
+    assert [r["spares_left"] for r in job.of(Event.SPARE_LOST)] == [2, 1]
+    assert not job.of(Event.VIEW_PREPARED)
+
+
+def test_a_members_own_heartbeat_newer_than_its_agents_columns_is_what_status_shows() -> None:
+    job = Job(seats=2, spares=1)
+    job.now += 0.25
+    job.handle(HostHeartbeat(AGENT, ["m0", "m1"], [1, 1], [7, 7], [7, 7], [6, 6], ["", ""], [0.0, 0.0]))
+    job.now += 0.25
+    job.handle(Heartbeat("m1", 1, 8, 8, 7, 0.5, "inproc://m1"))  # its own beat, after the agent's columns
+    seats = job.coordinator.status(job.now)["seats"]
+    assert [(s["member"], s["step"], s["stall_p99_s"]) for s in seats] == [("m0", 7, 0.0), ("m1", 8, 0.5)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deadpool.coordinator.pools import Survivors
+from deadpool.coordinator.pools import SparePool, Survivors
 from deadpool.coordinator.records import Round
 from deadpool.protocol.messages import PrepareAck
 from deadpool.protocol.view import View
@@ -51,3 +51,20 @@ def test_answers_stored_before_the_cache_first_looked_are_counted() -> None:
     # A new view (a commit) starts over from that view's seats.
     later = View(2, ["m1", "s0", "m2", "m3"], [], 3, "epoch-2", "store:1", {}, {}, [1, 2, 3, 0], {})
     assert cache.unanswered(later, Round(4, {}, {}, {}, 10.0, "blind"), fenced) == ["m1", "s0", "m2", "m3"]
+
+
+def test_the_spare_order_is_kept_for_one_interval_less_the_members_fenced_since() -> None:
+    view, fenced = _view(4), {}
+    pool = SparePool(fresh_for=0.5)
+    calls: list[list[str]] = []
+
+    def order(candidates: list[str]) -> list[str]:
+        calls.append(candidates)
+        return list(reversed(candidates))
+
+    assert pool.ordered(10.0, view, [], fenced, order) == ["s1", "s0"]
+    assert pool.ordered(10.3, view, [], fenced, order) == ["s1", "s0"] and len(calls) == 1  # kept
+    fenced["s1"] = "exit"
+    assert pool.ordered(10.4, view, [], fenced, order) == ["s0"] and len(calls) == 1  # filtered, not reordered
+    assert pool.ordered(10.45, view, ["s2"], fenced, order) == ["s2", "s1", "s0"]  # a spare joined: ordered again
+    assert pool.ordered(11.0, view, ["s2"], fenced, order) == ["s2", "s1", "s0"] and len(calls) == 3  # stale
