@@ -470,3 +470,14 @@ def test_an_enum_field_takes_only_its_members() -> None:
     forged = msgpack.packb([TAGS[Join], ["m", "leader", -1, 4, 1, "h", "a", "b"]], use_bin_type=True)
     result = decode(b"DP" + bytes((PROTOCOL_VERSION, 0)) + forged)
     assert isinstance(result, DecodeError) and result.reason == "bad_field" and "leader" in result.detail
+
+
+def test_a_map_of_columns_is_refused_for_a_key_or_item_of_another_type_however_it_is_checked() -> None:
+    """Ward steps (seat -> steps) pass in C when every key and item has its exact type; a bool or a string
+    anywhere takes the field-by-field path and is refused there, the field named."""
+    ack = ["m0", 2, 7, [6, 7], {3: [6, 7], 5: []}, [], [], False]
+    good = decode(frame([TAGS[AckBatch], ["agent", [ack]]]))
+    assert isinstance(good, AckBatch) and good.acks[0].ward_steps == {3: [6, 7], 5: []}
+    for wards in ({True: [6]}, {3: [6, True]}, {3: 6}, {"3": [6]}, {3: [6.0]}):
+        bad = refused(decode(frame([TAGS[AckBatch], ["agent", [[*ack[:4], wards, *ack[5:]]]]])))
+        assert bad.reason == "bad_field" and "PrepareAck.ward_steps" in bad.detail, wards
