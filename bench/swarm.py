@@ -112,6 +112,10 @@ class Kill:
     prepared: float | None = None  # the last member that got the round's Prepare
     adopted: float | None = None  # the last running member holding that view
     swapped: float | None = None  # swap_completed of its seat
+    # CPU seconds from the kill command until the view without it was seen committed: the coordinator's and the
+    # swarm processes' (all of them): who the view change waits on, on a host whose cores they share.
+    coordinator_cpu_s: float | None = None
+    swarm_cpu_s: float | None = None
 
     def row(self) -> dict[str, Any]:
         def since(t: float | None, t0: float | None) -> float | None:
@@ -120,7 +124,8 @@ class Kill:
                 "epoch": self.epoch, "detect_s": since(self.failed, self.at),
                 "prepare_s": since(self.prepared, self.failed), "view_change_s": since(self.committed, self.failed),
                 "adopt_s": since(self.adopted, self.failed),
-                "swap_s": since(self.swapped, self.failed)}
+                "swap_s": since(self.swapped, self.failed), "coordinator_cpu_s": self.coordinator_cpu_s,
+                "swarm_cpu_s": self.swarm_cpu_s}
 
 
 class Replay:
@@ -419,11 +424,14 @@ async def run_swarm(members: int, settings: Settings) -> dict[str, Any]:
             kills.append(kill)
             state.replay.killed.add(member)
             at = time.time() + KILL_LEAD_S
+            spent = _cpu(coordinator.pid), sum(_cpu(p.proc.pid) for p in swarm)
             for p in swarm:
                 p.command({"cmd": "kill", "member": member, "kind": kill.kind, "at": at})
             deadline = time.monotonic() + settings.failure_timeout + settings.kill_timeout_s
             while not state.replaced(member) and time.monotonic() < deadline and not state.job_failed:
                 await asyncio.sleep(0.02)
+            kill.coordinator_cpu_s = round(_cpu(coordinator.pid) - spent[0], 3)
+            kill.swarm_cpu_s = round(sum(_cpu(p.proc.pid) for p in swarm) - spent[1], 3)
             if state.replaced(member) and await _converged(swarm, state, 10.0):
                 _release(swarm, state.epoch)
             while member not in state.swaps and time.monotonic() < deadline and not state.job_failed:
