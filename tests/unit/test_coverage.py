@@ -11,7 +11,7 @@ from __future__ import annotations
 from test_coordinator_service import AGENT, Job
 
 from deadpool.events.catalogue import Event
-from deadpool.protocol.messages import Fenced, Heartbeat, HostHeartbeat
+from deadpool.protocol.messages import ChaosCommand, ChaosResult, Fenced, Heartbeat, HostHeartbeat, SignalMember
 
 
 def host_beat(members: list[str], step: int = 5, agent: str = AGENT) -> HostHeartbeat:
@@ -85,3 +85,15 @@ def test_an_agent_speaks_only_for_its_own_members_and_in_columns_of_one_length()
     assert any(r.get("reason") == "bad_field" for r in job.of(Event.REJECTED))
     job.handle(host_beat(["m0"], agent="agent-unknown"))
     assert any(r.get("reason") == "unknown_agent" for r in job.of(Event.REJECTED))
+
+
+def test_a_chaos_command_armed_for_a_step_fires_when_the_agents_columns_reach_it() -> None:
+    """Progress from host heartbeats reaches the records only when read; an armed command reads it at once."""
+    job = Job(seats=3, spares=1)
+    run(job, 0.5, ["m0", "m1", "m2", "s0"])  # step 5
+    job.handle(ChaosCommand("kill", 1, "", 7, "inproc://operator", 1))
+    assert [r.ok for r in job.to("inproc://operator", ChaosResult)] == [True]
+    job.handle(host_beat(["m0", "m1", "m2", "s0"], step=6))
+    assert not job.to("inproc://agent", SignalMember)
+    job.handle(host_beat(["m0", "m1", "m2", "s0"], step=7))
+    assert [(s.member, s.action) for s in job.to("inproc://agent", SignalMember)] == [("m1", "kill")]
