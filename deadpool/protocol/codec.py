@@ -216,9 +216,11 @@ def _to_wire(value: Any) -> Any:
         names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(value))
     if names is not None:
         return [_to_wire(getattr(value, name)) for name in names]
-    if isinstance(value, list):
-        return [_to_wire(item) for item in value]
+    if isinstance(value, list):  # a list or map of scalars (a view's seats, its hosts) goes as it is: one C pass
+        return value if _SCALARS.issuperset(map(type, value)) else [_to_wire(item) for item in value]
     if isinstance(value, dict):
+        if _SCALARS.issuperset(map(type, value.values())) and _SCALARS.issuperset(map(type, value)):
+            return value
         return {k: _to_wire(v) for k, v in value.items()}
     return value
 
