@@ -15,7 +15,7 @@ import itertools
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from deadpool.config import FreezeOnCommit, relax_gc
 from deadpool.coordinator import fanout
@@ -44,6 +44,9 @@ from deadpool.protocol.view import View
 from .checks import Checker, Costs
 from .cluster import Failure, FailureKind, ProcessState, SimAgent, SimConfig, SimMember, ViewInfo, view_info
 
+_A = TypeVar("_A")
+_R = TypeVar("_R")
+
 
 class Simulation:
     """One seeded run: the real coordinator, simulated members and agents, a virtual clock, the checks."""
@@ -61,7 +64,7 @@ class Simulation:
         self.costs = Costs()
         self._events = EventLog(None, member="coordinator", source="coordinator", clock=self.now)
         self._events.records = []
-        self._events.listeners.append(self._check_event)
+        self._events.listeners.append(functools.partial(self._checked, self.checker.on_event))
         self._checking = 0.0  # this tick's CPU of the checker inside the coordinator's calls: not the coordinator's
         self.coordinator = coordinator_class(self.coordinator_config, cfg.seats, "sim-store:29400", self._events,
                                              started=self.now(), wall_clock=self.now)
@@ -431,16 +434,10 @@ class Simulation:
                 self._events.emit(Event.REJECTED, reason=message.reason, detail=message.detail)
                 continue
             kinds[type(message)] = kinds.get(type(message), 0) + 1
-            fenced = None
-            if coordinator.fenced:
-                looked = time.perf_counter()
-                fenced = checker.fenced_state(message)
-                self._checking += time.perf_counter() - looked
+            fenced = self._checked(checker.fenced_state, message) if coordinator.fenced else None
             self._encode(coordinator.handle(now, message))
             if fenced:
-                looked = time.perf_counter()
-                checker.check_fenced(fenced)
-                self._checking += time.perf_counter() - looked
+                self._checked(checker.check_fenced, fenced)
         t1, handling_checked = time.process_time(), self._checking
         self._encode(coordinator.tick(now))
         self._frozen.committed(coordinator.events.epoch)  # as the coordinator process does (coordinator/main.py)
@@ -458,11 +455,14 @@ class Simulation:
             costs.view_change_cpu_max = max(costs.view_change_cpu_max, spent)
         checker.view_change_tick = False
 
-    def _check_event(self, record: dict[str, Any]) -> None:
-        """The checker reads each event as it is emitted, on the coordinator's time: that time is taken out."""
+    def _checked(self, check: Callable[[_A], _R], argument: _A) -> _R:
+        """One of the checker's looks inside the coordinator's calls (an event as emitted, a fenced member's
+        state): its time is the simulator's, taken out of the coordinator's CPU."""
         started = time.perf_counter()
-        self.checker.on_event(record)
-        self._checking += time.perf_counter() - started
+        try:
+            return check(argument)
+        finally:
+            self._checking += time.perf_counter() - started
 
     def _encode(self, sends: Sequence[Send]) -> None:
         """The coordinator process's share of a send: encoding, once per message object (a broadcast)."""
