@@ -103,7 +103,8 @@ def settle(c: Coordinator) -> None:
     Nothing reads a member's step, snapshots or stall on the coordinator's own path, only status, metrics
     and armed chaos commands: keeping each host's newest columns, and copying them when asked, spares
     six field writes per member and step (about a third of a HostHeartbeat's cost at 131,072 members).
-    A member's own heartbeat, heard later than its agent's columns, is not overwritten.
+    A member heard from itself later than its agent's columns (its own heartbeat) keeps what it said; the
+    columns wait for the agent's next message, which renews them.
     """
     records, fenced = c.members, c.fenced
     for agent in c.coverage.take_unsettled():
@@ -113,7 +114,10 @@ def settle(c: Coordinator) -> None:
         covered = batch.vouched
         for member, epoch, step, snapshot, confirmed, stall in zip(batch.listed, *batch.columns, strict=True):
             record = records.get(member)
-            if member not in covered or member in fenced or record is None or record.last_seen > batch.at:
+            if member not in covered or member in fenced or record is None:
+                continue
+            if record.last_seen > batch.at:
+                c.coverage.unsettled[agent] = None  # looked at again once the agent's next message renews them
                 continue
             record.epoch, record.step, record.snapshot_step = epoch, step, snapshot
             record.confirmed_step, record.stall_p99_s = confirmed, stall

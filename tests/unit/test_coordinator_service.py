@@ -33,6 +33,7 @@ from deadpool.protocol.messages import (
     ProcessExited,
     Rejoin,
     Role,
+    StepReport,
     Stop,
     ViewDelta,
     Welcome,
@@ -414,3 +415,18 @@ def test_a_members_own_heartbeat_newer_than_its_agents_columns_is_what_status_sh
     job.handle(Heartbeat("m1", 1, 8, 8, 7, 0.5, "inproc://m1"))  # its own beat, after the agent's columns
     seats = job.coordinator.status(job.now)["seats"]
     assert [(s["member"], s["step"], s["stall_p99_s"]) for s in seats] == [("m0", 7, 0.0), ("m1", 8, 0.5)]
+
+
+def test_columns_older_than_a_members_own_message_reach_status_once_the_agent_renews_them() -> None:
+    job = Job(seats=2, spares=1)
+    beat = HostHeartbeat(AGENT, ["m0", "m1", "s0"], [1] * 3, [7] * 3, [7] * 3, [6] * 3, [""] * 3, [0.0] * 3)
+    job.now += 0.25
+    job.handle(beat)  # the first listing of these members
+    job.now += 0.25
+    job.handle(HostHeartbeat(AGENT, beat.members, beat.epochs, [8] * 3, [8] * 3, [7] * 3, [""] * 3, [0.0] * 3))
+    job.now += 0.25
+    job.handle(StepReport("m1", 1, 7))  # its own message, later than the columns that say step 8
+    assert [s["step"] for s in job.coordinator.status(job.now)["seats"]] == [8, 7]
+    job.now += 0.25
+    job.handle(HostHeartbeat(AGENT, beat.members, beat.epochs, [8] * 3, [8] * 3, [7] * 3, [""] * 3, [0.0] * 3))
+    assert [s["step"] for s in job.coordinator.status(job.now)["seats"]] == [8, 8]  # the same columns, renewed
