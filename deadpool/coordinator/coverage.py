@@ -41,20 +41,27 @@ class Coverage:
         self._by_member: dict[str, str] = {}  # covered member -> its agent
         self._agents = Liveness()  # agents by their newest HostHeartbeat
         self._dropped: dict[str, float] = {}  # member -> when an agent last listed it
-        self.unsettled: dict[str, None] = {}  # agents whose newest columns have not reached the records (settle)
+        self._unsettled: dict[str, None] = {}  # agents whose newest columns have not reached the records (settle)
 
     def previous(self, agent: str) -> Batch | None:
         return self._batches.get(agent)
 
-    def renew(self, agent: str, now: float) -> None:
-        """`agent` sent the same member list as before: everyone it vouched for is heard at `now`."""
-        self._batches[agent].at = now
+    def renew(self, agent: str, now: float, columns: Columns) -> bool:
+        """`agent` sent the same member list as before: everyone it vouched for is heard at `now`, and
+        `columns` are its newest. True when they changed (a step finished)."""
+        batch = self._batches[agent]
+        batch.at = now
         self._agents.seen(agent, now)
+        if batch.columns == columns:
+            return False
+        batch.columns = columns
+        self._unsettled[agent] = None
+        return True
 
     def cover(self, agent: str, now: float, listed: list[str], columns: Columns, vouched: frozenset[str]) -> None:
         """A changed member list: members it no longer lists are dropped (heard last at its previous message)."""
         before = self._batches.get(agent)
-        self.unsettled[agent] = None
+        self._unsettled[agent] = None
         if before is not None:
             for member in before.vouched - vouched:
                 if self._by_member.get(member) == agent:
@@ -68,8 +75,12 @@ class Coverage:
 
     def take_unsettled(self) -> list[str]:
         """The agents whose columns changed since the last call, oldest change first (and forget them)."""
-        agents, self.unsettled = list(self.unsettled), {}
+        agents, self._unsettled = list(self._unsettled), {}
         return agents
+
+    def unsettle(self, agent: str) -> None:
+        """`agent`'s columns are to be taken again (some member's record was newer than them)."""
+        self._unsettled[agent] = None
 
     def vouched_times(self, members: Sequence[str]) -> list[float]:
         """When an agent last listed each of `members` (-inf: never, or not since it was forgotten)."""

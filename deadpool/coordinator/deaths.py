@@ -100,11 +100,11 @@ def _fence(c: Coordinator, member: str, detected_by: str, detail: str) -> int | 
     c.fenced[member] = f"{detected_by}: {detail}"
     c.coverage.forget(member)
     seat = c._views.seat_of(c.view, member) if c.view else None
-    injected = c.chaos.injected_at.get(member)  # detection time is known only for injected failures
-    c._failure_wall[member] = min(c.wall(), float("inf") if injected is None else injected)
+    injected, wall = c.chaos.injected_at.get(member), c.wall()  # detection time is known only for injected failures
+    c._failure_wall[member] = wall if injected is None else min(wall, injected)
     epoch = c._epoch()
     c.events.emit(Event.MEMBER_FAILED, member=member, failed_member=member, rank=-1 if seat is None else seat,
-                  detection_s=None if injected is None else round(c.wall() - injected, 4),
+                  detection_s=None if injected is None else round(wall - injected, 4),
                   failed_rank=-1 if seat is None else seat, detected_by=detected_by, reason=detail, epoch=epoch)
     record = c.members.get(member)
     if record is None:

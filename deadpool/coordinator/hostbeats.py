@@ -73,12 +73,9 @@ def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> Non
     if before is not None and before.listed == message.members and len(before.vouched) == count:
         # The steady state: one comparison for the whole host (every member it lists is still vouched for;
         # one that is not, fenced or a stranger, takes the path below, which answers for it).
-        c.coverage.renew(message.sender, now)
-        if before.columns != columns:  # a step finished: the same members, their progress moved
-            before.columns = columns
-            c.coverage.unsettled[message.sender] = None
-            if c.chaos.armed:  # a command waits for a member's step: look now
-                settle(c)
+        # Changed columns (a step finished) wait in the batch for settle; a command armed for a step looks now.
+        if c.coverage.renew(message.sender, now, columns) and c.chaos.armed:
+            settle(c)
         return
     vouched: list[str] = []
     for i, member in enumerate(message.members):
@@ -117,7 +114,7 @@ def settle(c: Coordinator) -> None:
             if member not in covered or member in fenced or record is None:
                 continue
             if record.last_seen > batch.at:
-                c.coverage.unsettled[agent] = None  # looked at again once the agent's next message renews them
+                c.coverage.unsettle(agent)  # looked at again once the agent's next message renews them
                 continue
             record.epoch, record.step, record.snapshot_step = epoch, step, snapshot
             record.confirmed_step, record.stall_p99_s = confirmed, stall

@@ -12,7 +12,6 @@ import itertools
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
 # A `restore_from` value that names no member: the seat reads its state from the disk checkpoint of
 # `resume_step` (the fallback when a seat and the buddy holding its copy are lost together).
@@ -97,10 +96,7 @@ def crossing_offset(seats: Sequence[str], hosts: Mapping[str, str]) -> int | Non
 
 def hosts_by_seat(seats: Sequence[str], hosts: Mapping[str, str]) -> list[str]:
     """Each seat's host ("": not known), looked up in C."""
-    host_of = list(map(hosts.get, seats))
-    if None in host_of:
-        return [host if host is not None else "" for host in host_of]
-    return cast(list[str], host_of)
+    return list(map(hosts.get, seats, itertools.repeat("")))
 
 
 def crosses_at(host_of: list[str], offset: int) -> bool:
