@@ -88,11 +88,11 @@ class AckBatcher:
     def take(self) -> AckBatch | None:
         """The pending answers as one message (None: none), and no flush scheduled any more."""
         pending, self._pending, self.scheduled = self._pending, [], False
-        return AckBatch(self._agent_id, pending) if pending else None
+        return AckBatch.of(self._agent_id, pending) if pending else None
 
     def put_back(self, batch: AckBatch) -> None:
         """`batch` could not be sent: its answers go with the next attempt."""
-        self._pending[:0] = batch.acks
+        self._pending[:0] = batch.answers()
 
 
 async def forward(relay: BeatRelay, transport: Transport, link: CoordinatorLink, interval: float,

@@ -1,4 +1,4 @@
-"""The coordinator's side of a host agent's batches: ``HostHeartbeat``, ``HeartbeatBatch`` and ``AckBatch``.
+"""The coordinator's side of a host agent's heartbeats: ``HostHeartbeat`` and ``HeartbeatBatch``.
 
 An agent forwards what its workers would have sent the coordinator themselves.
 It may speak only for the members it registered in its ``AgentHello``; a fenced
@@ -19,7 +19,7 @@ from deadpool.coordinator.operator_chaos import OperatorChaos
 from deadpool.coordinator.records import Agent, MemberRecord
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
-from deadpool.protocol.messages import AckBatch, Fenced, HeartbeatBatch, HostHeartbeat, Message
+from deadpool.protocol.messages import Fenced, HeartbeatBatch, HostHeartbeat, Message
 from deadpool.protocol.view import View
 
 
@@ -122,21 +122,11 @@ def settle(c: Coordinator) -> None:
                 c.chaos.fire_armed(c, record)
 
 
-def relay(c: Coordinator, message: HeartbeatBatch | AckBatch, now: float,
-          handle: Callable[[float, Message], None]) -> None:
-    """Each member's message in an agent's batch, handled as if the member had sent it.
+def relay(c: Coordinator, message: HeartbeatBatch, now: float, handle: Callable[[float, Message], None]) -> None:
+    """Each member's heartbeat in an agent's batch, handled as if the member had sent it.
 
-    A heartbeat vouches for a member's life, so only its own agent may forward it. An answer to a
-    Prepare is the member's own word, which the agent only carries: it counts whoever carried it, for
-    a coordinator that has just taken over may not yet know which agent started whom (a lost answer
-    costs the round its Prepare timeout).
+    A heartbeat vouches for a member's life, so only its own agent may forward it.
     """
-    if isinstance(message, AckBatch):
-        if message.sender in c.agents:
-            c.agents[message.sender].seen = now
-        for ack in message.acks:
-            handle(now, ack)
-        return
     agent = agent_of(c, message, now)
     if agent is None:
         return

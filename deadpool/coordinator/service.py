@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deadpool.config import Config
-from deadpool.coordinator import deaths, decisions, fanout, hostbeats, raised
+from deadpool.coordinator import answers, deaths, decisions, fanout, hostbeats, raised
 from deadpool.coordinator.coverage import Coverage
 from deadpool.coordinator.decisions import NoSpare, RaisedError, Suspicion, Trigger
 from deadpool.coordinator.liveness import Liveness
@@ -187,7 +187,9 @@ class Coordinator:
             self._on_member_message(message, sender, now)
         elif isinstance(message, HostHeartbeat):  # one host's beats (coverage.py)
             hostbeats.on_host_heartbeat(self, message, now)
-        elif isinstance(message, HeartbeatBatch | AckBatch):  # each as if its member had sent it
+        elif isinstance(message, AckBatch):  # answers to a Prepare, in columns (answers.py)
+            answers.on_batch(self, message, now, self._handle)
+        elif isinstance(message, HeartbeatBatch):  # each as if its member had sent it
             hostbeats.relay(self, message, now, self._handle)
         elif isinstance(message, Join):
             self._on_join(message, now)
@@ -242,17 +244,7 @@ class Coordinator:
             self.chaos.fire_armed(self, record)
             self.fanout.catch_up.check(now, sender, message.epoch, self.resend_view)
         elif isinstance(message, PrepareAck):
-            rnd = self.round
-            if rnd is None or not rnd.first_epoch <= message.epoch <= rnd.epoch:  # or a full answer after an early one
-                if rnd is not None or message.epoch != self._epoch():
-                    self.events.emit(Event.REJECTED, reason="stale_ack", peer=message.sender, ack_epoch=message.epoch)
-                return
-            held = rnd.acks.get(message.sender)
-            if message.early and held is not None and not held.early:
-                return  # a full answer (kept from an earlier Prepare of the round) beats a later early one
-            rnd.acks[message.sender] = message
-            self._survivors_cache.answered(rnd, message.sender, message.early)
-            self._maybe_commit()
+            answers.on_ack(self, message)
         elif isinstance(message, CollectiveFailed):
             if message.epoch < self._groups_epoch:  # about a group a later view replaced: nothing to rebuild
                 self.events.emit(Event.REJECTED, reason="stale_collective_report", peer=message.sender,

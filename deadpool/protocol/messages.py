@@ -35,7 +35,7 @@ def message(cls: type[_M]) -> type[_M]:
     return made
 
 
-PROTOCOL_VERSION = 2  # 2: Heartbeat carries control_addr; Rejoin added (terms are trailing fields: compatible)
+PROTOCOL_VERSION = 3  # 2: Heartbeat carries control_addr, Rejoin added; 3: AckBatch in columns
 
 
 class Role(enum.StrEnum):
@@ -554,14 +554,35 @@ class Relay:
 
 @message
 class AckBatch:
-    """A host agent's PrepareAcks for its workers, one message for those that answered within a few ms.
+    """A host agent's PrepareAcks for its workers in columns, one message for those that answered within a few ms.
 
     Its workers answer a relayed Prepare at nearly the same moment; the coordinator then reads
-    one message per host, not one per survivor (``agent/relay.py``).
+    one message per host, not one per survivor (``agent/relay.py``). Column i of every list is
+    ``members[i]``'s answer, field by field as in :class:`PrepareAck`: checked in a few passes
+    over each column, not field by field per answer (``coordinator/answers.py``).
     """
 
-    sender: str  # agent id, registered with AgentHello; it may answer only for its own members
-    acks: list[PrepareAck]
+    sender: str  # agent id, registered with AgentHello; it carries only its own members' answers
+    members: list[str]  # who answered
+    epochs: list[int]  # per answer, PrepareAck's fields
+    steps: list[int]
+    local_steps: list[list[int]]
+    ward_steps: list[dict[int, list[int]]]
+    disk_steps: list[list[int]]
+    dirty_groups: list[list[str]]
+    early: list[bool]
+
+    @classmethod
+    def of(cls, sender: str, acks: list[PrepareAck]) -> AckBatch:
+        """`acks` as one batch from agent `sender`."""
+        return cls(sender, [a.sender for a in acks], [a.epoch for a in acks], [a.step for a in acks],
+                   [a.local_steps for a in acks], [a.ward_steps for a in acks], [a.disk_steps for a in acks],
+                   [a.dirty_groups for a in acks], [a.early for a in acks])
+
+    def answers(self) -> list[PrepareAck]:
+        """Each member's answer on its own (columns of unequal lengths: cut to the shortest)."""
+        return list(map(PrepareAck, self.members, self.epochs, self.steps, self.local_steps, self.ward_steps,
+                        self.disk_steps, self.dirty_groups, self.early))
 
 
 Message = (

@@ -38,6 +38,7 @@ from deadpool.protocol.messages import (
     Heartbeat,
     HostHeartbeat,
     Message,
+    PrepareAck,
     RestoreReply,
     SnapshotHeader,
     StepReport,
@@ -235,11 +236,15 @@ def test_a_full_message_whose_columns_need_converting_or_refusing_is_judged_like
     assert isinstance(result, HostHeartbeat) and [type(x) for x in result.stall_p99_s] == [float, float]
     bad_column = refused(decode(frame([TAGS[HostHeartbeat], [*beat[:3], [5, True], *beat[4:]]])))
     assert bad_column.reason == "bad_field" and "HostHeartbeat.steps" in bad_column.detail
-    ack = ["m0", 2, 7, [6, 7], {3: [6, 7]}, [], [], False]
-    good = decode(frame([TAGS[AckBatch], ["agent", [ack]]]))
-    assert isinstance(good, AckBatch) and good.acks[0].ward_steps == {3: [6, 7]}
-    bad_ward = refused(decode(frame([TAGS[AckBatch], ["agent", [[*ack[:4], {3: ["six"]}, *ack[5:]]]]])))
-    assert "PrepareAck.ward_steps" in bad_ward.detail
+    answers = ["agent", ["m0", "m1"], [2, 2], [7, 7], [[6, 7], [7]], [{3: [6, 7]}, {}], [[], []], [[], ["tp0"]],
+               [False, True]]
+    good = decode(frame([TAGS[AckBatch], answers]))
+    assert isinstance(good, AckBatch) and good.answers()[0].ward_steps == {3: [6, 7]}
+    assert good.answers()[1] == PrepareAck("m1", 2, 7, [7], {}, [], ["tp0"], True)
+    for i, column in [(5, [{3: ["six"]}, {}]), (4, [[6, 7], [True]]), (8, [False, 1]), (7, [[], [0]]),
+                      (4, [[6, 7], 7]), (5, [{3: [6]}, []])]:
+        bad = refused(decode(frame([TAGS[AckBatch], [*answers[:i], column, *answers[i + 1:]]])))
+        assert bad.reason == "bad_field" and f"AckBatch.{dataclasses.fields(AckBatch)[i].name}" in bad.detail, column
 
 
 def test_encode_refuses_unregistered_types() -> None:
@@ -476,8 +481,11 @@ def test_a_map_of_columns_is_refused_for_a_key_or_item_of_another_type_however_i
     """Ward steps (seat -> steps) pass in C when every key and item has its exact type; a bool or a string
     anywhere takes the field-by-field path and is refused there, the field named."""
     ack = ["m0", 2, 7, [6, 7], {3: [6, 7], 5: []}, [], [], False]
-    good = decode(frame([TAGS[AckBatch], ["agent", [ack]]]))
-    assert isinstance(good, AckBatch) and good.acks[0].ward_steps == {3: [6, 7], 5: []}
+    good = decode(frame([TAGS[PrepareAck], ack]))
+    assert isinstance(good, PrepareAck) and good.ward_steps == {3: [6, 7], 5: []}
     for wards in ({True: [6]}, {3: [6, True]}, {3: 6}, {"3": [6]}, {3: [6.0]}):
-        bad = refused(decode(frame([TAGS[AckBatch], ["agent", [[*ack[:4], wards, *ack[5:]]]]])))
+        bad = refused(decode(frame([TAGS[PrepareAck], [*ack[:4], wards, *ack[5:]]])))
         assert bad.reason == "bad_field" and "PrepareAck.ward_steps" in bad.detail, wards
+        column = refused(decode(frame([TAGS[AckBatch], ["agent", ["m0"], [2], [7], [[6, 7]], [wards], [[]], [[]],
+                                                                 [False]]])))
+        assert column.reason == "bad_field" and "AckBatch.ward_steps" in column.detail, wards

@@ -10,6 +10,7 @@ view again, directly, a grace period later.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 
 from test_coordinator_service import Job, ack
@@ -21,7 +22,16 @@ from deadpool.coordinator import fanout
 from deadpool.coordinator.records import Agent, Send
 from deadpool.events.catalogue import Event
 from deadpool.protocol import codec
-from deadpool.protocol.messages import AckBatch, CommitView, Heartbeat, Prepare, ProcessExited, Relay, ViewDelta
+from deadpool.protocol.messages import (
+    AckBatch,
+    CommitView,
+    Fenced,
+    Heartbeat,
+    Prepare,
+    ProcessExited,
+    Relay,
+    ViewDelta,
+)
 from deadpool.protocol.transport import Frame, TransportError
 
 ALL = ["m0", "m1", "m2", "s0"]
@@ -145,11 +155,56 @@ def test_a_relay_is_two_frames_whose_header_each_agent_gets_once_per_view() -> N
 def test_the_answers_of_a_hosts_workers_come_up_together_and_count_whoever_carried_them() -> None:
     job = covered_job()
     job.handle(ProcessExited("agent-h0", "m1", -9))
-    job.handle(AckBatch("agent-h0", [ack("m0", 2, [7, 8], {2: [7]}), ack("ghost", 2, [7, 8], {})]))
+    job.handle(AckBatch.of("agent-h0", [ack("m0", 2, [7, 8], {2: [7]}), ack("ghost", 2, [7, 8], {})]))
     assert any(r.get("reason") == "unknown_peer" and "ghost" in r.get("detail", "") for r in job.of(Event.REJECTED))
     assert job.epoch == 1, "m2 has not answered"
     # After a takeover the new coordinator may not know yet which agent started m2: its answer still counts.
-    job.handle(AckBatch("agent-unknown", [ack("m2", 2, [7, 8], {1: [6, 7]})]))
+    job.handle(AckBatch.of("agent-unknown", [ack("m2", 2, [7, 8], {1: [6, 7]})]))
+    assert job.epoch == 2
+
+
+def test_a_batch_of_full_answers_counts_each_member_as_heard_and_commits_once_all_are_in() -> None:
+    job = covered_job()
+    job.handle(ProcessExited("agent-h0", "m1", -9))
+    job.now += 0.1
+    job.handle(AckBatch.of("agent-h0", [ack("m0", 2, [7, 8], {2: [7]}), ack("m2", 2, [7, 8], {1: [6, 7]})]))
+    view = job.coordinator.view
+    assert job.epoch == 2 and view is not None and view.resume_step == 7 and view.restore_from == {1: "m2"}
+    assert job.coordinator.members["m0"].last_seen == job.coordinator.members["m2"].last_seen == job.now
+
+
+def test_a_batch_whose_columns_differ_in_length_is_refused_whole() -> None:
+    job = covered_job()
+    job.handle(ProcessExited("agent-h0", "m1", -9))
+    batch = AckBatch.of("agent-h0", [ack("m0", 2, [7, 8], {2: [7]}), ack("m2", 2, [7, 8], {1: [6, 7]})])
+    job.handle(dataclasses.replace(batch, steps=[8]))
+    assert any(r.get("reason") == "bad_field" and "AckBatch" in r.get("detail", "") for r in job.of(Event.REJECTED))
+    assert job.epoch == 1 and job.coordinator.round is not None and not job.coordinator.round.acks
+    job.handle(batch)
+    assert job.epoch == 2
+
+
+def test_a_fenced_member_in_a_batch_is_told_so_and_the_others_count() -> None:
+    job = covered_job()
+    job.handle(ProcessExited("agent-h0", "m1", -9))
+    assert "m1" in job.coordinator.fenced
+    job.raw.clear()
+    job.handle(AckBatch.of("agent-h0", [ack("m0", 2, [7, 8], {2: [7]}), ack("m1", 2, [7, 8], {}),
+                                        ack("m2", 2, [7, 8], {1: [6, 7]})]))
+    assert any(r.get("reason") == "fenced_peer" and r.get("peer") == "m1" for r in job.of(Event.REJECTED))
+    assert direct(job.raw, Fenced) == {"inproc://m1"}
+    assert job.epoch == 2
+
+
+def test_an_early_answer_in_a_batch_does_not_replace_a_full_one() -> None:
+    job = covered_job()
+    job.handle(ProcessExited("agent-h0", "m1", -9))
+    job.handle(ack("m0", 2, [7, 8], {2: [7]}))
+    early = dataclasses.replace(ack("m0", 2, [8], {}), early=True)
+    job.handle(AckBatch.of("agent-h0", [early]))
+    rnd = job.coordinator.round
+    assert rnd is not None and rnd.acks["m0"].local_steps == [7, 8] and not rnd.acks["m0"].early
+    job.handle(AckBatch.of("agent-h0", [ack("m2", 2, [7, 8], {1: [6, 7]})]))
     assert job.epoch == 2
 
 
@@ -159,12 +214,12 @@ def test_the_agent_holds_its_workers_answers_for_one_message_and_keeps_a_failed_
     assert batcher.add(ack("w0", 2, [7], {})) and batcher.add(ack("w1", 2, [7], {}))
     assert not batcher.add(ack("stranger", 2, [7], {}))
     batch = batcher.take()
-    assert batch is not None and [a.sender for a in batch.acks] == ["w0", "w1"] and batch.sender == "agent-a"
+    assert batch is not None and batch.members == ["w0", "w1"] and batch.sender == "agent-a"
     assert batcher.take() is None
     batcher.add(ack("w0", 3, [8], {}))
     batcher.put_back(batch)
     again = batcher.take()
-    assert again is not None and [(a.sender, a.epoch) for a in again.acks] == [("w0", 2), ("w1", 2), ("w0", 3)]
+    assert again is not None and [(a.sender, a.epoch) for a in again.answers()] == [("w0", 2), ("w1", 2), ("w0", 3)]
 
 
 def test_a_hosts_members_apart_in_the_list_still_share_one_relay_in_the_lists_order() -> None:

@@ -139,9 +139,7 @@ class Checker:
         """For each fenced member a message speaks for: the coordinator state it must not change."""
         if isinstance(message, HeartbeatBatch):
             senders = [beat.sender for beat in message.beats]
-        elif isinstance(message, AckBatch):
-            senders = [ack.sender for ack in message.acks]
-        elif isinstance(message, HostHeartbeat):
+        elif isinstance(message, AckBatch | HostHeartbeat):
             senders = message.members
         else:
             sender = getattr(message, "sender", None)

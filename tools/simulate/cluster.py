@@ -338,7 +338,7 @@ class SimAgent:
     def answers(self) -> AckBatch | None:
         """The answers its members gave since the last call, as one message (None: none)."""
         acks, self.acks = self.acks, []
-        return AckBatch(self.agent_id, acks) if acks else None
+        return AckBatch.of(self.agent_id, acks) if acks else None
 
     def receive(self, message: Message, world: World) -> None:
         if isinstance(message, FenceKill):
