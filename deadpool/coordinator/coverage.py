@@ -46,10 +46,12 @@ class Coverage:
     def previous(self, agent: str) -> Batch | None:
         return self._batches.get(agent)
 
-    def renew(self, agent: str, now: float, columns: Columns) -> bool:
-        """`agent` sent the same member list as before: everyone it vouched for is heard at `now`, and
-        `columns` are its newest. True when they changed (a step finished)."""
-        batch = self._batches[agent]
+    def renew(self, agent: str, now: float, listed: list[str], columns: Columns) -> bool | None:
+        """`agent` lists the same members as before, each still vouched for: all are heard at `now` and `columns`
+        are its newest. True when they changed (a step finished); None when the list is another (see cover)."""
+        batch = self._batches.get(agent)
+        if batch is None or batch.listed != listed or len(batch.vouched) != len(listed):
+            return None
         batch.at = now
         self._agents.seen(agent, now)
         if batch.columns == columns:

@@ -64,17 +64,17 @@ def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> Non
     if agent is None:
         return
     columns = (message.epochs, message.steps, message.snapshot_steps, message.confirmed_steps, message.stall_p99_s)
-    count = len(message.members)
-    if len(message.control_addrs) != count or {len(column) for column in columns} != {count}:
+    if not (len(message.members) == len(message.control_addrs) == len(message.epochs) == len(message.steps)
+            == len(message.snapshot_steps) == len(message.confirmed_steps) == len(message.stall_p99_s)):
         c.events.emit(Event.REJECTED, reason="bad_field", peer=message.sender,
                       detail="HostHeartbeat columns of different lengths")
         return
-    before = c.coverage.previous(message.sender)
-    if before is not None and before.listed == message.members and len(before.vouched) == count:
-        # The steady state: one comparison for the whole host (every member it lists is still vouched for;
-        # one that is not, fenced or a stranger, takes the path below, which answers for it).
-        # Changed columns (a step finished) wait in the batch for settle; a command armed for a step looks now.
-        if c.coverage.renew(message.sender, now, columns) and c.chaos.armed:
+    # The steady state: one comparison for the whole host (every member it lists is still vouched for; one that
+    # is not, fenced or a stranger, takes the path below, which answers for it). Changed columns (a step
+    # finished) wait in the batch for settle; a command armed for a step looks now.
+    changed = c.coverage.renew(message.sender, now, message.members, columns)
+    if changed is not None:
+        if changed and c.chaos.armed:
             settle(c)
         return
     vouched: list[str] = []

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deadpool.coordinator.decisions import Trigger
-from deadpool.protocol.messages import Message, Prepare, PrepareAck, Relay, Role
+from deadpool.protocol.messages import Message, Prepare, PrepareAck, Relay, Role, immutable
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Send:
     """One message the coordinator wants delivered; the caller encodes and sends it (bounded by send_timeout)."""
 

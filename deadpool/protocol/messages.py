@@ -23,8 +23,8 @@ _M = TypeVar("_M")
 
 
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
-def message(cls: type[_M]) -> type[_M]:
-    """A message class: a slotted dataclass that the type checker holds immutable.
+def immutable(cls: type[_M]) -> type[_M]:
+    """A message class (or another made as often): a slotted dataclass that the type checker holds immutable.
 
     Not frozen at run time: a frozen dataclass's ``__init__`` sets each field through
     ``object.__setattr__``, six times the cost of a plain assignment (1.4 against 0.2 us for
@@ -45,7 +45,7 @@ class Role(enum.StrEnum):
     SPARE = "spare"  # waits to be adopted into a dead seat
 
 
-@message
+@immutable
 class Join:
     """A worker (active or spare) announces itself to the coordinator."""
 
@@ -59,7 +59,7 @@ class Join:
     bulk_addr: str  # where peers send snapshot data and restore requests
 
 
-@message
+@immutable
 class Heartbeat:
     """Periodic liveness from a worker; also carries its progress for status."""
 
@@ -72,7 +72,7 @@ class Heartbeat:
     control_addr: str  # where a coordinator that does not know this member (a restarted one) asks it to re-join
 
 
-@message
+@immutable
 class Welcome:
     """The coordinator's answer to Join: the job's shape, so a worker can check it."""
 
@@ -83,7 +83,7 @@ class Welcome:
     standby: str = ""  # the standby coordinator's control address ("": none)
 
 
-@message
+@immutable
 class CommitView:
     """A committed view; members adopt it only if its epoch is newer than theirs."""
 
@@ -91,7 +91,7 @@ class CommitView:
     term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 
-@message
+@immutable
 class Prepare:
     """Phase one of a view change: stop at a step boundary and report snapshots."""
 
@@ -105,7 +105,7 @@ class Prepare:
     reanswer: bool = True
 
 
-@message
+@immutable
 class PeerPaused:
     """A survivor stopped for a Prepare tells the members it shares a mesh group with where it stopped.
 
@@ -121,7 +121,7 @@ class PeerPaused:
     in_forward: bool = False  # it stopped step `begun` in its forward: not even all of the forward's collectives
 
 
-@message
+@immutable
 class PrepareAck:
     """A survivor's answer to Prepare: which snapshots it can restore from."""
 
@@ -137,7 +137,7 @@ class PrepareAck:
     early: bool = False
 
 
-@message
+@immutable
 class CollectiveFailed:
     """A worker saw a collective fail (fast failure path: a peer's socket closed)."""
 
@@ -147,7 +147,7 @@ class CollectiveFailed:
     error: str  # the backend's message, for the event log
 
 
-@message
+@immutable
 class Recovered:
     """A worker finished its first step after a committed view change."""
 
@@ -159,7 +159,7 @@ class Recovered:
     group_s: float = 0.0  # how long its adoption spent building groups
 
 
-@message
+@immutable
 class Finished:
     """A seat finished training; carries the job-wide state digest."""
 
@@ -170,7 +170,7 @@ class Finished:
     digest: str  # SHA-256 hex over every seat's final tracked state
 
 
-@message
+@immutable
 class Stop:
     """The coordinator ends the job (finished, or failed with a reason)."""
 
@@ -179,7 +179,7 @@ class Stop:
     term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 
-@message
+@immutable
 class Fenced:
     """Tells a member it was declared dead; it must exit without touching anything."""
 
@@ -189,7 +189,7 @@ class Fenced:
     term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 
-@message
+@immutable
 class AgentHello:
     """A host's launcher (agent) registers the worker processes it owns."""
 
@@ -199,7 +199,7 @@ class AgentHello:
     members: dict[str, int]  # member id -> pid of the processes this agent started
 
 
-@message
+@immutable
 class ProcessExited:
     """The agent saw one of its worker processes exit."""
 
@@ -209,7 +209,7 @@ class ProcessExited:
     seat_hint: int = -1  # the RANK it was started with (-1: a spare): all there is of a process that never joined
 
 
-@message
+@immutable
 class FenceKill:
     """The coordinator asks a host's agent to kill a member declared dead."""
 
@@ -219,7 +219,7 @@ class FenceKill:
     term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 
-@message
+@immutable
 class SnapshotHeader:
     """First frame of a snapshot transfer; payload frames follow in the same message (or it names a file)."""
 
@@ -234,7 +234,7 @@ class SnapshotHeader:
     shm_offset: int = 0  # byte offset of the payload in shm_path
 
 
-@message
+@immutable
 class SnapshotAck:
     """The buddy confirms it holds a complete copy of (seat, step), or says why it could not take it."""
 
@@ -255,7 +255,7 @@ class RestorePart(enum.StrEnum):
     SLICE = "slice"
 
 
-@message
+@immutable
 class RestoreRequest:
     """A seat being restored asks for a snapshot: its own from its buddy, or a peer's slice of the replicated state.
 
@@ -273,7 +273,7 @@ class RestoreRequest:
     shared: bool = False  # the requester can read a same-host shared-memory slot itself (a SLICE's reply may name it)
 
 
-@message
+@immutable
 class RestoreReply:
     """Answer to RestoreRequest; on success a SnapshotHeader-shaped payload follows."""
 
@@ -288,7 +288,7 @@ class RestoreReply:
     newest: bool = False  # the request asked for the newest copy (the header's step is the one served)
 
 
-@message
+@immutable
 class ChaosInjected:
     """A worker is about to inject a failure into itself (logged for recovery timing)."""
 
@@ -299,7 +299,7 @@ class ChaosInjected:
     ts: float  # wall-clock time just before the signal
 
 
-@message
+@immutable
 class StatusRequest:
     """Asks the coordinator for the live view and member table (operator tools)."""
 
@@ -307,7 +307,7 @@ class StatusRequest:
     nonce: int  # echoed in the reply
 
 
-@message
+@immutable
 class StatusReply:
     """The coordinator's live state, encoded as JSON text for operator tools."""
 
@@ -315,7 +315,7 @@ class StatusReply:
     json: str  # JSON document (view, members, recent events)
 
 
-@message
+@immutable
 class ChaosCommand:
     """An operator asks the coordinator to inject a failure into a member."""
 
@@ -327,7 +327,7 @@ class ChaosCommand:
     nonce: int  # echoed in the result
 
 
-@message
+@immutable
 class ChaosResult:
     """The coordinator's answer to a ChaosCommand."""
 
@@ -336,7 +336,7 @@ class ChaosResult:
     detail: str  # what happened, for the operator
 
 
-@message
+@immutable
 class StepReport:
     """A worker finished a step; sent only while someone waits on steps (chaos at-step)."""
 
@@ -346,7 +346,7 @@ class StepReport:
     loss: float = field(default=float("nan"))  # the step's loss, when the script reports it
 
 
-@message
+@immutable
 class SignalMember:
     """The coordinator asks a host's agent to deliver a signal to one member (operator chaos)."""
 
@@ -356,7 +356,7 @@ class SignalMember:
     term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 
-@message
+@immutable
 class HeartbeatBatch:
     """A host agent's heartbeats for its members, one message per interval (hierarchical aggregation).
 
@@ -370,7 +370,7 @@ class HeartbeatBatch:
     beats: list[Heartbeat]  # the newest heartbeat of each member heard from since the previous batch
 
 
-@message
+@immutable
 class HostHeartbeat:
     """A host agent's heartbeats for its members in columns: one message per host and interval.
 
@@ -391,7 +391,7 @@ class HostHeartbeat:
     stall_p99_s: list[float]  # per member: p99 of its pre-step wait for the snapshot copy (Heartbeat's)
 
 
-@message
+@immutable
 class ViewReport:
     """A member tells a restarted coordinator the view it holds (the highest epoch wins)."""
 
@@ -405,7 +405,7 @@ class ViewReport:
     view: View | None  # the newest view this member adopted, if any
 
 
-@message
+@immutable
 class Rejoin:
     """A coordinator heard a heartbeat from a member it cannot reach: send your Join again.
 
@@ -422,7 +422,7 @@ class Rejoin:
 TRACEBACK_LIMIT = 16 * 1024  # bytes of traceback text a UserException carries (the end of it: the raise is last)
 
 
-@message
+@immutable
 class UserException:
     """A worker's training script raised an exception that DeadPool did not cause; the process exits next.
 
@@ -439,7 +439,7 @@ class UserException:
     traceback: str  # the formatted traceback, at most TRACEBACK_LIMIT bytes (its end)
 
 
-@message
+@immutable
 class Coordinators:
     """Who coordinates the job in a term: the active coordinator and its standby.
 
@@ -456,7 +456,7 @@ class Coordinators:
     store: str = ""  # host:port of the active's TCPStore (the next views rendezvous on it)
 
 
-@message
+@immutable
 class StandbyHello:
     """A standby coordinator tells the active one it is there (and listens for the answer: silence counts)."""
 
@@ -464,7 +464,7 @@ class StandbyHello:
     term: int  # the newest term the standby knows
 
 
-@message
+@immutable
 class SilenceQuery:
     """The standby asks a host's agent whether it still hears the active coordinator (before a takeover)."""
 
@@ -473,7 +473,7 @@ class SilenceQuery:
     term: int  # the term whose active coordinator the standby no longer hears
 
 
-@message
+@immutable
 class SilenceReport:
     """An agent's answer to SilenceQuery: how long since the active coordinator last answered it."""
 
@@ -483,7 +483,7 @@ class SilenceReport:
     term: int  # the newest term this agent follows
 
 
-@message
+@immutable
 class StartStandby:
     """The active coordinator asks a host's agent to start a standby coordinator (the last one was lost)."""
 
@@ -491,7 +491,7 @@ class StartStandby:
     reason: str  # why (for the agent's log)
 
 
-@message
+@immutable
 class ViewDelta:
     """A committed view as its changes from the view before it (``protocol/viewsync.py``).
 
@@ -519,7 +519,7 @@ class ViewDelta:
     term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 
-@message
+@immutable
 class ViewChunk:
     """One piece of a committed view too large for one control frame (``protocol/viewsync.py``)."""
 
@@ -531,7 +531,7 @@ class ViewChunk:
     term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 
-@message
+@immutable
 class ViewRequest:
     """A member that cannot apply a ViewDelta (it missed the base) asks for the whole current view."""
 
@@ -539,7 +539,7 @@ class ViewRequest:
     epoch: int  # the epoch it holds (0: none)
 
 
-@message
+@immutable
 class Relay:
     """The header of a coordinator's broadcast that a host agent passes on to its workers (``coordinator/fanout.py``).
 
@@ -552,7 +552,7 @@ class Relay:
     term: int = 0  # the sending coordinator's term; an agent drops a relay of an older one
 
 
-@message
+@immutable
 class AckBatch:
     """A host agent's PrepareAcks for its workers in columns, one message for those that answered within a few ms.
 
