@@ -91,7 +91,7 @@ def declare(c: Coordinator, now: float, found: Iterable[tuple[str, str]], detect
         gone = set(spares_lost)
         spares = [s for s in view.spares if s not in gone]
         new_view = decisions.next_view(view, view.epoch + 1, {}, spares, view.resume_step, c._addrs.host,
-                                       c._addrs.bulk, rebuild=False)
+                                       c._addrs.bulk, rebuild=False, changed=c._addrs.changed)
         c._commit(new_view, f"spare {', '.join(spares_lost)} lost", failed={}, trigger=Trigger.SPARE_LOST)
 
 

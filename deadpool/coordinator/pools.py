@@ -169,9 +169,13 @@ class Addresses:
         self.host: dict[str, str] = {}
         self.bulk: dict[str, str] = {}
         self.control: dict[str, str] = {}  # "": known only from a reported view, until it re-joins
+        self.changed: set[str] = set()  # members whose host or bulk address was stored anew since the last view
 
     def keep(self, records: dict[str, MemberRecord], record: MemberRecord) -> None:
         """Store `record` in `records` (the coordinator's), and its addresses here."""
-        records[record.member] = record
-        self.host[record.member], self.bulk[record.member] = record.host, record.bulk_addr
-        self.control[record.member] = record.control_addr
+        member = record.member
+        records[member] = record
+        if self.host.get(member) != record.host or self.bulk.get(member) != record.bulk_addr:
+            self.host[member], self.bulk[member] = record.host, record.bulk_addr
+            self.changed.add(member)
+        self.control[member] = record.control_addr

@@ -373,7 +373,8 @@ class Coordinator:
             return
         self._joining.pooled_at = now
         view = decisions.next_view(self.view, self.view.epoch + 1, {}, [*self.view.spares, *joining],
-                                   self.view.resume_step, self._addrs.host, self._addrs.bulk, rebuild=False)
+                                   self.view.resume_step, self._addrs.host, self._addrs.bulk, rebuild=False,
+                                   changed=self._addrs.changed)
         self._commit(view, f"spare {names} joined the pool", failed={}, trigger=Trigger.SPARE_JOINED)
 
     # -- failures and rounds ------------------------------------------------------------------
@@ -466,7 +467,8 @@ class Coordinator:
         spares = [s for s in [*view.spares, *rnd.joined] if s not in rnd.replacements.values() and s not in self.fenced]
         new_view = decisions.next_view(view, rnd.epoch, rnd.replacements, spares, resume, self._addrs.host,
                                        self._addrs.bulk, rebuild=True, from_disk=from_disk, sources=sources,
-                                       dirty_groups=[g for ack in rnd.acks.values() for g in ack.dirty_groups])
+                                       dirty_groups=[g for ack in rnd.acks.values() for g in ack.dirty_groups],
+                                       changed=self._addrs.changed)
         failed_at = {seat: self._failure_wall.get(member, self.wall()) for seat, member in rnd.failed.items()}
         for seat, member in rnd.failed.items():
             self._swaps.append(PendingSwap(seat, member, rnd.replacements[seat], failed_at[seat], rnd.epoch))
@@ -476,13 +478,14 @@ class Coordinator:
     def _commit(self, view: View, reason: str, failed: dict[int, str], trigger: Trigger) -> None:
         previous, self.view = self.view, view
         self.events.epoch = view.epoch
+        changed, self._addrs.changed = self._addrs.changed, set()  # the next view patches this one's addresses
         if previous is None or view.store_prefix != previous.store_prefix:
             self._groups_epoch = view.epoch
         self.events.emit(Event.VIEW_COMMITTED, epoch=view.epoch, resume_step=view.resume_step, seats=view.seats,
                          spares=view.spares, store_prefix=view.store_prefix, reason=reason,
                          rebuild_groups=view.rebuild_groups,
                          failed_seats=sorted(failed), buddies=view.buddies, trigger=trigger, term=self.terms.term)
-        for members, messages in self._views.commit(previous, view, self.terms.term):
+        for members, messages in self._views.commit(previous, view, self.terms.term, changed):
             self._broadcast(members, *messages)
         self.fanout.catch_up.committed(view.epoch, self._now)
 

@@ -8,6 +8,8 @@ digest of the view committed last, and its seat of each member, are computed onc
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from deadpool.protocol import viewsync
 from deadpool.protocol.messages import CommitView, Message, ViewChunk
 from deadpool.protocol.view import View
@@ -36,11 +38,13 @@ class ViewSender:
             self._view, self._digest, self._whole = view, viewsync.view_digest(view), []
         return self._digest
 
-    def commit(self, previous: View | None, view: View, term: int) -> list[tuple[list[str], list[Message]]]:
+    def commit(self, previous: View | None, view: View, term: int,
+               changed: Collection[str] | None = None) -> list[tuple[list[str], list[Message]]]:
         """What to send of the newly committed `view` to whom: a delta to the members of `previous`, the whole
-        (one message, or its pieces) to the others."""
+        (one message, or its pieces) to the others. `changed`: as ``viewsync.make_delta``'s."""
         base_digest = self.digest(previous) if previous is not None else b""
-        delta = viewsync.make_delta(previous, view, base_digest, self.digest(view)) if previous is not None else None
+        delta = (viewsync.make_delta(previous, view, base_digest, self.digest(view), changed)
+                 if previous is not None else None)
         members = [*view.seats, *view.spares]
         self._delta, self._delta_base = delta, previous.epoch if previous is not None and delta is not None else -1
         if previous is None or delta is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import operator
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -61,27 +62,45 @@ def _changed(old: dict[str, str], new: dict[str, str]) -> dict[str, str]:
     return {key: new[key] for key in itertools.compress(new, map(operator.ne, map(old.get, new), new.values()))}
 
 
+def _changed_at(old: dict[str, str], new: dict[str, str], keys: Collection[str]) -> dict[str, str]:
+    """`new`'s entries for `keys` that `old` lacks or holds another value for."""
+    return {key: value for key in keys if (value := new.get(key)) is not None and old.get(key) != value}
+
+
 def _moved(old: list[_T], new: list[_T]) -> dict[int, _T]:
     """Index -> `new`'s item where it differs from `old`'s (lists of one length, compared in C)."""
     return {i: new[i] for i in itertools.compress(itertools.count(), map(operator.ne, old, new))}
 
 
-def make_delta(base: View, view: View, base_digest: bytes, digest: bytes) -> ViewDelta | None:
-    """The delta from `base` to `view`, or None where one cannot express it (the seat count changed)."""
+def make_delta(base: View, view: View, base_digest: bytes, digest: bytes,
+               changed: Collection[str] | None = None) -> ViewDelta | None:
+    """The delta from `base` to `view`, or None where one cannot express it (the seat count changed).
+
+    Given `changed`, the caller vouches that a member's address entries differ between the two views only
+    where it entered or left a seat or the pool, or is in `changed`: only those are compared, not every
+    member's (the coordinator's views, whose maps it patches, ``decisions.next_view``).
+    """
     if len(base.seats) != len(view.seats) or len(base.buddies) != len(view.buddies):
         return None
     gone = set(base.spares) - set(view.spares)
     kept = [s for s in base.spares if s not in gone]
     if view.spares[:len(kept)] != kept:
         return None  # the pool was reordered, not only trimmed and extended
-    dropped = {m for m in base.bulk_addrs if m not in view.bulk_addrs and m not in view.hosts}
-    dropped.update(m for m in base.hosts if m not in view.hosts and m not in view.bulk_addrs)
+    seats, spares_new = _moved(base.seats, view.seats), view.spares[len(kept):]
+    if changed is None:
+        bulk, hosts = _changed(base.bulk_addrs, view.bulk_addrs), _changed(base.hosts, view.hosts)
+        # Members with no entry left in either map: the keys each map lost, found in C, then the few checked.
+        lost: Collection[str] = (base.bulk_addrs.keys() - view.bulk_addrs.keys()) | (base.hosts.keys()
+                                                                                     - view.hosts.keys())
+    else:
+        lost = {*changed, *seats.values(), *map(base.seats.__getitem__, seats), *gone, *spares_new}
+        bulk, hosts = _changed_at(base.bulk_addrs, view.bulk_addrs, lost), _changed_at(base.hosts, view.hosts, lost)
+    dropped = [m for m in lost if m not in view.bulk_addrs and m not in view.hosts
+               and (m in base.bulk_addrs or m in base.hosts)]
     return ViewDelta(
-        epoch=view.epoch, base_epoch=base.epoch, base_digest=base_digest, digest=digest,
-        seats=_moved(base.seats, view.seats),
-        spares_gone=sorted(gone), spares_new=view.spares[len(kept):], resume_step=view.resume_step,
-        store_prefix=view.store_prefix, store_addr=view.store_addr,
-        bulk_addrs=_changed(base.bulk_addrs, view.bulk_addrs), hosts=_changed(base.hosts, view.hosts),
+        epoch=view.epoch, base_epoch=base.epoch, base_digest=base_digest, digest=digest, seats=seats,
+        spares_gone=sorted(gone), spares_new=spares_new, resume_step=view.resume_step,
+        store_prefix=view.store_prefix, store_addr=view.store_addr, bulk_addrs=bulk, hosts=hosts,
         dropped=sorted(dropped), buddies=_moved(base.buddies, view.buddies),
         restore_from=dict(view.restore_from), rebuild_groups=list(view.rebuild_groups),
     )

@@ -40,6 +40,26 @@ def test_a_delta_rebuilds_the_committed_view_exactly_and_is_small() -> None:
         None, "view 2 rebuilt from the delta does not match its digest")
 
 
+def test_a_delta_told_what_changed_compares_only_those_and_equals_the_full_comparison() -> None:
+    base = big_view(2_000)
+    dead, moved = base.seats[5], base.seats[40]
+    new = dataclasses.replace(
+        base, epoch=2, seats=[("spare-a" if m == dead else m) for m in base.seats], spares=["spare-b", "late"],
+        store_prefix="epoch-2", restore_from={5: base.seats[13]},
+        bulk_addrs={**{m: a for m, a in base.bulk_addrs.items() if m != dead}, "late": "tcp://10.9.9.9:1",
+                    moved: "tcp://10.8.8.8:1"},
+        hosts={**{m: h for m, h in base.hosts.items() if m != dead}, "late": "node9"})
+    digests = viewsync.view_digest(base), viewsync.view_digest(new)
+    full = viewsync.make_delta(base, new, *digests)
+    told = viewsync.make_delta(base, new, *digests, changed={moved})
+    assert full is not None and told == full and told.dropped == [dead] and told.bulk_addrs[moved] == "tcp://10.8.8.8:1"
+    assert viewsync.apply_delta(base, digests[0], told)[0] == new
+    # Told nothing of the moved member, the delta misses its address and the digest catches it.
+    missed = viewsync.make_delta(base, new, *digests, changed=set())
+    assert missed is not None and moved not in missed.bulk_addrs
+    assert viewsync.apply_delta(base, digests[0], missed)[0] is None
+
+
 def test_a_whole_view_over_the_frame_limit_goes_in_pieces_that_reassemble() -> None:
     view = big_view(40_000)
     digest = viewsync.view_digest(view)

@@ -8,6 +8,7 @@ from deadpool.coordinator import decisions
 from deadpool.coordinator.decisions import NoSpare, Suspicion
 from deadpool.protocol.messages import PrepareAck
 from deadpool.protocol.view import View, place_buddies
+from deadpool.protocol.viewsync import view_digest as digest
 
 
 def resume_step(
@@ -144,6 +145,27 @@ def test_next_view_seats_the_spare_and_restores_from_old_buddy() -> None:
     assert new.bulk_addrs == {"s0": "tcp://x", "m0": "tcp://y"}
     same = decisions.next_view(view, 6, {}, ["s0"], 0, {}, {}, rebuild=False)
     assert same.store_prefix == view.store_prefix and same.restore_from == {}
+
+
+def test_next_view_patches_the_addresses_it_changes_and_equals_looking_up_every_member() -> None:
+    """Given the members whose entries changed since `view`, the next view's maps are `view`'s patched:
+    the dead and the lost spares gone, joined spares and changed members taken anew; the same view as
+    looking up every member."""
+    hosts = {f"m{i}": f"h{i // 2}" for i in range(6)} | {"s0": "h0", "s1": "h1", "s2": "h2", "s3": "h3"}
+    bulk = {m: f"tcp://{m}" for m in hosts}
+    view, _ = decisions.first_view({i: f"m{i}" for i in range(6)}, 6, ["s0", "s1", "s2"], "x:1", hosts, bulk)
+    assert view is not None
+    bulk |= {"m3": "tcp://m3-again", "stranger": "tcp://z"}  # m3 re-joined elsewhere; one never in a view
+    for changed in ({"m3"}, {"m3", "s3", "m0"}):
+        patched = decisions.next_view(view, 2, {1: "s0", 4: "s1"}, ["s2", "s3"], 5, hosts, bulk, rebuild=True,
+                                      changed=changed)
+        full = decisions.next_view(view, 2, {1: "s0", 4: "s1"}, ["s2", "s3"], 5, hosts, bulk, rebuild=True)
+        assert patched == full and digest(patched) == digest(full)
+        assert "m1" not in patched.hosts and patched.bulk_addrs["s3"] == "tcp://s3"
+        assert patched.bulk_addrs["m3"] == "tcp://m3-again" and "stranger" not in patched.bulk_addrs
+    unchanged = decisions.next_view(view, 2, {}, ["s0"], 5, hosts, bulk, rebuild=False, changed=set())
+    assert unchanged.bulk_addrs["m3"] == "tcp://m3", "a member not named as changed keeps the view's entry"
+    assert set(unchanged.hosts) == {*view.seats, "s0"}
 
 
 def test_first_view_waits_for_every_seat() -> None:
