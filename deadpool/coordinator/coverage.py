@@ -46,17 +46,15 @@ class Coverage:
     def previous(self, agent: str) -> Batch | None:
         return self._batches.get(agent)
 
-    def renew(self, agent: str, now: float, listed: list[str], columns: Columns) -> bool | None:
-        """`agent` lists the same members as before, each still vouched for: all are heard at `now` and `columns`
-        are its newest. True when they changed (a step finished); None when the list is another (see cover)."""
+    def renew(self, agent: str, now: float, listed: list[str], columns: Columns) -> bool:
+        """`agent` lists the same members as before, each still vouched for: all are heard at `now`, and `columns`
+        are its newest (for settle; not compared with the last, which cost more than the copying it spared).
+        False when the list is another (see cover)."""
         batch = self._batches.get(agent)
         if batch is None or batch.listed != listed or len(batch.vouched) != len(listed):
-            return None
-        batch.at = now
-        self._agents.seen(agent, now)
-        if batch.columns == columns:
             return False
-        batch.columns = columns
+        batch.at, batch.columns = now, columns
+        self._agents.seen(agent, now)
         self._unsettled[agent] = None
         return True
 

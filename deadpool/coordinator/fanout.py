@@ -97,27 +97,27 @@ class Fanout:
         if not (relay and self.within > 0 and members):
             return Plan(addrs, [])
         # Where the owning agent changes along the list, found in C; Python then sees each run once.
-        owners = list(map(self._agent_of.get, members))
-        changes = itertools.compress(range(1, len(owners)), map(operator.ne, owners, itertools.islice(owners, 1, None)))
-        starts = [0, *changes, len(owners)]
+        owners = list(map(self._agent_of.get, members, itertools.repeat("")))  # "": no agent started it
+        ends = list(itertools.compress(range(1, len(owners)),
+                                       map(operator.ne, owners, itertools.islice(owners, 1, None))))
+        starts = [0, *ends]
+        ends.append(len(owners))
+        run_owners = list(map(owners.__getitem__, starts))
+        runs = list(map(addrs.__getitem__, map(slice, starts, ends)))
+        if len(run_owners) != len(set(run_owners)):  # an agent's members in several runs: one relay for them all
+            merged: dict[str, list[str]] = {}
+            for owner, run in zip(run_owners, runs, strict=True):
+                merged.setdefault(owner, []).extend(run)
+            run_owners, runs = list(merged), list(merged.values())
+        within = self.within
+        heard = [a if a is not None and now - a.seen <= within else None for a in map(agents.get, run_owners)]
         direct: list[str] = []
-        # Each agent judged once per plan: agent id -> the agent and the addresses it passes the message to,
-        # or None where it was not heard.
-        hosts: dict[str | None, tuple[Agent, list[str]] | None] = {}
-        for begin, end in zip(starts, itertools.islice(starts, 1, None), strict=False):
-            agent_id = owners[begin]
-            if agent_id in hosts:
-                host = hosts[agent_id]
-            else:
-                agent = self._heard_agent(agent_id, agents, now) if agent_id is not None else None
-                host = hosts[agent_id] = (agent, []) if agent is not None else None
-            (direct if host is None else host[1]).extend(addrs[begin:end])
         relays: list[tuple[str, Relay]] = []
-        for agent, to in filter(None, hosts.values()):
-            if len(to) == 1:
-                direct += to
-            elif to:
-                relays.append((agent.control_addr, Relay(to, term)))
+        for agent, run in zip(heard, runs, strict=True):
+            if agent is None or len(run) == 1:  # not heard (or no agent): directly; one recipient gains nothing
+                direct += run
+            else:
+                relays.append((agent.control_addr, Relay(run, term)))
         return Plan(direct, relays)
 
     def resend(self, rnd: Round, now: float, survivors: list[str], records: Mapping[str, MemberRecord],

@@ -70,11 +70,10 @@ def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> Non
                       detail="HostHeartbeat columns of different lengths")
         return
     # The steady state: one comparison for the whole host (every member it lists is still vouched for; one that
-    # is not, fenced or a stranger, takes the path below, which answers for it). Changed columns (a step
-    # finished) wait in the batch for settle; a command armed for a step looks now.
-    changed = c.coverage.renew(message.sender, now, message.members, columns)
-    if changed is not None:
-        if changed and c.chaos.armed:
+    # is not, fenced or a stranger, takes the path below, which answers for it). The columns wait in the batch
+    # for settle; a command armed for a step looks now.
+    if c.coverage.renew(message.sender, now, message.members, columns):
+        if c.chaos.armed:
             settle(c)
         return
     vouched: list[str] = []
