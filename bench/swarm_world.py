@@ -45,7 +45,7 @@ from deadpool.tools.simulate.cluster import (  # noqa: E402
 )
 from deadpool.transports.zmq_transport import ZmqTransport, shared_context  # noqa: E402
 
-from deadpool.agent.relay import ACK_WINDOW_S  # noqa: E402
+from deadpool.agent.relay import ACK_WINDOW_S, HELLO_EVERY_S  # noqa: E402
 from deadpool.protocol import codec, viewsync  # noqa: E402
 from deadpool.protocol.messages import (  # noqa: E402
     AgentHello,
@@ -67,7 +67,6 @@ from deadpool.protocol.messages import (  # noqa: E402
 from deadpool.protocol.transport import AGENT_LIMITS, CONTROL_LIMITS, Limits, TransportError, new_event_loop  # noqa: E402
 from deadpool.protocol.view import View  # noqa: E402
 
-HELLO_EVERY_S = 1.0  # a welcomed agent repeats its AgentHello this often (deadpool/agent/launch.py)
 SEND_TIMEOUT_S = 2.0  # Config.send_timeout
 CACHED_FRAMES = 8  # broadcast frames remembered, so that N identical copies decode once per process
 BROADCASTS = (Prepare, CommitView, ViewDelta, ViewChunk, Stop)  # one encoded frame sent to many members

@@ -527,7 +527,7 @@ class Launcher:
                 if addr:
                     with contextlib.suppress(TransportError):
                         await self.transport.send(addr, [frame], 1.0)
-            await asyncio.sleep(0.1 if not self.welcomed else 1.0)
+            await asyncio.sleep(0.1 if not self.welcomed else relay.HELLO_EVERY_S)
 
     async def _inbox(self) -> None:
         assert self.transport is not None

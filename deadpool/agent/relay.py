@@ -33,6 +33,7 @@ from deadpool.protocol.transport import Frame, Transport, TransportError
 
 HEARD_WITHIN = 2.0  # intervals: a worker beating at the same period never misses a message by phase drift
 ACK_WINDOW_S = 0.002  # a worker's answer to Prepare waits this long for its host's others (they come together)
+HELLO_EVERY_S = 1.0  # a welcomed agent repeats its AgentHello this often (a restarted coordinator re-learns it)
 
 
 class BeatRelay:

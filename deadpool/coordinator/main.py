@@ -75,6 +75,7 @@ async def serve(coordinator: Served, transport: Transport, config: Config,
     interval = min(config.heartbeat_interval, config.failure_timeout / 10)
     pending: set[asyncio.Task[None]] = set()
     headers: dict[str, tuple[Relay, bytes]] = {}  # each agent's last Relay header, encoded
+    recent = codec.Recent(secret, CONTROL_LIMITS.max_frame_bytes)  # an agent's unchanged heartbeat: decoded once
     frozen = FreezeOnCommit()
     async with asyncio.TaskGroup() as senders:
 
@@ -91,7 +92,7 @@ async def serve(coordinator: Served, transport: Transport, config: Config,
             except TimeoutError:
                 frames = None
             while frames is not None:
-                message = _decode(frames, secret, coordinator.events)
+                message = _decode(frames, recent, coordinator.events)
                 if message is not None:
                     dispatch(coordinator.handle(time.monotonic(), message))
                 # Drain what is queued before judging silence: a heartbeat waiting in our own
@@ -108,9 +109,9 @@ async def serve(coordinator: Served, transport: Transport, config: Config,
     return coordinator.outcome
 
 
-def _decode(frames: list[memoryview], secret: bytes | None, events: EventLog) -> Message | None:
+def _decode(frames: list[memoryview], recent: codec.Recent, events: EventLog) -> Message | None:
     """The message in `frames`, or None (logged as rejected) when it does not decode."""
-    decoded = codec.decode(frames[0], secret, CONTROL_LIMITS.max_frame_bytes)
+    decoded = recent.decode(frames[0])
     if isinstance(decoded, codec.DecodeError):
         events.emit(Event.REJECTED, reason=decoded.reason, detail=decoded.detail)
         return None

@@ -194,12 +194,17 @@ class Coordinator:
         elif isinstance(message, Join):
             self._on_join(message, now)
         elif isinstance(message, AgentHello):
-            # Agents repeat their hello every second, so a restarted coordinator re-learns who owns which pid.
-            self.agents[message.sender] = Agent(message.sender, message.host, message.control_addr,
-                                                dict(message.members), now)
-            self.fanout.hello(message.sender, message.members)
-            self.send(message.control_addr, Welcome(self._epoch(), message.sender, self.world_size,
-                                                     standby=self.terms.standby))
+            # Agents repeat their hello every second, so a restarted coordinator re-learns who owns which pid;
+            # the Welcome tells the agent this coordinator is alive (a standby asks agents how long it was silent).
+            agent = self.agents.get(message.sender)
+            if agent is not None and (agent.hello is message or agent.hello == message):
+                agent.seen = now
+            else:
+                self.agents[message.sender] = Agent(message.sender, message.host, message.control_addr,
+                                                    dict(message.members), now, message)
+                self.fanout.hello(message.sender, message.members)
+            self.send(message.control_addr, Welcome(self._epoch(), message.sender, self.world_size, self.terms.term,
+                                                     self.terms.standby))  # with its term: no copy to stamp one
         elif isinstance(message, StandbyHello):
             if self.terms.standby_hello(now, message.sender):
                 self.events.emit(Event.STANDBY_JOINED, standby=message.sender, term=self.terms.term)

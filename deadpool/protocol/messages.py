@@ -674,3 +674,6 @@ REGISTRY: dict[int, type[Message]] = {
     62: AckBatch,
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}
+# Sent again unchanged, often, while nothing changed: a host agent's heartbeat between its workers' steps, its
+# hello every second. A receiver may decode each distinct frame of them once (``codec.Recent``).
+REPEATED: tuple[type[Message], ...] = (HostHeartbeat, AgentHello)

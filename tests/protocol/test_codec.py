@@ -489,3 +489,20 @@ def test_a_map_of_columns_is_refused_for_a_key_or_item_of_another_type_however_i
         column = refused(decode(frame([TAGS[AckBatch], ["agent", ["m0"], [2], [7], [[6, 7]], [wards], [[]], [[]],
                                                                  [False]]])))
         assert column.reason == "bad_field" and "AckBatch.ward_steps" in column.detail, wards
+
+
+def test_a_repeated_frame_of_a_repeating_kind_is_decoded_once_and_nothing_else_is_kept() -> None:
+    recent = codec.Recent(SECRET, entries=2)
+    beat = HostHeartbeat("agent", ["m0"], [1], [5], [4], [3], ["tcp://a"], [0.5])
+    frame = encode(beat, SECRET)
+    first = recent.decode(frame)
+    assert first == beat and recent.decode(bytearray(frame)) is first, "the same bytes: the same message"
+    step = encode(Heartbeat("m0", 1, 5, 4, 3, 0.5, "tcp://a"), SECRET)
+    assert recent.decode(step) is not recent.decode(step), "a member's own heartbeat is not kept"
+    tampered = frame[:-1] + bytes([frame[-1] ^ 1])
+    assert refused(recent.decode(tampered)).reason == "bad_mac"
+    assert refused(recent.decode(tampered)).reason == "bad_mac", "a refused frame is judged again"
+    others = [encode(dataclasses.replace(beat, steps=[6 + i]), SECRET) for i in range(4)]
+    for other in others:
+        recent.decode(other)
+    assert recent.decode(frame) is not first and recent.decode(frame) == beat, "two generations of two: forgotten"

@@ -8,10 +8,20 @@ message that listed it, unless it beats to the coordinator directly.
 
 from __future__ import annotations
 
+import dataclasses
+
 from test_coordinator_service import AGENT, Job
 
 from deadpool.events.catalogue import Event
-from deadpool.protocol.messages import ChaosCommand, ChaosResult, Fenced, Heartbeat, HostHeartbeat, SignalMember
+from deadpool.protocol.messages import (
+    ChaosCommand,
+    ChaosResult,
+    Fenced,
+    Heartbeat,
+    HostHeartbeat,
+    SignalMember,
+    Welcome,
+)
 
 
 def host_beat(members: list[str], step: int = 5, agent: str = AGENT) -> HostHeartbeat:
@@ -97,3 +107,19 @@ def test_a_chaos_command_armed_for_a_step_fires_when_the_agents_columns_reach_it
     assert not job.to("inproc://agent", SignalMember)
     job.handle(host_beat(["m0", "m1", "m2", "s0"], step=7))
     assert [(s.member, s.action) for s in job.to("inproc://agent", SignalMember)] == [("m1", "kill")]
+
+
+def test_a_repeated_hello_keeps_the_agents_record_and_is_welcomed_and_a_changed_one_registers_anew() -> None:
+    job = Job(seats=3, spares=1)
+    hello = job.coordinator.agents[AGENT].hello
+    assert hello is not None
+    record = job.coordinator.agents[AGENT]
+    job.now += 1.0
+    job.raw.clear()
+    job.handle(dataclasses.replace(hello))  # equal, not the same object (decoded again)
+    assert job.coordinator.agents[AGENT] is record and record.seen == job.now
+    assert [s.address for s in job.raw if isinstance(s.message, Welcome)] == ["inproc://agent"]
+    moved = dataclasses.replace(hello, control_addr="inproc://agent-2", members={**hello.members, "m0": 99})
+    job.handle(moved)
+    again = job.coordinator.agents[AGENT]
+    assert again is not record and again.control_addr == "inproc://agent-2" and again.members["m0"] == 99

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from deadpool.agent.relay import HELLO_EVERY_S
 from deadpool.config import FreezeOnCommit, relax_gc
 from deadpool.coordinator import fanout
 from deadpool.coordinator.records import Send
@@ -93,6 +94,9 @@ class Simulation:
         self._by_addr: dict[str, SimMember | SimAgent] = {}
         self._member_buckets: list[list[SimMember]] = [[] for _ in range(self._hb_ticks)]  # by heartbeat phase
         self._agent_buckets: list[list[SimAgent]] = [[] for _ in range(self._hb_ticks)]
+        self._hello_ticks = self._ticks(HELLO_EVERY_S)
+        self._hello_buckets: list[list[tuple[SimAgent, bytes]]] = [[] for _ in range(self._hello_ticks)]
+        self._recent = codec.Recent(None, CONTROL_LIMITS.max_frame_bytes)  # as the coordinator process decodes
         self._build_cluster()
         failures_from = self._ticks(cfg.join_s + 0.5 + cfg.steady_s)
         self._steady = (self._ticks(cfg.join_s + 0.5), failures_from)  # ticks measured as steady state
@@ -142,9 +146,12 @@ class Simulation:
         rng.shuffle(joins)  # within a tick too, seats and spares join in random order
         for joined, member in joins:
             self._at(joined, functools.partial(self._join, member))
-        for agent in self._agents:
-            hello = AgentHello(agent.agent_id, agent.host, agent.control_addr, {m.member: m.pid for m in agent.members})
-            self._at(0, functools.partial(self.send, hello))
+        # A hello at the start, and again every HELLO_EVERY_S (deadpool/agent/launch.py), hosts spread over the ticks.
+        for h, agent in enumerate(self._agents):
+            hello = codec.encode(AgentHello(agent.agent_id, agent.host, agent.control_addr,
+                                            {m.member: m.pid for m in agent.members}))
+            self._at(0, functools.partial(self._inbound.append, hello))
+            self._hello_buckets[h % self._hello_ticks].append((agent, hello))
 
     def _schedule_failures(self, start: int) -> list[Failure]:
         """K failures: kinds rotate, the second waits for a view change, the third hits a spare."""
@@ -407,6 +414,8 @@ class Simulation:
                 self.send(Recovered(member.member, info.view.epoch, info.view.resume_step + 1, self.now()))
 
     def _beat(self, tick: int) -> None:
+        if tick:
+            self._inbound += (hello for _, hello in self._hello_buckets[tick % self._hello_ticks])
         bucket = tick % self._hb_ticks
         if self.config.aggregate:
             for agent in self._agent_buckets[bucket]:
@@ -422,14 +431,13 @@ class Simulation:
     def _coordinator_turn(self, tick: int) -> None:
         """What the coordinator process does in one tick: decode, handle and encode every message, then tick."""
         coordinator, checker, costs, now = self.coordinator, self.checker, self.costs, self.now()
-        limit = CONTROL_LIMITS.max_frame_bytes
         inbound, self._inbound = self._inbound, []
         kinds = costs.inbound
         had_view = coordinator.view is not None  # the tick that forms the first view is startup, not a change
         self._checking = 0.0
         t0 = time.process_time()
         for frame in inbound:
-            message = codec.decode(frame, None, limit)
+            message = self._recent.decode(frame)
             if isinstance(message, codec.DecodeError):
                 self._events.emit(Event.REJECTED, reason=message.reason, detail=message.detail)
                 continue
