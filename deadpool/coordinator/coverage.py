@@ -46,6 +46,16 @@ class Coverage:
     def previous(self, agent: str) -> Batch | None:
         return self._batches.get(agent)
 
+    def repeat(self, agent: str, now: float, listed: list[str]) -> bool:
+        """`agent` sent again the very message it sent last (``codec.Recent`` decodes a repeated frame to the same
+        object; `listed` is its member column), each member still vouched for: all are heard at `now`."""
+        batch = self._batches.get(agent)
+        if batch is None or batch.listed is not listed or len(batch.vouched) != len(listed):
+            return False
+        batch.at = now
+        self._agents.seen(agent, now)
+        return True
+
     def renew(self, agent: str, now: float, listed: list[str], columns: Columns) -> bool:
         """`agent` lists the same members as before, each still vouched for: all are heard at `now`, and `columns`
         are its newest (for settle; not compared with the last, which cost more than the copying it spared).

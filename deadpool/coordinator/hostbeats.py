@@ -61,7 +61,7 @@ def speaks_for(c: Coordinator, agent: Agent, member: str) -> bool:
 def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> None:
     """Renew the agent's word for its members; keep its columns for their records (see :func:`settle`)."""
     agent = agent_of(c, message, now)
-    if agent is None:
+    if agent is None or c.coverage.repeat(message.sender, now, message.members):  # a repeat was checked before
         return
     columns = (message.epochs, message.steps, message.snapshot_steps, message.confirmed_steps, message.stall_p99_s)
     if not (len(message.members) == len(message.control_addrs) == len(message.epochs) == len(message.steps)

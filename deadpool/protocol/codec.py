@@ -16,6 +16,7 @@ import dataclasses
 import enum
 import hmac
 import itertools
+import operator
 import types
 import typing
 from collections.abc import Callable
@@ -243,18 +244,41 @@ def _to_wire(value: Any) -> Any:
     return value
 
 
+def _flat_fields(cls: type[Any]) -> Callable[[Any], tuple[Any, ...]] | None:
+    """For a message of scalar fields only (a Welcome, a Rejoin): its fields in order, read in one C call.
+
+    msgpack packs the tuple as it packs the list :func:`_to_wire` makes, byte for byte, in half the time.
+    """
+    names = [f.name for f in dataclasses.fields(cls)]
+    scalars = (str, int, float, bool, bytes, type(None))
+
+    def scalar(hint: Any) -> bool:
+        if typing.get_origin(hint) in (Union, types.UnionType):
+            return all(scalar(arg) for arg in typing.get_args(hint))
+        return hint in scalars or (isinstance(hint, type) and issubclass(hint, enum.StrEnum))
+
+    if len(names) < 2 or not all(map(scalar, typing.get_type_hints(cls).values())):
+        return None
+    return operator.attrgetter(*names)
+
+
+_FLAT = {cls: flat for cls in REGISTRY.values() if (flat := _flat_fields(cls)) is not None}
+_HEADERS = {flags: MAGIC + bytes((PROTOCOL_VERSION, flags)) for flags in (0, FLAG_HMAC)}
+
+
 def encode(message: Message, secret: bytes | None = None) -> bytes:
     """Encode a message into one frame, authenticated when a secret is given.
 
     Raises:
         TypeError: `message` is not a registered message type (a programming error).
     """
-    tag = TAGS.get(type(message))
+    cls = type(message)
+    tag = TAGS.get(cls)
     if tag is None:
-        raise TypeError(f"{type(message).__name__} is not a registered message type")
-    flags = FLAG_HMAC if secret else 0
-    payload: bytes = msgpack.packb([tag, _to_wire(message)], use_bin_type=True)
-    body = MAGIC + bytes((PROTOCOL_VERSION, flags)) + payload
+        raise TypeError(f"{cls.__name__} is not a registered message type")
+    flat = _FLAT.get(cls)
+    payload: bytes = msgpack.packb([tag, flat(message) if flat is not None else _to_wire(message)], use_bin_type=True)
+    body = _HEADERS[FLAG_HMAC if secret else 0] + payload
     if secret:
         body += hmac.digest(secret, body, "sha256")  # one C call; same MAC as hmac.new(...).digest()
     return body

@@ -506,3 +506,11 @@ def test_a_repeated_frame_of_a_repeating_kind_is_decoded_once_and_nothing_else_i
     for other in others:
         recent.decode(other)
     assert recent.decode(frame) is not first and recent.decode(frame) == beat, "two generations of two: forgotten"
+
+
+@PROPERTY
+@given(message=ANY_MESSAGE)
+def test_a_message_of_scalar_fields_encodes_to_the_same_bytes_through_its_shortcut(message: Message) -> None:
+    """Messages of scalar fields only are packed from a tuple of their fields: the same bytes as the general way."""
+    general = msgpack.packb([TAGS[type(message)], codec._to_wire(message)], use_bin_type=True)
+    assert encode(message) == MAGIC + bytes((PROTOCOL_VERSION, 0)) + general

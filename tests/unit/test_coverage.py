@@ -123,3 +123,19 @@ def test_a_repeated_hello_keeps_the_agents_record_and_is_welcomed_and_a_changed_
     job.handle(moved)
     again = job.coordinator.agents[AGENT]
     assert again is not record and again.control_addr == "inproc://agent-2" and again.members["m0"] == 99
+
+
+def test_the_same_heartbeat_object_again_renews_its_members_and_a_fenced_one_is_still_told() -> None:
+    """A repeated frame decodes to the very message accepted last (codec.Recent): its members are heard again
+    without their columns being looked at, until one of them is fenced; then it is answered for as before."""
+    job = Job(seats=3, spares=1)
+    beat = host_beat(["m0", "m1", "m2", "s0"])
+    for _ in range(12):  # three failure timeouts of one repeated message
+        job.now = round(job.now + 0.25, 6)
+        job.handle(beat)
+        job.tick()
+    assert dead(job) == {}
+    job.coordinator.declare_dead(job.now, "m1", "exit", "test")
+    job.handle(beat)
+    assert job.to("inproc://m1", Fenced) != []
+    assert any(r.get("reason") == "fenced_peer" and r.get("peer") == "m1" for r in job.of(Event.REJECTED))
