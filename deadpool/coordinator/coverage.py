@@ -15,6 +15,7 @@ for ``failure_timeout`` is death.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -46,11 +47,12 @@ class Coverage:
     def previous(self, agent: str) -> Batch | None:
         return self._batches.get(agent)
 
-    def repeat(self, agent: str, now: float, listed: list[str]) -> bool:
-        """`agent` sent again the very message it sent last (``codec.Recent`` decodes a repeated frame to the same
-        object; `listed` is its member column), each member still vouched for: all are heard at `now`."""
+    def repeat(self, agent: str, now: float, listed: list[str], columns: Columns) -> bool:
+        """`agent` sent again the very columns it sent last (``codec.Recent`` decodes a repeated frame to the same
+        message), each member still vouched for: all are heard at `now`."""
         batch = self._batches.get(agent)
-        if batch is None or batch.listed is not listed or len(batch.vouched) != len(listed):
+        if (batch is None or batch.listed is not listed or len(batch.vouched) != len(listed)
+                or not all(map(operator.is_, batch.columns, columns))):
             return False
         batch.at = now
         self._agents.seen(agent, now)

@@ -61,9 +61,9 @@ def speaks_for(c: Coordinator, agent: Agent, member: str) -> bool:
 def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> None:
     """Renew the agent's word for its members; keep its columns for their records (see :func:`settle`)."""
     agent = agent_of(c, message, now)
-    if agent is None or c.coverage.repeat(message.sender, now, message.members):  # a repeat was checked before
-        return
     columns = (message.epochs, message.steps, message.snapshot_steps, message.confirmed_steps, message.stall_p99_s)
+    if agent is None or c.coverage.repeat(message.sender, now, message.members, columns):  # checked the first time
+        return
     if not (len(message.members) == len(message.control_addrs) == len(message.epochs) == len(message.steps)
             == len(message.snapshot_steps) == len(message.confirmed_steps) == len(message.stall_p99_s)):
         c.events.emit(Event.REJECTED, reason="bad_field", peer=message.sender,
