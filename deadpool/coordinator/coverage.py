@@ -65,7 +65,7 @@ class Coverage:
         batch = self._batches.get(agent)
         if batch is None or batch.listed != listed or len(batch.vouched) != len(listed):
             return False
-        batch.at, batch.columns = now, columns
+        batch.at, batch.listed, batch.columns = now, listed, columns  # as sent: the next repeat is this object
         self._agents.seen(agent, now)
         self._unsettled[agent] = None
         return True
