@@ -78,11 +78,9 @@ def on_batch(c: Coordinator, batch: AckBatch, now: float, handle: Callable[[floa
         return
     if not c._rate.allow(batch.sender, now):  # the agent's batch counts as one message of the agent's
         return
-    seen, kept, answered = c._live.seen, rnd.acks, c._survivors_cache.answered
-    for answer in answers:
-        member = answer.sender
-        records[member].last_seen = now
-        seen(member, now)
-        kept[member] = answer
-        answered(rnd, member, False)
+    for record in map(records.__getitem__, batch.members):
+        record.last_seen = now
+    c._live.seen_all(batch.members, now)
+    rnd.acks.update(zip(batch.members, answers, strict=True))
+    c._survivors_cache.all_answered(rnd, batch.members)
     c._maybe_commit()

@@ -2,10 +2,10 @@
 
 A host agent forwards its workers' heartbeats as one ``HostHeartbeat`` per
 interval.  A member it lists is *covered*: alive as long as its agent's messages
-keep listing it.  Covered members stay in the coordinator's :class:`Liveness`
-with the time of their last direct message; when that entry comes up as silent,
-a member still covered is only put back for another look one timeout later, so a
-job's steady-state cost grows with its hosts and not with its members.  A member
+keep listing it.  Covered members leave the coordinator's :class:`Liveness` (its
+times of direct messages) once their entry comes up as silent there, and come
+back with their next direct message, so a job's steady-state cost grows with its
+hosts and not with its members.  A member
 its agent stops listing (hung, dead, or the agent itself silent for longer than
 the failure timeout) is *dropped*: it is silent from the last message that
 listed it, unless it is heard directly (a worker whose agent is gone beats to
@@ -119,9 +119,9 @@ class Coverage:
                heard_directly: Callable[[str], float]) -> dict[str, float]:
         """Members silent on both paths for more than `timeout`, with when they were last heard.
 
-        `live` holds every member by its last direct message; `heard_directly` gives the same time for
-        one member (from the coordinator's records).  Covered members that come up silent in `live` are put
-        back for another look one timeout later.
+        `live` holds members by their last direct message; `heard_directly` gives the same time for one
+        member (from the coordinator's records).  Covered members that come up silent in `live` leave it: while
+        covered their agent's word stands for them, and losing it puts them in the dropped, checked below.
         """
         for agent in self._agents.silent(now, timeout):
             self._agents.forget(agent)
@@ -133,7 +133,7 @@ class Coverage:
         found: dict[str, float] = {}
         for member, when in live.silent(now, timeout).items():
             if member in self._by_member:
-                live.seen(member, now)
+                live.forget(member)
             elif member not in self._dropped:
                 found[member] = when
         for member, listed_at in self._dropped.items():  # kept while not covered again: a few per lost agent

@@ -11,6 +11,7 @@ addresses in plain dicts that views and broadcasts read whole.
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Callable, Container, Mapping
 
@@ -80,6 +81,12 @@ class Survivors:
                 self._early.add(member)
             else:
                 self._early.discard(member)
+
+    def all_answered(self, rnd: Round, members: list[str]) -> None:
+        """Full answers of `members` were just stored in `rnd.acks` (an agent's batch): in C, not one by one."""
+        if self._wait_key[1] is rnd.acks:
+            collections.deque(map(self._pending.pop, members, itertools.repeat(None)), maxlen=0)
+            self._early.difference_update(members)
 
     def unanswered(self, view: View, rnd: Round, fenced: dict[str, str]) -> list[str]:
         """The survivors without a full answer in `rnd` (none, or an early one): a grown round asks them again."""

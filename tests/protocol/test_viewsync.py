@@ -104,3 +104,14 @@ def test_the_digest_does_not_depend_on_map_order_but_sees_every_entry() -> None:
     assert viewsync.view_digest(dataclasses.replace(view, hosts=missing)) != digest
     moved = {**view.bulk_addrs, view.seats[3]: "tcp://10.9.9.9:1"}
     assert viewsync.view_digest(dataclasses.replace(view, bulk_addrs=moved)) != digest
+
+
+def test_liveness_takes_a_batch_heard_together_as_each_heard_then() -> None:
+    live = Liveness()
+    for i, member in enumerate(["a", "b", "c", "d"]):
+        live.seen(member, float(i))
+    live.seen_all(["b", "a"], 10.0)
+    assert live.silent(12.5, 2.0) == {"c": 2.0, "d": 3.0, "b": 10.0, "a": 10.0}
+    assert list(live.silent(11.0, 2.0)) == ["c", "d"], "oldest first, the batch after them"
+    live.seen_all(["c"], 1.0)  # an older time (a handed-over silence) still sorts where it belongs
+    assert list(live.silent(6.0, 2.0)) == ["c", "d"]

@@ -139,3 +139,16 @@ def test_the_same_heartbeat_object_again_renews_its_members_and_a_fenced_one_is_
     job.handle(beat)
     assert job.to("inproc://m1", Fenced) != []
     assert any(r.get("reason") == "fenced_peer" and r.get("peer") == "m1" for r in job.of(Event.REJECTED))
+
+
+def test_members_covered_for_many_timeouts_are_still_judged_when_their_agent_drops_them_or_goes() -> None:
+    """Covered for long, members leave the direct-message bookkeeping (Liveness); losing their agent's word
+    still makes them silent from its last listing, and their own beats still keep them alive."""
+    job = Job(seats=3, spares=1)
+    run(job, 8.0, ["m0", "m1", "m2", "s0"])  # four failure timeouts: each has come up silent in Liveness
+    last_listed = job.now
+    run(job, 2.5, ["m0", "m2", "s0"])  # m1 hung
+    assert dead(job) == {"m1": "heartbeat"}
+    assert job.of(Event.MEMBER_FAILED)[0]["ts"] - last_listed == 2.25
+    run(job, 6.0, [], direct=("m0", "s0"), agent_beats=False)  # the agent is gone: m2 never beats itself
+    assert dead(job) == {"m1": "heartbeat", "m2": "heartbeat"}
