@@ -189,7 +189,10 @@ def plan_restore(
     failed = set(failed_seats)
     seats, buddies = view.seats, view.buddies
     world = len(seats)
-    answered = [None if seat in failed else reports.get(member) for seat, member in enumerate(seats)]
+    answered: list[PrepareAck | None] = list(map(reports.get, seats))  # looked up in C; the failed answer nothing
+    for seat in failed:
+        if 0 <= seat < world:
+            answered[seat] = None
     # Copies held by a surviving seat other than the buddy: the buddy of an earlier view, kept for a seat whose
     # replacement was still restoring from it (WardCopies.on_view) when this round began.
     others: dict[int, dict[int, str]] = {}
