@@ -70,15 +70,19 @@ def on_batch(c: Coordinator, batch: AckBatch, now: float, handle: Callable[[floa
     if agent is not None:
         agent.seen = now
     answers = batch.answers()
-    if (agent is None or rnd is None or not count or True in batch.early
+    try:
+        heard = list(map(records.__getitem__, batch.members))
+    except KeyError:  # someone the coordinator does not know: answer by answer, which rejects it
+        heard = []
+    if (agent is None or rnd is None or not count or len(heard) != count or True in batch.early
             or not rnd.first_epoch <= min(batch.epochs) <= max(batch.epochs) <= rnd.epoch
-            or not all(map(records.__contains__, batch.members)) or not c.fenced.keys().isdisjoint(batch.members)):
+            or not c.fenced.keys().isdisjoint(batch.members)):
         for answer in answers:
             handle(now, answer)
         return
     if not c._rate.allow(batch.sender, now):  # the agent's batch counts as one message of the agent's
         return
-    for record in map(records.__getitem__, batch.members):
+    for record in heard:
         record.last_seen = now
     c._live.seen_all(batch.members, now)
     rnd.acks.update(zip(batch.members, answers, strict=True))
