@@ -191,8 +191,8 @@ def relax_gc(thresholds: tuple[int, int, int] = COORDINATOR_GC) -> tuple[int, in
     What outlives a message is long-lived (records, a round's answers, recently decoded frames), so a
     young collection walks it once for nothing before the heap is frozen at the next view
     (:class:`FreezeOnCommit`): at 100,000 that walk cost 1.4-2.0 CPU-s of a 131,072-member simulation
-    (in 36 collections), at 1,000,000 none ran within the coordinator's turns (1.00 and 1.05 CPU-s per
-    second against 1.03 and 1.13 in runs alternating the two). Without cycles, nothing waits for the
+    (in 36 collections), at 1,000,000 none ran within the coordinator's turns (1.03 and 1.02 CPU-s per
+    second against 1.19 and 1.17 in runs alternating the two). Without cycles, nothing waits for the
     collector but cyclic garbage. The older generations still run, 50 and 5,000 young collections apart,
     and only once a quarter of the heap is new.
     """
