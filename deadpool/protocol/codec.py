@@ -329,6 +329,9 @@ def decode(
     return message
 
 
+RECENT_FRAME_BYTES = 2048  # a host heartbeat of 8 workers is about 450 bytes
+
+
 class Recent:
     """:func:`decode` for a stream of frames that repeat: a frame byte for byte equal to one decoded lately is the
     same message, returned again without being parsed.
@@ -365,9 +368,6 @@ class Recent:
                 self._old, self._new = self._new, {}
             self._new[data] = message
         return message
-
-
-RECENT_FRAME_BYTES = 2048  # a host heartbeat of 8 workers is about 450 bytes
 
 
 def _unpack(payload: bytes) -> Any:

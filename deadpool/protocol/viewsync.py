@@ -87,15 +87,17 @@ def make_delta(base: View, view: View, base_digest: bytes, digest: bytes,
     if view.spares[:len(kept)] != kept:
         return None  # the pool was reordered, not only trimmed and extended
     seats, spares_new = _moved(base.seats, view.seats), view.spares[len(kept):]
+    # `touched`: the members that may have lost every entry (found in C as the keys each map lost, or those the
+    # caller names with the ones that moved); only they are looked at for `dropped`.
     if changed is None:
         bulk, hosts = _changed(base.bulk_addrs, view.bulk_addrs), _changed(base.hosts, view.hosts)
-        # Members with no entry left in either map: the keys each map lost, found in C, then the few checked.
-        lost: Collection[str] = (base.bulk_addrs.keys() - view.bulk_addrs.keys()) | (base.hosts.keys()
-                                                                                     - view.hosts.keys())
+        touched: Collection[str] = (base.bulk_addrs.keys() - view.bulk_addrs.keys()) | (base.hosts.keys()
+                                                                                        - view.hosts.keys())
     else:
-        lost = {*changed, *seats.values(), *map(base.seats.__getitem__, seats), *gone, *spares_new}
-        bulk, hosts = _changed_at(base.bulk_addrs, view.bulk_addrs, lost), _changed_at(base.hosts, view.hosts, lost)
-    dropped = [m for m in lost if m not in view.bulk_addrs and m not in view.hosts
+        touched = {*changed, *seats.values(), *map(base.seats.__getitem__, seats), *gone, *spares_new}
+        bulk = _changed_at(base.bulk_addrs, view.bulk_addrs, touched)
+        hosts = _changed_at(base.hosts, view.hosts, touched)
+    dropped = [m for m in touched if m not in view.bulk_addrs and m not in view.hosts
                and (m in base.bulk_addrs or m in base.hosts)]
     return ViewDelta(
         epoch=view.epoch, base_epoch=base.epoch, base_digest=base_digest, digest=digest, seats=seats,

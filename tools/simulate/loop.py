@@ -95,7 +95,7 @@ class Simulation:
         self._member_buckets: list[list[SimMember]] = [[] for _ in range(self._hb_ticks)]  # by heartbeat phase
         self._agent_buckets: list[list[SimAgent]] = [[] for _ in range(self._hb_ticks)]
         self._hello_ticks = self._ticks(HELLO_EVERY_S)
-        self._hello_buckets: list[list[tuple[SimAgent, bytes]]] = [[] for _ in range(self._hello_ticks)]
+        self._hello_buckets: list[list[bytes]] = [[] for _ in range(self._hello_ticks)]  # agents' hello frames
         self._recent = codec.Recent(None, CONTROL_LIMITS.max_frame_bytes)  # as the coordinator process decodes
         self._build_cluster()
         failures_from = self._ticks(cfg.join_s + 0.5 + cfg.steady_s)
@@ -151,7 +151,7 @@ class Simulation:
             hello = codec.encode(AgentHello(agent.agent_id, agent.host, agent.control_addr,
                                             {m.member: m.pid for m in agent.members}))
             self._at(0, functools.partial(self._inbound.append, hello))
-            self._hello_buckets[h % self._hello_ticks].append((agent, hello))
+            self._hello_buckets[h % self._hello_ticks].append(hello)
 
     def _schedule_failures(self, start: int) -> list[Failure]:
         """K failures: kinds rotate, the second waits for a view change, the third hits a spare."""
@@ -415,7 +415,7 @@ class Simulation:
 
     def _beat(self, tick: int) -> None:
         if tick:
-            self._inbound += (hello for _, hello in self._hello_buckets[tick % self._hello_ticks])
+            self._inbound += self._hello_buckets[tick % self._hello_ticks]
         bucket = tick % self._hb_ticks
         if self.config.aggregate:
             for agent in self._agent_buckets[bucket]:
