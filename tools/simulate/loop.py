@@ -74,6 +74,7 @@ class Simulation:
         # The coordinator's encoded sends of this tick: (address, frame, the Relay header's frame when relayed).
         self._outbox: list[tuple[str, bytes, bytes]] = []
         self._headers: dict[str, tuple[Relay, bytes]] = {}  # the coordinator process's encoded Relay headers
+        self._replies: dict[str, tuple[Message, bytes]] = {}  # and its agents' last Welcomes (fanout.encoded)
         self._frozen = FreezeOnCommit()
         self._timers: list[tuple[int, int, Callable[[], None]]] = []
         self._seq = itertools.count()
@@ -435,13 +436,14 @@ class Simulation:
         kinds = costs.inbound
         had_view = coordinator.view is not None  # the tick that forms the first view is startup, not a change
         self._checking = 0.0
+        handled: list[Message] = []  # counted by kind after the turn: the simulator's own books, not timed
         t0 = time.process_time()
         for frame in inbound:
             message = self._recent.decode(frame)
             if isinstance(message, codec.DecodeError):
                 self._events.emit(Event.REJECTED, reason=message.reason, detail=message.detail)
                 continue
-            kinds[type(message)] = kinds.get(type(message), 0) + 1
+            handled.append(message)
             fenced = self._checked(checker.fenced_state, message) if coordinator.fenced else None
             self._encode(coordinator.handle(now, message))
             if fenced:
@@ -450,6 +452,8 @@ class Simulation:
         self._encode(coordinator.tick(now))
         self._frozen.committed(coordinator.events.epoch)  # as the coordinator process does (coordinator/main.py)
         t2 = time.process_time()
+        for kind in map(type, handled):
+            kinds[kind] = kinds.get(kind, 0) + 1
         spent = t2 - t0 - self._checking
         costs.total_cpu += spent
         costs.stall_cpu_max = max(costs.stall_cpu_max, spent)
@@ -474,7 +478,9 @@ class Simulation:
 
     def _encode(self, sends: Sequence[Send]) -> None:
         """The coordinator process's share of a send: encoding, once per message object (a broadcast)."""
-        for send, frames in fanout.encoded(sends, None, self._headers):
+        if not sends:
+            return
+        for send, frames in fanout.encoded(sends, None, self._headers, self._replies):
             header = frames[0] if len(frames) == 2 else b""
             self._outbox.append((send.address, frames[-1], header))
             self.costs.bytes_out += len(frames[-1]) + len(header)
