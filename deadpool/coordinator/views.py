@@ -3,7 +3,8 @@
 A member that was in the previous view gets a :class:`ViewDelta` against it (the
 size of the change); a new member, or one that asks (``ViewRequest``), gets the
 whole view as one ``CommitView`` or in pieces (``protocol/viewsync.py``). The
-digest of the view committed last, and its seat of each member, are computed once here.
+digest of the view committed last (hashed again only in the runs of seats a commit changed), and its seat of
+each member, are computed once here.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class ViewSender:
     def __init__(self) -> None:
         self._view: View | None = None
         self._digest = b""
+        self._runs: list[viewsync.SeatRun] = []  # its seat runs (viewsync.seat_runs): the next commit's start
         self._whole: list[CommitView | ViewChunk] = []
         self._term = -1
         self._seats: tuple[View | None, dict[str, int]] = (None, {})
@@ -33,9 +35,11 @@ class ViewSender:
             self._seats = (view, {m: seat for seat, m in enumerate(view.seats)})
         return self._seats[1].get(member)
 
-    def digest(self, view: View) -> bytes:
+    def digest(self, view: View, changed: Collection[str] | None = None) -> bytes:
+        """`view`'s digest; `changed` (as ``viewsync.seat_runs``'s) where `view` follows the view digested last."""
         if view is not self._view:
-            self._view, self._digest, self._whole = view, viewsync.view_digest(view), []
+            runs = viewsync.seat_runs(view, self._view, self._runs, changed)
+            self._view, self._runs, self._digest, self._whole = view, runs, viewsync.view_digest(view, runs), []
         return self._digest
 
     def commit(self, previous: View | None, view: View, term: int,
@@ -43,7 +47,7 @@ class ViewSender:
         """What to send of the newly committed `view` to whom: a delta to the members of `previous`, the whole
         (one message, or its pieces) to the others. `changed`: as ``viewsync.make_delta``'s."""
         base_digest = self.digest(previous) if previous is not None else b""
-        delta = (viewsync.make_delta(previous, view, base_digest, self.digest(view), changed)
+        delta = (viewsync.make_delta(previous, view, base_digest, self.digest(view, changed), changed)
                  if previous is not None else None)
         members = [*view.seats, *view.spares]
         self._delta, self._delta_base = delta, previous.epoch if previous is not None and delta is not None else -1

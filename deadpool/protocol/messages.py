@@ -35,7 +35,7 @@ def immutable(cls: type[_M]) -> type[_M]:
     return made
 
 
-PROTOCOL_VERSION = 3  # 2: Heartbeat carries control_addr, Rejoin added; 3: AckBatch in columns
+PROTOCOL_VERSION = 4  # 2: Heartbeat has control_addr, Rejoin added; 3: AckBatch in columns; 4: digest by seat runs
 
 
 class Role(enum.StrEnum):

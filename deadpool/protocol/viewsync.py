@@ -33,27 +33,68 @@ MAX_VIEW_BYTES = 256 * 1024 * 1024  # a reassembled view may not exceed this (ab
 _T = TypeVar("_T")
 
 
-def view_digest(view: View) -> bytes:
+DIGEST_SEATS = 4096  # seats per run of the view digest: a commit hashes again only the runs it changed
+
+
+@dataclass(frozen=True, slots=True)
+class SeatRun:
+    """The digest of one run of :data:`DIGEST_SEATS` seats (their members, addresses, hosts and buddies)."""
+
+    digest: bytes
+    bulk: int  # how many of its members have a bulk address in the view
+    hosts: int  # and a host
+
+
+def seat_runs(view: View, before: View | None = None, runs: list[SeatRun] | None = None,
+              changed: Collection[str] | None = None) -> list[SeatRun]:
+    """`view`'s seat runs, each taken from `before`'s `runs` where the run is unchanged: the same members and
+    buddies, none of them in `changed` (the members whose address or host was stored anew since `before`, as
+    ``decisions.next_view`` takes them; None: not known, every run is hashed)."""
+    seats, buddies, bulk_addrs, hosts = view.seats, view.buddies, view.bulk_addrs, view.hosts
+    if before is None or runs is None or changed is None or len(before.seats) != len(seats):
+        before, runs, changed = None, [], ()  # nothing to take
+    known = changed if isinstance(changed, (set, frozenset)) else set(changed)
+    seats_before, buddies_before = (before.seats, before.buddies) if before is not None else ([], [])
+    out: list[SeatRun] = []
+    for i, start in enumerate(range(0, len(seats), DIGEST_SEATS)):
+        end = start + DIGEST_SEATS
+        members = seats[start:end]
+        if (i < len(runs) and members == seats_before[start:end] and buddies[start:end] == buddies_before[start:end]
+                and known.isdisjoint(members)):
+            out.append(runs[i])
+            continue
+        bulk, host = list(map(bulk_addrs.get, members)), list(map(hosts.get, members))
+        packed = msgpack.packb([members, bulk, host, buddies[start:end]], use_bin_type=True)
+        out.append(SeatRun(hashlib.blake2b(packed, digest_size=16).digest(),
+                           len(bulk) - bulk.count(None), len(host) - host.count(None)))
+    return out
+
+
+def view_digest(view: View, runs: list[SeatRun] | None = None) -> bytes:
     """16 bytes over a canonical encoding of `view`, equal wherever the view is equal.
 
-    The member maps are listed in the order of the view's members (nil where one has no entry),
-    then any other keys sorted: the same as sorting every entry, without sorting 131,072 of them.
+    The seats go in runs of :data:`DIGEST_SEATS` (:func:`seat_runs`; `runs` if already known), each with its
+    members' entries of the address maps, so that a commit hashes again only what it changed; then the spares
+    with theirs, and the maps' entries for keys that are no member, sorted.
     """
-    members = [*view.seats, *view.spares]
+    runs = seat_runs(view) if runs is None else runs
     canonical = [
-        view.epoch, view.seats, view.spares, view.resume_step, view.store_prefix, view.store_addr,
-        *_in_order(view.bulk_addrs, members), *_in_order(view.hosts, members), view.buddies,
-        sorted(view.restore_from.items()), view.rebuild_groups,
+        view.epoch, view.spares, view.resume_step, view.store_prefix, view.store_addr,
+        *_spares_and_others(view.bulk_addrs, view, sum(run.bulk for run in runs)),
+        *_spares_and_others(view.hosts, view, sum(run.hosts for run in runs)),
+        sorted(view.restore_from.items()), view.rebuild_groups, [run.digest for run in runs],
     ]
     return hashlib.blake2b(msgpack.packb(canonical, use_bin_type=True), digest_size=16).digest()
 
 
-def _in_order(entries: dict[str, str], members: list[str]) -> tuple[list[str | None], list[tuple[str, str]]]:
-    """`entries`' values in `members`' order (None: no entry), and its entries for other keys, sorted."""
-    values = list(map(entries.get, members))
-    if len(values) - values.count(None) == len(entries):  # every key is a member: nothing else to list
+def _spares_and_others(entries: dict[str, str], view: View,
+                       of_seats: int) -> tuple[list[str | None], list[tuple[str, str]]]:
+    """`entries`' values for the spares in order (None: no entry), and its entries for keys that are no member
+    of `view`, sorted (`of_seats`: how many entries the seats have)."""
+    values = list(map(entries.get, view.spares))
+    if of_seats + len(values) - values.count(None) == len(entries):  # every key is a member: nothing else to list
         return values, []
-    listed = set(members)
+    listed = {*view.seats, *view.spares}
     return values, sorted(item for item in entries.items() if item[0] not in listed)
 
 

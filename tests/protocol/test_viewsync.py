@@ -115,3 +115,38 @@ def test_liveness_takes_a_batch_heard_together_as_each_heard_then() -> None:
     assert list(live.silent(11.0, 2.0)) == ["c", "d"], "oldest first, the batch after them"
     live.seen_all(["c"], 1.0)  # an older time (a handed-over silence) still sorts where it belongs
     assert list(live.silent(6.0, 2.0)) == ["c", "d"]
+
+
+def test_a_commits_digest_hashes_again_only_the_runs_of_seats_it_changed_and_equals_the_full_one() -> None:
+    base = big_view(3 * viewsync.DIGEST_SEATS + 100)  # four runs, the last one short
+    runs = viewsync.seat_runs(base)
+    dead, moved = base.seats[5], base.seats[2 * viewsync.DIGEST_SEATS + 1]
+    buddies = list(base.buddies)
+    buddies[3 * viewsync.DIGEST_SEATS + 50] = 0
+    new = dataclasses.replace(
+        base, epoch=2, seats=[("spare-a" if m == dead else m) for m in base.seats], spares=["spare-b", "late"],
+        bulk_addrs={**{m: a for m, a in base.bulk_addrs.items() if m != dead}, "late": "tcp://10.9.9.9:1",
+                    moved: "tcp://10.8.8.8:1"},
+        hosts={**{m: h for m, h in base.hosts.items() if m != dead}, "late": "node9"}, buddies=buddies)
+    told = viewsync.seat_runs(new, base, runs, {moved, "late"})
+    assert told == viewsync.seat_runs(new)
+    assert viewsync.view_digest(new, told) == viewsync.view_digest(new)
+    # The seat, the address and the buddy changed runs 0, 2 and 3; run 1 is the very object of the view before.
+    assert told[1] is runs[1] and all(told[i] != runs[i] for i in (0, 2, 3))
+    # Told nothing of the moved address, its run is taken as it was: the digest differs from the view's own, so a
+    # member rebuilding the view finds the mismatch and asks for the whole view.
+    missed = viewsync.seat_runs(new, base, runs, {"late"})
+    assert missed[2] is runs[2] and viewsync.view_digest(new, missed) != viewsync.view_digest(new)
+    # Nothing known (None), or another seat count: every run is hashed.
+    assert viewsync.seat_runs(new, base, runs, None) == told
+    assert viewsync.seat_runs(new, big_view(100), runs[:1], set()) == told
+
+
+def test_the_spares_and_the_entries_of_no_member_count_in_the_digest() -> None:
+    view = big_view(viewsync.DIGEST_SEATS + 10)
+    digest = viewsync.view_digest(view)
+    assert viewsync.view_digest(dataclasses.replace(view, spares=["spare-b", "spare-a"])) != digest
+    assert viewsync.view_digest(dataclasses.replace(view, hosts={**view.hosts, "spare-a": "node7"})) != digest
+    extra = dataclasses.replace(view, bulk_addrs={**view.bulk_addrs, "stranger": "tcp://10.1.1.1:1"})
+    assert viewsync.view_digest(extra) != digest
+    assert viewsync.view_digest(extra, viewsync.seat_runs(view)) == viewsync.view_digest(extra)

@@ -436,14 +436,14 @@ class Simulation:
         kinds = costs.inbound
         had_view = coordinator.view is not None  # the tick that forms the first view is startup, not a change
         self._checking = 0.0
-        handled: list[Message] = []  # counted by kind after the turn: the simulator's own books, not timed
+        handled: list[type[Message]] = []  # counted after the turn: the simulator's own books, not timed
         t0 = time.process_time()
         for frame in inbound:
             message = self._recent.decode(frame)
             if isinstance(message, codec.DecodeError):
                 self._events.emit(Event.REJECTED, reason=message.reason, detail=message.detail)
                 continue
-            handled.append(message)
+            handled.append(type(message))  # the kind only: the message must die when handled, as it does there
             fenced = self._checked(checker.fenced_state, message) if coordinator.fenced else None
             self._encode(coordinator.handle(now, message))
             if fenced:
@@ -452,7 +452,7 @@ class Simulation:
         self._encode(coordinator.tick(now))
         self._frozen.committed(coordinator.events.epoch)  # as the coordinator process does (coordinator/main.py)
         t2 = time.process_time()
-        for kind in map(type, handled):
+        for kind in handled:
             kinds[kind] = kinds.get(kind, 0) + 1
         spent = t2 - t0 - self._checking
         costs.total_cpu += spent
@@ -503,6 +503,9 @@ class Simulation:
                 self.checker.check_view_sent(message.view.epoch, self._digest(message.view))
             elif isinstance(message, ViewDelta):
                 self.checker.check_view_sent(message.epoch, message.digest)
+                view = self.coordinator.view  # the coordinator hashes only the seat runs a commit changed
+                if view is not None and view.epoch == message.epoch and self._digest(view) != message.digest:
+                    self.checker.violation(f"the delta to view {message.epoch} carries another digest than the view's")
             elif isinstance(message, ViewChunk):
                 self.checker.check_view_sent(message.epoch, message.digest)
                 if message.digest not in self._pieces:
