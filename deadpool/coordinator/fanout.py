@@ -21,10 +21,9 @@ from dataclasses import dataclass
 
 from deadpool.coordinator.records import Agent, MemberRecord, Round, Send
 from deadpool.protocol import codec
-from deadpool.protocol.messages import Message, Relay, Welcome
+from deadpool.protocol.messages import Message, Relay
 
 RELAY_WITHIN = 2.0  # heartbeat intervals: an agent heard longer ago than this relays nothing
-MAX_REPLIES_KEPT = 65536  # encoded Welcomes kept by address (see encoded): bounded, as members' join too
 
 
 def grace(heartbeat_interval: float) -> float:
@@ -133,28 +132,17 @@ class Fanout:
                 if self.heard(m, agents, now) is None]
 
 
-def encoded(sends: Iterable[Send], secret: bytes | None, headers: dict[str, tuple[Relay, bytes]] | None = None,
-            replies: dict[str, tuple[Message, bytes]] | None = None) -> Iterator[tuple[Send, list[bytes]]]:
+def encoded(sends: Iterable[Send], secret: bytes | None,
+            headers: dict[str, tuple[Relay, bytes]] | None = None) -> Iterator[tuple[Send, list[bytes]]]:
     """Each send with its frames: a broadcast's message encoded once (consecutive sends share it), a Relay
     header once per agent however many of a view's pieces it precedes. `headers` (agent's address -> its last
     header and frame), kept by the caller across calls, spares re-encoding a header equal to the one before it
-    (an agent's workers and the term rarely change between broadcasts). `replies` (address -> the last Welcome
-    sent there directly, and its frame), likewise: an agent's hello, every second, is answered with the very
-    Welcome object of the time before while nothing in it changed (``service.Coordinator``)."""
+    (an agent's workers and the term rarely change between broadcasts)."""
     last: tuple[Message | None, bytes] = (None, b"")
     headers = {} if headers is None else headers
     for send in sends:
-        message = send.message
-        if last[0] is not message:
-            kept = replies.get(send.address) if replies is not None and send.relay is None else None
-            if kept is not None and kept[0] is message:
-                last = kept
-            else:
-                last = (message, codec.encode(message, secret))
-                if replies is not None and type(message) is Welcome and send.relay is None:
-                    if len(replies) >= MAX_REPLIES_KEPT:  # the members' own Welcomes, one each, pass through
-                        replies.clear()
-                    replies[send.address] = last
+        if last[0] is not send.message:
+            last = (send.message, codec.encode(send.message, secret))
         if send.relay is None:
             yield send, [last[1]]
             continue

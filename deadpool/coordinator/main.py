@@ -75,7 +75,6 @@ async def serve(coordinator: Served, transport: Transport, config: Config,
     interval = min(config.heartbeat_interval, config.failure_timeout / 10)
     pending: set[asyncio.Task[None]] = set()
     headers: dict[str, tuple[Relay, bytes]] = {}  # each agent's last Relay header, encoded
-    replies: dict[str, tuple[Message, bytes]] = {}  # each agent's last Welcome, encoded (fanout.encoded)
     recent = codec.Recent(secret, CONTROL_LIMITS.max_frame_bytes)  # an agent's unchanged heartbeat: decoded once
     frozen = FreezeOnCommit()
     async with asyncio.TaskGroup() as senders:
@@ -83,7 +82,7 @@ async def serve(coordinator: Served, transport: Transport, config: Config,
         def dispatch(sends: Sequence[Send]) -> None:
             if not sends:  # most messages change state and answer nothing
                 return
-            for send, frames in fanout.encoded(sends, secret, headers, replies):  # a broadcast is encoded once
+            for send, frames in fanout.encoded(sends, secret, headers):  # a broadcast is encoded once
                 task = senders.create_task(_deliver(transport, send, frames, config.send_timeout))
                 pending.add(task)
                 task.add_done_callback(pending.discard)

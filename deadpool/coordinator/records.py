@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deadpool.coordinator.decisions import Trigger
-from deadpool.protocol.messages import AgentHello, Message, Prepare, PrepareAck, Relay, Role, Welcome, immutable
+from deadpool.protocol.messages import AgentHello, Message, Prepare, PrepareAck, Relay, Role, immutable
 
 
 @immutable
@@ -84,4 +84,3 @@ class Agent:
     members: dict[str, int] = field(default_factory=dict)  # member -> pid, the processes it started
     seen: float = 0.0  # when its last hello arrived (the lease counts the hosts heard recently)
     hello: AgentHello | None = None  # its hello as registered: a repeat (every second) changes nothing
-    welcome: Welcome | None = None  # the answer to its hello, sent again as the same object while it holds

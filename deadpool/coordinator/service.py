@@ -200,10 +200,11 @@ class Coordinator:
             if agent is not None and (agent.hello is message or agent.hello == message):
                 agent.seen = now
             else:
-                agent = self.agents[message.sender] = Agent(message.sender, message.host, message.control_addr,
-                                                            dict(message.members), now, message)
+                self.agents[message.sender] = Agent(message.sender, message.host, message.control_addr,
+                                                    dict(message.members), now, message)
                 self.fanout.hello(message.sender, message.members)
-            self.send(message.control_addr, self._welcome(agent))
+            self.send(message.control_addr, Welcome(self._epoch(), message.sender, self.world_size, self.terms.term,
+                                                     self.terms.standby))  # with its term: no copy to stamp one
         elif isinstance(message, StandbyHello):
             if self.terms.standby_hello(now, message.sender):
                 self.events.emit(Event.STANDBY_JOINED, standby=message.sender, term=self.terms.term)
@@ -220,14 +221,6 @@ class Coordinator:
             self.send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status(now))))
         else:
             self._on_exit(message, now)
-
-    def _welcome(self, agent: Agent) -> Welcome:
-        """The Welcome for `agent`'s hello: the one sent last time while it says the same (encoded once, see
-        ``fanout.encoded``), with the term (no copy to stamp one)."""
-        welcome, epoch, term, standby = agent.welcome, self._epoch(), self.terms.term, self.terms.standby
-        if welcome is None or welcome.epoch != epoch or welcome.term != term or welcome.standby != standby:
-            welcome = agent.welcome = Welcome(epoch, agent.agent_id, self.world_size, term, standby)
-        return welcome
 
     def _on_exit(self, message: ProcessExited, now: float) -> None:
         if message.sender not in self.agents:

@@ -430,17 +430,3 @@ def test_columns_older_than_a_members_own_message_reach_status_once_the_agent_re
     job.now += 0.25
     job.handle(HostHeartbeat(AGENT, beat.members, beat.epochs, [8] * 3, [8] * 3, [7] * 3, [""] * 3, [0.0] * 3))
     assert [s["step"] for s in job.coordinator.status(job.now)["seats"]] == [8, 8]  # the same columns, renewed
-
-
-def test_an_agents_repeated_hello_is_answered_with_the_same_welcome_until_the_epoch_moves() -> None:
-    job = Job(seats=3, spares=1)
-    hello = job.coordinator.agents[AGENT].hello
-    assert hello is not None
-    first, again = (job.handle(hello)[0].message for _ in range(2))
-    assert again is first and isinstance(first, Welcome) and first.epoch == job.epoch == 1
-    job.handle(ProcessExited(AGENT, "m1", -9))
-    job.handle(ack("m0", 2, [7, 8], {2: [7]}))
-    job.handle(ack("m2", 2, [7, 8], {1: [6, 7]}))
-    assert job.epoch == 2
-    later = job.handle(hello)[0].message
-    assert isinstance(later, Welcome) and later is not first and later.epoch == job.epoch

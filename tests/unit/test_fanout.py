@@ -27,12 +27,10 @@ from deadpool.protocol.messages import (
     CommitView,
     Fenced,
     Heartbeat,
-    Message,
     Prepare,
     ProcessExited,
     Relay,
     ViewDelta,
-    Welcome,
 )
 from deadpool.protocol.transport import Frame, TransportError
 
@@ -250,24 +248,3 @@ def test_a_header_the_fanout_sends_again_is_encoded_once_across_broadcasts() -> 
     changed = Relay(["tcp://w0"], 1)
     third = [f for _, f in fanout.encoded([Send("tcp://agent", Prepare(4, [1], "c"), changed)], None, headers)]
     assert codec.decode(third[0][0]) == changed and len(headers) == 1
-
-
-def test_a_welcome_sent_again_as_the_same_object_is_encoded_once() -> None:
-    replies: dict[str, tuple[Message, bytes]] = {}
-    welcome = Welcome(3, "agent-h0", 8, 1, "")
-    first = [f for _, f in fanout.encoded([Send("tcp://agent", welcome)], None, None, replies)]
-    second = [f for _, f in fanout.encoded([Send("tcp://agent", welcome)], None, None, replies)]
-    assert second[0][0] is first[0][0] and codec.decode(first[0][0]) == welcome
-    newer = Welcome(4, "agent-h0", 8, 1, "")  # the next epoch: another object, encoded anew
-    third = [f for _, f in fanout.encoded([Send("tcp://agent", newer)], None, None, replies)]
-    assert codec.decode(third[0][0]) == newer and replies["tcp://agent"][0] is newer
-    fenced = Fenced("m0", 4, "silent")  # only Welcomes are kept
-    list(fanout.encoded([Send("tcp://m0", fenced)], None, None, replies))
-    assert set(replies) == {"tcp://agent"}
-
-
-def test_the_kept_welcomes_are_bounded() -> None:
-    replies: dict[str, tuple[Message, bytes]] = {}
-    sends = [Send(f"tcp://m{i}", Welcome(1, f"m{i}", 8)) for i in range(fanout.MAX_REPLIES_KEPT + 10)]
-    assert len(list(fanout.encoded(sends, None, None, replies))) == len(sends)
-    assert len(replies) <= fanout.MAX_REPLIES_KEPT
