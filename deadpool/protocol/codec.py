@@ -19,7 +19,7 @@ import itertools
 import operator
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -129,24 +129,32 @@ def _checker_for(annotation: Any) -> Checker:
 
 _LISTS = frozenset({list})
 _DICTS = frozenset({dict})
+_EXACT = (str, int, float, bool)  # the scalars a column test takes exactly
 
 
-def _all_exactly(annotation: Any) -> Callable[[list[Any]], bool] | None:
+def _all_exactly(annotation: Any) -> Callable[[Iterable[Any]], bool] | None:
     """A test that every item of a list is exactly of type `annotation`, in C passes (None: no such test).
 
     For scalars and lists and maps of them, at any depth: a column of ints, of lists of ints, of maps of
     ints to lists of ints. Exactly: a bool is no int here, an int no float; a value the test refuses
-    takes its checker's full path, which converts it or names what is wrong.
+    takes its checker's full path, which converts it or names what is wrong. A test of scalars reads its
+    items once, so it takes them as they come; a deeper one reads them twice and takes a list.
     """
-    if annotation in (str, int, float, bool):
+    if annotation in _EXACT:
         kinds = frozenset({annotation})
         return lambda items: kinds.issuperset(map(type, items))
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    chain = itertools.chain.from_iterable
     if origin is list and (inner := _all_exactly(args[0])) is not None:
-        return lambda items: _LISTS.issuperset(map(type, items)) and inner(list(itertools.chain.from_iterable(items)))
+        if args[0] in _EXACT:  # lists of scalars: their items read once, as they come
+            return lambda items: _LISTS.issuperset(map(type, items)) and inner(chain(items))
+        return lambda items: _LISTS.issuperset(map(type, items)) and inner(list(chain(items)))
     if origin is dict and (keys := _all_exactly(args[0])) is not None and (values := _all_exactly(args[1])) is not None:
-        return lambda items: (_DICTS.issuperset(map(type, items)) and keys(list(itertools.chain.from_iterable(items)))
-                              and values(list(itertools.chain.from_iterable(map(dict.values, items)))))
+        if args[1] in _EXACT:
+            return lambda items: (_DICTS.issuperset(map(type, items)) and keys(chain(items))
+                                  and values(chain(map(dict.values, items))))
+        return lambda items: (_DICTS.issuperset(map(type, items)) and keys(chain(items))
+                              and values(list(chain(map(dict.values, items)))))
     return None
 
 
