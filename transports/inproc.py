@@ -43,6 +43,7 @@ class InProcTransport:
         # Senders waiting for room get it in the order they came: a send made just as room appears does not
         # pass one already waiting (asyncio.Lock hands itself to its oldest waiter), as ZeroMQ's queue keeps order.
         self._room = asyncio.Lock()
+        self._waiting = 0  # senders in _deliver: try_send does not pass them
         self._dropped = 0
         self._closed = asyncio.Event()
         _ENDPOINTS[url] = self
@@ -70,17 +71,39 @@ class InProcTransport:
             raise TransportError(f"no endpoint bound at {address}")
         await target._deliver(frames, timeout)
 
-    async def _deliver(self, frames: Sequence[Frame], timeout: float) -> None:
+    def try_send(self, address: str, frames: Sequence[Frame]) -> bool:
+        if self._closed.is_set():
+            return False
+        if address in _BLOCKED or self._address in _BLOCKED:
+            return True  # lost, as send() loses it
+        target = _ENDPOINTS.get(address)
+        if target is None or target._waiting or target._inbox.full():
+            return False
+        copied = target._admit(frames)
+        if copied is not None:
+            target._inbox.put_nowait(copied)
+        return True
+
+    def _admit(self, frames: Sequence[Frame]) -> list[memoryview] | None:
+        """The frames copied, as a wire would, or None (dropped and counted) where the limits refuse them."""
         # nbytes, not len(): len() of a typed memoryview counts items, not bytes.
         sizes = (memoryview(f).nbytes for f in frames)
         if len(frames) > self._limits.max_frames or any(size > self._limits.max_frame_bytes for size in sizes):
             self._dropped += 1
+            return None
+        return [memoryview(bytes(frame)) for frame in frames]
+
+    async def _deliver(self, frames: Sequence[Frame], timeout: float) -> None:
+        copied = self._admit(frames)
+        if copied is None:
             return
-        copied = [memoryview(bytes(frame)) for frame in frames]
+        self._waiting += 1
         try:
             await asyncio.wait_for(self._put(copied), timeout)
         except TimeoutError:
             raise TransportError(f"{self._address} did not accept within {timeout:.2f}s") from None
+        finally:
+            self._waiting -= 1
 
     async def _put(self, message: list[memoryview]) -> None:
         async with self._room:

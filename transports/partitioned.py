@@ -46,6 +46,9 @@ class PartitionedTransport:
         if not self._switch.cut:
             await self._inner.send(address, frames, timeout)
 
+    def try_send(self, address: str, frames: Sequence[Frame]) -> bool:
+        return self._switch.cut or self._inner.try_send(address, frames)
+
     def forget(self, address: str) -> None:
         self._inner.forget(address)
 

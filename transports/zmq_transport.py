@@ -290,6 +290,17 @@ class ZmqTransport:
         except RuntimeError as err:  # pyzmq's zero-copy frames need its gc thread, gone once the process exits
             raise TransportClosed(f"send to {address} abandoned: the process is exiting ({err})") from err
 
+    def try_send(self, address: str, frames: Sequence[Frame]) -> bool:
+        if self._closed or self._waiting.get(address):
+            return False
+        try:
+            self._push_for(address)[1].send_multipart(list(frames), zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:  # Again (no room, or not connected yet), or worse: send() waits or raises it
+            return False
+        except RuntimeError:  # pyzmq's zero-copy frames at process exit: send() says so
+            return False
+        return True
+
     def forget(self, address: str) -> None:
         """Close the PUSH socket to a peer that left, dropping what was queued for it."""
         push = self._pushes.pop(address, None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -64,29 +65,19 @@ class Served(Protocol):
 
 async def serve(coordinator: Served, transport: Transport, config: Config,
                 first: Sequence[Send] = (), drain: bool = True) -> tuple[bool, str]:
-    """Feed `coordinator` messages and time until its outcome; each send (`first` first) is a task owned here.
+    """Feed `coordinator` messages and time until its outcome, sending (`first` first) what it returns.
 
-    A send never blocks the loop: it is handed to a task bounded by ``send_timeout``, so a
-    dead peer costs a timed-out task, not a stall.
+    A send never blocks the loop: it is queued at once or handed to a task bounded by ``send_timeout``
+    (:class:`Dispatch`), so a dead peer costs a timed-out task, not a stall.
     """
     secret = config.secret.encode() or None
     # Silence is judged to a tenth of failure_timeout (0.2 s by default): the periodic checks are about
     # timeouts of seconds, and everything else here is driven by messages, not by this tick.
     interval = min(config.heartbeat_interval, config.failure_timeout / 10)
-    pending: set[asyncio.Task[None]] = set()
-    headers: dict[str, tuple[Relay, bytes]] = {}  # each agent's last Relay header, encoded
     recent = codec.Recent(secret, CONTROL_LIMITS.max_frame_bytes)  # an agent's unchanged heartbeat: decoded once
     frozen = FreezeOnCommit()
     async with asyncio.TaskGroup() as senders:
-
-        def dispatch(sends: Sequence[Send]) -> None:
-            if not sends:  # most messages change state and answer nothing
-                return
-            for send, frames in fanout.encoded(sends, secret, headers):  # a broadcast is encoded once
-                task = senders.create_task(_deliver(transport, send, frames, config.send_timeout))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-
+        dispatch = Dispatch(transport, secret, config.send_timeout, senders)
         dispatch(first)
         while coordinator.outcome is None:
             try:
@@ -103,12 +94,49 @@ async def serve(coordinator: Served, transport: Transport, config: Config,
             dispatch(coordinator.tick(time.monotonic()))
             frozen.committed(coordinator.events.epoch)  # the epoch its events carry: the view it holds
         if not drain:  # a standby taking over: its greetings to a lost active must not hold up the new term
-            for task in pending:
+            for task in dispatch.pending:
                 task.cancel()
     # Every send was handed to the transport when the group above closed; the last ones (Stop) leave
     # when the process closes its transport with a linger (see _amain).
     assert coordinator.outcome is not None
     return coordinator.outcome
+
+
+class Dispatch:
+    """Hands the coordinator's sends to the transport, each encoded once per message object (``fanout.encoded``).
+
+    A send goes at once where the peer's queue has room (``Transport.try_send``); else it becomes a task of
+    `senders` that waits for room, bounded by `timeout`, and the peer's later sends follow in tasks until it is
+    done, so each peer gets its messages in the order they were sent. At 131,072 members the coordinator sends
+    tens of thousands a second: a task each costs several times the send.
+    """
+
+    def __init__(self, transport: Transport, secret: bytes | None, timeout: float,
+                 senders: asyncio.TaskGroup) -> None:
+        self._transport, self._secret, self._timeout, self._senders = transport, secret, timeout, senders
+        self._headers: dict[str, tuple[Relay, bytes]] = {}  # each agent's last Relay header, encoded
+        self._queued: dict[str, int] = {}  # peer -> its sends waiting in tasks
+        self.pending: set[asyncio.Task[None]] = set()
+
+    def __call__(self, sends: Sequence[Send]) -> None:
+        if not sends:  # most messages change state and answer nothing
+            return
+        queued, try_send = self._queued, self._transport.try_send
+        for send, frames in fanout.encoded(sends, self._secret, self._headers):  # a broadcast is encoded once
+            address = send.address
+            if address not in queued and try_send(address, frames):
+                continue
+            queued[address] = queued.get(address, 0) + 1
+            task = self._senders.create_task(_deliver(self._transport, send, frames, self._timeout))
+            self.pending.add(task)
+            task.add_done_callback(functools.partial(self._sent, address))
+
+    def _sent(self, address: str, task: asyncio.Task[None]) -> None:
+        self.pending.discard(task)
+        if self._queued[address] > 1:
+            self._queued[address] -= 1
+        else:
+            del self._queued[address]
 
 
 def _decode(frames: list[memoryview], recent: codec.Recent, events: EventLog) -> Message | None:

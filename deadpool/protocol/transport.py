@@ -99,6 +99,14 @@ class Transport(Protocol):
         """
         ...
 
+    def try_send(self, address: str, frames: Sequence[Frame]) -> bool:
+        """Queue one message for `address` now if that needs no wait: no send of ours to it is waiting for room,
+        and its queue has some. False: nothing was queued, ``send()`` waits for room (or says what is wrong).
+
+        The usual send, without a task or a timer: a coordinator sends tens of thousands a second.
+        """
+        ...
+
     def forget(self, address: str) -> None:
         """Drop any connection state kept for a peer that left."""
         ...

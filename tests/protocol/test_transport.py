@@ -522,3 +522,51 @@ async def test_a_cut_switch_drops_everything_both_ways_silently(ipc_dir: Path, k
         assert cut.address == inner_a.address and cut.dropped() == inner_a.dropped()
     finally:
         await endpoints.aclose()
+
+
+async def test_try_send_queues_at_once_or_leaves_it_to_send_and_never_overtakes(endpoints: Endpoints) -> None:
+    """The coordinator's usual send, without a task: queued at once where there is room; False (nothing queued)
+    while the peer's queue is full or a send to it waits, so a message it queues never passes an earlier one."""
+    limits = Limits(inbox_size=4, send_hwm=2)
+    receiver, sender = endpoints.open(limits), endpoints.open(limits)
+    payload = b"\x00" * (64 << 10)
+    deadline = time.monotonic() + RECV_TIMEOUT
+    while not sender.try_send(receiver.address, sequenced(0, payload)):  # ZeroMQ: not connected at first
+        assert time.monotonic() < deadline, "try_send never queued to an idle peer"
+        await asyncio.sleep(0.01)
+    sent = 1
+    while sender.try_send(receiver.address, sequenced(sent, payload)):
+        sent += 1
+        assert sent < 2000, "the queue never filled"  # 128 MB: far more than the HWMs and kernel buffers hold
+    waiting = [asyncio.create_task(sender.send(receiver.address, sequenced(n, payload), timeout=10.0))
+               for n in range(sent, sent + 400)]  # 25 MB more: most of them wait
+    await asyncio.sleep(0.2)
+    assert not all(task.done() for task in waiting), "the queue never filled: nothing here waited"
+    assert not sender.try_send(receiver.address, [b"early"]), "it would pass the sends that wait"
+    got = [struct.unpack("!Q", (await recv_within(receiver))[0])[0] for _ in range(sent + 400)]
+    await asyncio.gather(*waiting)
+    assert got == list(range(sent + 400))
+    assert sender.try_send(receiver.address, [b"room again"])
+    assert await recv_within(receiver) == [b"room again"]
+    await sender.close()
+    assert not sender.try_send(receiver.address, [b"closed"]), "a closed transport queues nothing"
+    await assert_quiet(receiver)
+
+
+async def test_try_send_does_not_pass_a_send_that_room_has_just_woken(endpoints: Endpoints) -> None:
+    """In process the moment is exact: the inbox has room again, but the send that waited for it has not run
+    yet; a message try_send queued now would pass it."""
+    if endpoints.scheme != "inproc":
+        pytest.skip("ZeroMQ wakes a waiting send on its own schedule: the tcp/ipc case is the test above")
+    limits = Limits(inbox_size=2)
+    receiver, sender = endpoints.open(limits), endpoints.open(limits)
+    assert sender.try_send(receiver.address, [b"0"]) and sender.try_send(receiver.address, [b"1"])
+    assert not sender.try_send(receiver.address, [b"full"])
+    waiting = asyncio.create_task(sender.send(receiver.address, [b"2"], timeout=RECV_TIMEOUT))
+    await asyncio.sleep(0.01)
+    assert [bytes(f) for f in await receiver.recv()] == [b"0"]  # a message waits: taken without a yield
+    assert not sender.try_send(receiver.address, [b"3"]), "room for one, but the waiting send is woken, not run"
+    await waiting
+    assert await recv_within(receiver) == [b"1"]
+    assert sender.try_send(receiver.address, [b"3"])
+    assert [await recv_within(receiver) for _ in range(2)] == [[b"2"], [b"3"]]

@@ -248,3 +248,50 @@ def test_a_header_the_fanout_sends_again_is_encoded_once_across_broadcasts() -> 
     changed = Relay(["tcp://w0"], 1)
     third = [f for _, f in fanout.encoded([Send("tcp://agent", Prepare(4, [1], "c"), changed)], None, headers)]
     assert codec.decode(third[0][0]) == changed and len(headers) == 1
+
+
+class _Peers:
+    """A transport whose peers take a message at once, except those marked full, until the test makes room."""
+
+    def __init__(self) -> None:
+        self.full: set[str] = set()
+        self.room = asyncio.Event()
+        self.got: list[tuple[str, object]] = []
+        self.tasks = 0
+
+    def try_send(self, address: str, frames: Sequence[Frame]) -> bool:
+        if address in self.full:
+            return False
+        self.got.append((address, codec.decode(bytes(frames[0]))))
+        return True
+
+    async def send(self, address: str, frames: Sequence[Frame], timeout: float) -> None:
+        self.tasks += 1
+        await asyncio.wait_for(self.room.wait(), timeout)
+        self.got.append((address, codec.decode(bytes(frames[0]))))
+
+
+def test_the_coordinators_sends_go_at_once_and_a_peer_that_waits_gets_the_rest_in_order() -> None:
+    from deadpool.coordinator.main import Dispatch
+
+    async def run() -> _Peers:
+        peers = _Peers()
+        peers.full.add("tcp://slow")
+        async with asyncio.TaskGroup() as senders:
+            dispatch = Dispatch(peers, None, 1.0, senders)  # type: ignore[arg-type]
+            dispatch([Send("tcp://slow", Heartbeat("a", 1, 1, 1, 1, 0.0, "")),
+                      Send("tcp://fast", Heartbeat("b", 1, 1, 1, 1, 0.0, ""))])
+            peers.full.clear()  # room comes, but the slow peer's first message still waits in its task
+            dispatch([Send("tcp://slow", Heartbeat("c", 1, 1, 1, 1, 0.0, ""))])
+            assert [to for to, _ in peers.got] == ["tcp://fast"], "only the peer with room took one at once"
+            peers.room.set()
+            await asyncio.sleep(0)
+            while dispatch.pending:
+                await asyncio.sleep(0.001)
+            dispatch([Send("tcp://slow", Heartbeat("d", 1, 1, 1, 1, 0.0, ""))])  # nothing waits: at once
+            assert not dispatch.pending
+        return peers
+
+    peers = asyncio.run(run())
+    assert [m.sender for to, m in peers.got if to == "tcp://slow"] == ["a", "c", "d"]  # type: ignore[attr-defined]
+    assert peers.tasks == 2, "a task for the full peer's send, and for the one sent behind it"
