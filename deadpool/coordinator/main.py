@@ -108,7 +108,7 @@ class Dispatch:
     A send goes at once where the peer's queue has room (``Transport.try_send``); else it becomes a task of
     `senders` that waits for room, bounded by `timeout`, and the peer's later sends follow in tasks until it is
     done, so each peer gets its messages in the order they were sent. At 131,072 members the coordinator sends
-    tens of thousands a second: a task each costs several times the send.
+    tens of thousands a second: a task each costs more than the send itself.
     """
 
     def __init__(self, transport: Transport, secret: bytes | None, timeout: float,

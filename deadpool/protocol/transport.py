@@ -15,8 +15,8 @@ is dropped before it reaches an actor, the inbox holds at most
 ``inbox_size`` messages (a full inbox pushes back on senders), and every send
 has a timeout.  Messages to one peer arrive in the order their sends were
 issued, also when several sends are in flight at once (a coordinator sends
-each message as a task): one issued while an earlier one waits for room
-queues behind it.
+a message to a full peer as a task): one issued while an earlier one waits
+for room queues behind it, and ``try_send`` queues nothing then.
 """
 
 from __future__ import annotations
