@@ -250,17 +250,15 @@ class ZmqTransport:
     async def send(self, address: str, frames: Sequence[Frame], timeout: float) -> None:
         if self._closed:
             raise TransportClosed("transport is closed")
+        if self.try_send(address, frames):
+            return  # queued at once, the usual case
+        # A full queue, the peer not connected yet, or a send of ours to it waiting: wait for room, bounded (an
+        # error try_send met comes again here, raised).
         try:
-            sock, direct = self._push_for(address)
+            sock, _ = self._push_for(address)
         except zmq.ZMQError as err:
             raise TransportError(f"cannot connect to {address!r}: {err}") from None
         try:
-            if not self._waiting.get(address):
-                try:
-                    direct.send_multipart(list(frames), zmq.NOBLOCK, copy=False)
-                    return  # queued at once, the usual case
-                except zmq.Again:
-                    pass  # a full queue, or the peer is not connected yet: wait for room, bounded
             self._waiting[address] = self._waiting.get(address, 0) + 1
             try:
                 # zmq.asyncio returns an asyncio Future (typed only as an Awaitable).
@@ -295,7 +293,7 @@ class ZmqTransport:
             return False
         try:
             self._push_for(address)[1].send_multipart(list(frames), zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError:  # Again (no room, or not connected yet), or worse: send() waits or raises it
+        except zmq.ZMQError:  # Again (no room, or not connected yet), or worse: send() waits, or raises it
             return False
         except RuntimeError:  # pyzmq's zero-copy frames at process exit: send() says so
             return False

@@ -180,7 +180,7 @@ def _struct_checker(cls: type[Any]) -> Checker:
         item = typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
         if hint in (str, int, float, bool, bytes):
             exact.append((i, hint))
-        elif item in (str, int, float, bool):
+        elif item in _EXACT:
             columns.append((i, frozenset({item})))
         elif (test := _all_exactly(item)) is not None:
             nested.append((i, test))
