@@ -19,6 +19,7 @@ import itertools
 import operator
 import types
 import typing
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Union
@@ -398,19 +399,106 @@ def _check(checker: Checker, value: Any) -> Any:
         return DecodeError("malformed", "payload nests too deeply")
 
 
-_VIEW_CHECKER = _struct_checker(View)
+@dataclass(frozen=True, slots=True)
+class _PackedView:
+    """A view as a whole view in pieces carries it: each member id once, its address and host in columns.
+
+    The view's maps hold every member id as a key twice more; here the columns follow the seats and then the
+    spares (an empty string where a member has no entry, its index listed as missing), and only entries for
+    keys that are no member go as maps. At 131,072 members: 8.4 MB instead of 15.6 MB, 1.7 MB compressed.
+    """
+
+    epoch: int
+    seats: list[str]
+    spares: list[str]
+    resume_step: int
+    store_prefix: str
+    store_addr: str
+    bulk: list[str]  # per member of seats + spares
+    bulk_missing: list[int]  # indices (into seats + spares) of members with no bulk address
+    bulk_others: dict[str, str]  # entries for keys that are no member
+    hosts: list[str]
+    hosts_missing: list[int]
+    hosts_others: dict[str, str]
+    buddies: list[int]
+    restore_from: dict[int, str]
+    rebuild_groups: list[str]
 
 
-def pack_view(view: View) -> bytes:
-    """A view alone as msgpack (no frame): what a chunked full view carries, split into pieces."""
-    packed: bytes = msgpack.packb(_to_wire(view), use_bin_type=True)
-    return packed
+_VIEW_CHECKER = _struct_checker(_PackedView)
+PACKED_VIEW_LEVEL = 1  # zlib's: the columns 4.8x smaller at 131,072 members, in 0.05 s (6: 9% smaller, 4x slower)
+MISSING_BYTES = 6  # the most a member missing from a map adds to the packed form over the view's own (index and "")
 
 
-def unpack_view(data: bytes) -> View | DecodeError:
-    """The inverse of :func:`pack_view`, validated field by field; bad input gives a DecodeError."""
-    decoded = _unpack(data)
+def _column(entries: dict[str, str], members: list[str]) -> tuple[list[str], list[int], dict[str, str]]:
+    """`entries` as a column over `members`, the indices of those without one, and the entries of others."""
+    values = list(map(entries.get, members))
+    missing: list[int] = []
+    if None in values:
+        missing = [i for i, value in enumerate(values) if value is None]
+        for i in missing:
+            values[i] = ""
+    others: dict[str, str] = {}
+    if len(members) - len(missing) != len(entries):  # a key that is no member (or members listed twice)
+        listed = set(members)
+        others = {key: value for key, value in entries.items() if key not in listed}
+    return values, missing, others  # type: ignore[return-value]  # no None is left
+
+
+def _map(members: list[str], values: list[str], missing: list[int], others: dict[str, str]) -> dict[str, str]:
+    """The inverse of :func:`_column`.
+
+    Raises:
+        _FieldError: the column does not follow the members, or a missing index is out of range.
+    """
+    if len(values) != len(members):
+        raise _FieldError(f"a column of {len(values)} entries for {len(members)} members")
+    entries = dict(zip(members, values, strict=True))
+    for i in missing:
+        if not 0 <= i < len(members):
+            raise _FieldError(f"missing entry {i} of {len(members)} members")
+        entries.pop(members[i], None)
+    entries.update(others)
+    return entries
+
+
+def pack_view(view: View) -> tuple[bytes, int]:
+    """A view alone (no frame), as a whole view in pieces carries it: :class:`_PackedView`, compressed.
+
+    Also returns how many bytes the view's own encoding (a ``CommitView``'s) has at least, without making it.
+    """
+    members = [*view.seats, *view.spares]
+    bulk, hosts = _column(view.bulk_addrs, members), _column(view.hosts, members)
+    packed = _PackedView(view.epoch, view.seats, view.spares, view.resume_step, view.store_prefix, view.store_addr,
+                         *bulk, *hosts, view.buddies, view.restore_from, view.rebuild_groups)
+    raw: bytes = msgpack.packb(_to_wire(packed), use_bin_type=True)
+    at_least = len(raw) - MISSING_BYTES * (len(bulk[1]) + len(hosts[1])) - 64  # 64: the columns' own headers
+    return zlib.compress(raw, PACKED_VIEW_LEVEL), at_least
+
+
+def unpack_view(data: bytes, max_bytes: int) -> View | DecodeError:
+    """The inverse of :func:`pack_view`, validated field by field; bad input (or more than `max_bytes` once
+    decompressed) gives a DecodeError."""
+    inflate = zlib.decompressobj()
+    try:
+        raw = inflate.decompress(data, max_bytes)
+    except zlib.error as err:
+        return DecodeError("malformed", f"packed view does not decompress: {err}")
+    if inflate.unconsumed_tail:
+        return DecodeError("too_large", f"packed view decompresses to more than {max_bytes} bytes")
+    if not inflate.eof or inflate.unused_data:
+        return DecodeError("malformed", "packed view is truncated or followed by other bytes")
+    decoded = _unpack(raw)
     if isinstance(decoded, DecodeError):
         return decoded
-    view: View | DecodeError = _check(_VIEW_CHECKER, decoded)
-    return view
+    packed = _check(_VIEW_CHECKER, decoded)
+    if isinstance(packed, DecodeError):
+        return packed
+    members = [*packed.seats, *packed.spares]
+    try:
+        bulk = _map(members, packed.bulk, packed.bulk_missing, packed.bulk_others)
+        hosts = _map(members, packed.hosts, packed.hosts_missing, packed.hosts_others)
+    except _FieldError as err:
+        return DecodeError("bad_field", f"packed view: {err}")
+    return View(packed.epoch, packed.seats, packed.spares, packed.resume_step, packed.store_prefix,
+                packed.store_addr, bulk, hosts, packed.buddies, packed.restore_from, packed.rebuild_groups)

@@ -35,7 +35,8 @@ def immutable(cls: type[_M]) -> type[_M]:
     return made
 
 
-PROTOCOL_VERSION = 4  # 2: Heartbeat has control_addr, Rejoin added; 3: AckBatch in columns; 4: digest by seat runs
+PROTOCOL_VERSION = 5  # 2: Heartbeat has control_addr, Rejoin added; 3: AckBatch in columns; 4: digest by seat runs;
+# 5: a whole view in pieces is packed in columns and compressed
 
 
 class Role(enum.StrEnum):
@@ -527,7 +528,7 @@ class ViewChunk:
     digest: bytes  # the whole view's digest, checked once every piece arrived
     index: int  # 0 .. count-1
     count: int  # pieces in all
-    payload: bytes  # this piece of ``codec.pack_view(view)``
+    payload: bytes  # this piece of ``codec.pack_view(view)`` (the view packed and compressed)
     term: int = 0  # the sending coordinator's term (0: a peer of before terms); older terms are dropped
 
 

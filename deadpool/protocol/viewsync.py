@@ -3,10 +3,11 @@
 A view is O(members) (every member's id, address and host), so at tens of
 thousands of members it no longer fits one control frame. The coordinator sends
 a member that holds the previous view only what changed (:class:`ViewDelta`,
-the size of the change), and any other member the whole view in pieces of at
-most :data:`CHUNK_BYTES` (:class:`ViewChunk`), or as one ``CommitView`` where it
-fits. Every view has a digest over a canonical encoding; a member applies a
-delta only to the base it names and keeps the result only if its digest
+the size of the change), and any other member the whole view: one
+``CommitView`` where it fits, else pieces of at most :data:`CHUNK_BYTES` of its
+packed form (:class:`ViewChunk`; ``codec.pack_view``, each member id once,
+compressed). Every view has a digest over a canonical encoding; a member applies
+a delta only to the base it names and keeps the result only if its digest
 matches, otherwise it asks for the whole view (``ViewRequest``). Pure functions
 and one small reassembly buffer; no I/O.
 """
@@ -28,6 +29,7 @@ from deadpool.protocol.view import View
 
 CHUNK_BYTES = 1020 * 1024  # one piece of a chunked view: the 1 MiB frame limit less 4 KiB for the envelope
 FULL_VIEW_BYTES = CHUNK_BYTES  # a whole view up to this size goes as one CommitView
+FRAME_SLACK = 16  # a CommitView's frame header and tag, over the view's own encoding
 MAX_VIEW_BYTES = 256 * 1024 * 1024  # a reassembled view may not exceed this (about 2M members)
 
 _T = TypeVar("_T")
@@ -181,9 +183,10 @@ def apply_delta(base: View, base_digest: bytes, delta: ViewDelta) -> tuple[View 
 
 
 def whole(view: View, digest: bytes, term: int) -> list[CommitView | ViewChunk]:
-    """The view for a member without its base: one CommitView where it fits, else pieces."""
-    packed = codec.pack_view(view)
-    if len(packed) <= FULL_VIEW_BYTES:
+    """The view for a member without its base: one CommitView where it fits, else pieces of its packed form
+    (``codec.pack_view``: each member id once, compressed; 15 pieces of 1 MiB at 131,072 members became 2)."""
+    packed, at_least = codec.pack_view(view)
+    if at_least <= FULL_VIEW_BYTES and len(codec.encode(CommitView(view, term))) <= FULL_VIEW_BYTES + FRAME_SLACK:
         return [CommitView(view, term)]
     count = -(-len(packed) // CHUNK_BYTES)
     return [ViewChunk(view.epoch, digest, i, count, packed[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES], term)
@@ -214,7 +217,7 @@ class Reassembly:
             return None, ""
         packed = b"".join(self.pieces[i] for i in range(self.count))
         self.pieces = {}
-        view = codec.unpack_view(packed)
+        view = codec.unpack_view(packed, MAX_VIEW_BYTES)
         if isinstance(view, codec.DecodeError):
             return None, f"chunked view {chunk.epoch}: {view}"
         if view.epoch != chunk.epoch or view_digest(view) != chunk.digest:

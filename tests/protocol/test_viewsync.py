@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from deadpool.coordinator.liveness import Liveness
 from deadpool.protocol import codec, viewsync
 from deadpool.protocol.messages import CommitView, ViewChunk
@@ -60,9 +62,12 @@ def test_a_delta_told_what_changed_compares_only_those_and_equals_the_full_compa
     assert viewsync.apply_delta(base, digests[0], missed)[0] is None
 
 
-def test_a_whole_view_over_the_frame_limit_goes_in_pieces_that_reassemble() -> None:
+def test_a_whole_view_over_the_frame_limit_goes_in_pieces_that_reassemble(monkeypatch: pytest.MonkeyPatch) -> None:
     view = big_view(40_000)
     digest = viewsync.view_digest(view)
+    assert len(codec.encode(CommitView(view, 3))) > codec.DEFAULT_MAX_FRAME_BYTES
+    assert len(viewsync.whole(view, digest, term=3)) == 1  # packed, a view this regular fits in one piece
+    monkeypatch.setattr(viewsync, "CHUNK_BYTES", 16 * 1024)  # several pieces, for what follows
     pieces = viewsync.whole(view, digest, term=3)
     assert len(pieces) > 1 and all(isinstance(p, ViewChunk) for p in pieces)
     assert max(len(codec.encode(p)) for p in pieces) <= codec.DEFAULT_MAX_FRAME_BYTES
@@ -150,3 +155,53 @@ def test_the_spares_and_the_entries_of_no_member_count_in_the_digest() -> None:
     extra = dataclasses.replace(view, bulk_addrs={**view.bulk_addrs, "stranger": "tcp://10.1.1.1:1"})
     assert viewsync.view_digest(extra) != digest
     assert viewsync.view_digest(extra, viewsync.seat_runs(view)) == viewsync.view_digest(extra)
+
+
+def test_a_packed_view_keeps_members_without_entries_and_entries_of_no_member() -> None:
+    view = big_view(100)
+    bulk = {m: a for m, a in view.bulk_addrs.items() if m != view.seats[3]}
+    bulk["gone-member"] = "tcp://10.9.9.9:1"  # an entry whose key is in no seat and no pool
+    hosts = {m: h for m, h in view.hosts.items() if m != "spare-b"}
+    odd = dataclasses.replace(view, bulk_addrs=bulk, hosts=hosts, restore_from={3: view.seats[11], 4: "@disk"},
+                              rebuild_groups=["deadpool:dp:0"])
+    packed, _ = codec.pack_view(odd)
+    back = codec.unpack_view(packed, viewsync.MAX_VIEW_BYTES)
+    assert back == odd and viewsync.view_digest(back) == viewsync.view_digest(odd)
+    assert view.seats[3] not in back.bulk_addrs and "spare-b" not in back.hosts
+
+
+def test_a_packed_view_that_is_not_one_is_refused_with_the_reason() -> None:
+    import zlib
+
+    import msgpack
+
+    packed, _ = codec.pack_view(big_view(50))
+    assert codec.unpack_view(b"not zlib at all", 1 << 20).reason == "malformed"  # type: ignore[union-attr]
+    assert codec.unpack_view(packed[:-5], 1 << 20).reason == "malformed"  # type: ignore[union-attr]
+    assert codec.unpack_view(packed + b"x", 1 << 20).reason == "malformed"  # type: ignore[union-attr]
+    # A small frame that inflates past the bound is cut off there, not inflated whole.
+    bomb = zlib.compress(b"\0" * (64 << 20))
+    assert len(bomb) < 100_000
+    assert codec.unpack_view(bomb, 1 << 20).reason == "too_large"  # type: ignore[union-attr]
+    assert codec.unpack_view(zlib.compress(b"\xc1"), 1 << 20).reason == "malformed"  # type: ignore[union-attr]
+    fields = msgpack.unpackb(zlib.decompress(packed), raw=False, strict_map_key=False)
+    short = [*fields[:6], fields[6][:-1], *fields[7:]]  # the bulk column one entry short
+    refused = codec.unpack_view(zlib.compress(msgpack.packb(short)), 1 << 20)
+    assert refused.reason == "bad_field" and "column of 51 entries for 52 members" in str(refused)  # type: ignore[union-attr]
+    wild = [*fields[:7], [10_000], *fields[8:]]  # a missing index past the members
+    assert codec.unpack_view(zlib.compress(msgpack.packb(wild)), 1 << 20).reason == "bad_field"  # type: ignore[union-attr]
+
+
+def test_the_first_view_of_131072_members_goes_to_an_agent_in_two_pieces() -> None:
+    import random
+
+    rng = random.Random(7)
+    members = [f"node{i // 8:05d}:rank{i}:{rng.getrandbits(24):06x}" for i in range(131_072)]
+    view = View(1, members[:124_518], members[124_518:], -1, "epoch-1", "store:1",
+                {m: f"tcp://10.{(i >> 11) & 255}.{(i >> 3) & 255}.1:{29600 + i % 8}" for i, m in enumerate(members)},
+                {m: m.split(":")[0] for m in members}, [(i + 8) % 124_518 for i in range(124_518)], {})
+    digest = viewsync.view_digest(view)
+    pieces = viewsync.whole(view, digest, term=1)
+    assert len(pieces) == 2 and max(len(codec.encode(p)) for p in pieces) <= codec.DEFAULT_MAX_FRAME_BYTES
+    assembly = viewsync.Reassembly()
+    assert [assembly.add(p) for p in pieces][-1] == (view, "")
