@@ -76,7 +76,12 @@ def main(argv: list[str] | None = None) -> int:
 
             from .events import text
 
-            events = load(args.file)
+            try:
+                events = load(args.file)
+            except OSError as err:
+                raise MisuseError(f"cannot read the events file {args.file}: {err.strerror or err}") from err
+            if not events:
+                raise MisuseError(f"{args.file} holds no events (deadpool launch --events FILE writes them)")
             print(text.format_timeline(events))
             if args.plot:
                 from .events import plot

@@ -317,3 +317,16 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path: Path, monkeypatch:
     with pytest.raises(MisuseError, match=r"deadpool\[plot\]"):
         plot(clean_run().records, tmp_path / "never.png")
     assert not (tmp_path / "never.png").exists()
+
+
+def test_events_of_a_file_that_is_not_there_or_empty_is_a_clear_misuse(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from deadpool.tools import cli
+
+    empty = tmp_path / "events.jsonl"
+    empty.write_text("")
+    for path, said in ((tmp_path / "missing.jsonl", "cannot read the events file"), (tmp_path, "Is a directory"),
+                       (empty, "holds no events")):
+        assert cli.main(["events", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err
