@@ -98,15 +98,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run(parallel: str, rounds: int, block_steps: int, work: Path) -> dict[str, Any]:
-    """One job; returns rank 0's wall times and, per step, the CPU seconds of all four ranks together."""
+def run(parallel: str, rounds: int, block_steps: int, work: Path, nproc: int = 4) -> dict[str, Any]:
+    """One job of `nproc` ranks; returns rank 0's wall times and, per step, the CPU seconds of all ranks together."""
     out = work / f"{parallel}.json"
     command = [sys.executable, "-m", "deadpool", "launch", "--no-progress", "--events", str(work / f"{parallel}.jsonl"),
-               "--nproc", "4", "--spares", "0", str(WORKER), "--parallel", parallel, "--rounds", str(rounds),
+               "--nproc", str(nproc), "--spares", "0", str(WORKER), "--parallel", parallel, "--rounds", str(rounds),
                "--block-steps", str(block_steps), "--port", str(free_port()), "--out", str(out)]
     print(f"{parallel}: {rounds} rounds of 3 blocks of {block_steps} steps ...", file=sys.stderr, flush=True)
     proc = subprocess.run(command, capture_output=True, text=True, timeout=3600, cwd=ROOT)
-    ranks = [work / f"{parallel}.json.{rank}" for rank in range(4)]
+    ranks = [work / f"{parallel}.json.{rank}" for rank in range(nproc)]
     if proc.returncode != 0 or not all(path.exists() for path in ranks):
         raise SystemExit(f"{parallel}: the job failed (exit {proc.returncode}):\n"
                          f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
@@ -159,7 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few rounds each (a smoke check)")
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     parser.add_argument("--keep", default="", help="a folder to keep each job's step times and events in")
+    parser.add_argument("--nproc", type=int, default=4,
+                        help="ranks (4: the demos' size; 2: one rank per core here, fsdp-tp a 1x2 mesh)")
     args = parser.parse_args(argv)
+    if args.nproc < 2 or (args.nproc % 2 and "fsdp-tp" in args.parallel):
+        parser.error(f"--nproc {args.nproc}: at least 2, and even for fsdp-tp (its tensor-parallel size is 2)")
     defaults = {"ddp": 20, "fsdp": 10, "fsdp-tp": 10}
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="deadpool-injob-") as tmp:
@@ -169,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             if parallel not in NAMES:
                 parser.error(f"--parallel: unknown {parallel!r} (ddp, fsdp, fsdp-tp)")
             rounds = args.rounds or (3 if args.quick else defaults[parallel])
-            rows += rows_of(parallel, run(parallel, rounds, args.block_steps, work))
+            rows += rows_of(parallel, run(parallel, rounds, args.block_steps, work, args.nproc))
     print(json.dumps([asdict(r) for r in rows], indent=1) if args.json else render(rows))
     return 0
 
