@@ -97,7 +97,12 @@ class MeshDim:
 
 
 class MeshGroup(SeatGroup):
-    """A mesh dimension's group: collectives issued on its gloo group, each waited on until done or timeout."""
+    """A mesh dimension's group: collectives issued on its gloo group, each waited on until done or timeout.
+
+    FSDP2's all-gathers and reduce-scatters go unstaged (``SeatGroup._UNSTAGED``): their buffers are its own.
+    """
+
+    _UNSTAGED = True
 
     def __init__(self, dim: MeshDim, collectives: MeshCollectives, rank: int) -> None:
         super().__init__(dim.seats.index(rank), len(dim.seats), dim.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -127,3 +128,73 @@ def test_an_all_reduce_in_backward_is_the_backward_point() -> None:
     y.register_hook(lambda grad: seen.append(chaos_point(Op.ALL_REDUCE)))
     y.sum().backward()
     assert seen == [ChaosPoint.BACKWARD]
+
+
+class Gathers:
+    """A gloo stand-in for two identical seats that keeps each buffer it was given and the writes it may still do
+    (a SIGSTOPped peer that resumes completes an abandoned collective into them)."""
+
+    def __init__(self) -> None:
+        self.given: list[torch.Tensor] = []
+        self.late: list[Callable[[], object]] = []
+
+    def _allgather_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> Done:
+        self.given.append(output)
+        output.copy_(tensor.repeat(2))
+        self.late.append(lambda: output.fill_(-1.0))
+        return Done()
+
+    def _reduce_scatter_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> Done:
+        self.given += [output, tensor]
+        output.copy_(tensor.reshape(2, -1)[0] * 2)
+        self.late += [lambda: output.fill_(-1.0), lambda: tensor.fill_(-1.0)]
+        return Done()
+
+
+def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def gathering() -> tuple[MeshGroup, Runtime, Gathers]:
+    runtime, inner = Runtime(), Gathers()
+    dim = MeshDim("dp", "deadpool:dp:0", (0, 1), inner=inner, members=("a", "b"))
+    return MeshGroup(dim, runtime, 0), runtime, inner
+
+
+def test_fsdp2s_gathers_and_scatters_go_unstaged_into_memory_they_own_alone() -> None:
+    group, _, inner = gathering()
+    output = torch.zeros(4)
+    shard = output.narrow(0, 0, 2)  # FSDP2 gathers in place: its input is its own slice of the output
+    shard.copy_(torch.tensor([1.0, 2.0]))
+    group.allgather_into_tensor_coalesced([output], [shard]).wait()
+    assert same_memory(inner.given[-1], output) and output.tolist() == [1.0, 2.0, 1.0, 2.0]
+    scatter_in, scatter_out = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.zeros(2)
+    group.reduce_scatter_tensor_coalesced([scatter_out], [scatter_in]).wait()
+    assert same_memory(inner.given[-2], scatter_out) and same_memory(inner.given[-1], scatter_in)
+    assert scatter_out.tolist() == [2.0, 4.0]
+    # Memory another tensor views (a caller's slice of something larger, a view kept elsewhere) is staged.
+    whole = torch.zeros(8)
+    group.allgather_into_tensor_coalesced([whole[:4]], [torch.ones(2)]).wait()
+    assert not same_memory(inner.given[-1], whole)
+    assert whole.tolist() == [1.0] * 4 + [0.0] * 4
+    kept = torch.zeros(4)
+    alias = kept.view(2, 2)
+    group.allgather_into_tensor_coalesced([kept], [torch.ones(2)]).wait()
+    assert not same_memory(inner.given[-1], kept) and alias.sum().item() == 4.0
+
+
+def test_an_abandoned_unstaged_collective_leaves_its_tensors_in_memory_gloo_no_longer_writes() -> None:
+    group, runtime, inner = gathering()
+    runtime.fail = True
+    output = torch.zeros(4)
+    shard = output.narrow(0, 2, 2)
+    shard.copy_(torch.tensor([5.0, 6.0]))
+    group.allgather_into_tensor_coalesced([output], [shard]).wait()
+    assert output.tolist() == [5.0, 6.0, 5.0, 6.0], "this seat's shard in every place, as if every seat held it"
+    scatter_in, scatter_out = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.zeros(2)
+    group.reduce_scatter_tensor_coalesced([scatter_out], [scatter_in]).wait()
+    assert scatter_out.tolist() == [1.0, 2.0] and runtime.poisoned
+    for late in inner.late:
+        late()  # the abandoned collectives complete after all, into the memory they were given
+    assert output.tolist() == [5.0, 6.0, 5.0, 6.0] and shard.tolist() == [5.0, 6.0]
+    assert scatter_out.tolist() == [1.0, 2.0] and scatter_in.tolist() == [1.0, 2.0, 3.0, 4.0]
