@@ -227,10 +227,16 @@ def _own_memory(tensor: torch.Tensor, within: Sequence[torch.Tensor] = ()) -> bo
     storage = tensor.untyped_storage()
     if storage.nbytes() != tensor.nbytes:
         return False
-    inside = [t for t in within if t.numel() and t.untyped_storage().data_ptr() == storage.data_ptr()]
+    inside = [t for t in within if t.numel() and _shares(t, [tensor])]
     if any(t.requires_grad for t in inside):
         return False
     return _USE_COUNT(storage._cdata) == 2 + len(inside)  # this handle, the tensor, the views inside it
+
+
+def _shares(tensor: torch.Tensor, others: Sequence[torch.Tensor]) -> bool:
+    """`tensor` lies in the memory of one of `others`."""
+    where = tensor.untyped_storage().data_ptr()
+    return any(other.untyped_storage().data_ptr() == where for other in others)
 
 
 def _aliases(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -350,6 +356,7 @@ class SeatGroup(dist.ProcessGroup):
         unstaged = self._UNSTAGED and all(_own_memory(t, inputs) for t in outputs)
         staged = _aliases(outputs) if unstaged else [torch.empty_like(t) for t in outputs]
         given = _aliases(inputs) if unstaged else inputs
+        moving = [*outputs, *(t for t in inputs if _shares(t, outputs))] if unstaged else []  # when abandoned
         options = opts if opts is not None else AllgatherOptions()
         size = self.size()
 
@@ -358,9 +365,7 @@ class SeatGroup(dist.ProcessGroup):
             return Works([group._allgather_base(out, tensor, options) for out, tensor in pairs])
 
         def local() -> None:
-            if unstaged:  # the outputs, and the inputs inside them, leave the memory gloo may still write
-                _move([*outputs, *(t for t in inputs if any(t.untyped_storage().data_ptr() ==
-                                                            o.untyped_storage().data_ptr() for o in outputs))])
+            _move(moving)  # the outputs, and the inputs inside them, leave the memory gloo may still write
             for output, tensor in zip(outputs, inputs, strict=True):
                 _rows(output, size).copy_(tensor.reshape(1, -1).expand(size, -1))
 
