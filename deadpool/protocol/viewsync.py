@@ -29,7 +29,6 @@ from deadpool.protocol.view import View
 
 CHUNK_BYTES = 1020 * 1024  # one piece of a chunked view: the 1 MiB frame limit less 4 KiB for the envelope
 FULL_VIEW_BYTES = CHUNK_BYTES  # a whole view up to this size goes as one CommitView
-FRAME_SLACK = 16  # a CommitView's frame header and tag, over the view's own encoding
 MAX_VIEW_BYTES = 256 * 1024 * 1024  # a reassembled view may not exceed this (about 2M members)
 
 _T = TypeVar("_T")
@@ -185,9 +184,9 @@ def apply_delta(base: View, base_digest: bytes, delta: ViewDelta) -> tuple[View 
 def whole(view: View, digest: bytes, term: int) -> list[CommitView | ViewChunk]:
     """The view for a member without its base: one CommitView where it fits, else pieces of its packed form
     (``codec.pack_view``: each member id once, compressed; 15 pieces of 1 MiB at 131,072 members became 2)."""
-    packed, at_least = codec.pack_view(view)
-    if at_least <= FULL_VIEW_BYTES and len(codec.encode(CommitView(view, term))) <= FULL_VIEW_BYTES + FRAME_SLACK:
+    if codec.view_bytes(view) <= FULL_VIEW_BYTES:
         return [CommitView(view, term)]
+    packed = codec.pack_view(view)
     count = -(-len(packed) // CHUNK_BYTES)
     return [ViewChunk(view.epoch, digest, i, count, packed[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES], term)
             for i in range(count)]

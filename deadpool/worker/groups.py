@@ -395,6 +395,7 @@ class SeatGroup(dist.ProcessGroup):
         unstaged = self._UNSTAGED and all(map(_own_memory, [*inputs, *outputs]))
         staged_in = _aliases(inputs) if unstaged else [t.detach().clone() for t in inputs]
         staged_out = _aliases(outputs) if unstaged else [torch.empty_like(t) for t in outputs]
+        moving = [*inputs, *outputs] if unstaged else []  # when abandoned
         options = opts if opts is not None else ReduceScatterOptions()
         rank, size = self.rank(), self.size()
 
@@ -404,8 +405,7 @@ class SeatGroup(dist.ProcessGroup):
             return WaitedWork(works, self._progress_of(group))
 
         def local() -> None:
-            if unstaged:
-                _move([*inputs, *outputs])
+            _move(moving)
             for output, tensor in zip(outputs, inputs, strict=True):
                 output.copy_(_rows(tensor, size)[rank].view_as(output))
 
