@@ -327,8 +327,15 @@ class Recovery:
             restored = self._snapshots.restore_arena(held)
             unchanged = self._unchanged(restored[0]) if self._holds_resume_state(view, seat) else None
             source, kept = "local", unchanged or {}
-            if unchanged is None:
+            if unchanged is None and restored[0].replicated:
                 pending = self._fetch.slices_into(view, seat, *restored)
+        rng: dict[str, Any] | None = preloaded.rng if preloaded is not None else None
+        nbytes = preloaded.nbytes if preloaded is not None else 0
+        if source == "local" and pending is None and restored is not None:
+            # Whole already: loaded while the groups form (the replacement is still setting up), its RNG states put
+            # back once they are built, as a preloaded spare's are.
+            rng, nbytes = self._load_restored(*restored, kept), restored[0].nbytes
+            restored = None
         # The groups form while the peers' answers come in (the snapshot actor receives them).
         grouping = time.perf_counter()
         self._collectives.rebuild(view, seat)
@@ -336,10 +343,8 @@ class Recovery:
         if pending is not None:
             restored = pending()
         self._adopted_groups = (len(self._collectives.last_rebuild.rebuilt) if self._collectives.mesh else 0, group_s)
-        nbytes = 0
-        if preloaded is not None:
-            rng_mod.restore(preloaded.rng)  # what building the groups drew; the rest was loaded before the commit
-            nbytes = preloaded.nbytes
+        if rng is not None:
+            rng_mod.restore(rng)  # what building the groups drew; the rest was loaded before they were built
         if restored is not None:
             # Loaded after the group is built: building one may draw from the global RNGs, and the
             # restored RNG states must survive bit for bit.
@@ -414,10 +419,17 @@ class Recovery:
         except (CollectiveAborted, RestoreFailed, WaitTimeout):
             return  # a newer Prepare, or a copy not there or not whole: the adoption fetches what its view names
         self._seat_samplers(reserved.seat, world)
-        state = materialize(manifest, arena)
-        rng = state["__rng__"]
-        self._load(state)
+        rng = self._load_restored(manifest, arena)
         self._preloaded = Preloaded(reserved.seat, fetched[0].step, prefetch.asked, rng, manifest.nbytes)
+
+    def _load_restored(self, manifest: Manifest, arena: torch.Tensor,
+                       kept: dict[int, torch.Tensor] | None = None) -> dict[str, Any]:
+        """Load a restored snapshot into the tracked objects and return its RNG states, to put back again after
+        something that may draw from the RNGs (building the groups)."""
+        state = materialize(manifest, arena, kept)
+        rng: dict[str, Any] = state["__rng__"]
+        self._load(state)
+        return rng
 
     def _gather_replicated(self, manifest: Manifest, arena: torch.Tensor, seat: int, view: View) -> None:
         """Complete a restored arena: every seat's snapshot holds only its slice of the replicated region.
