@@ -127,7 +127,7 @@ def add_chaos_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True,
                                     metavar="{" + ",".join([*OPERATOR_ACTIONS, "random"]) + "}")
     for action in OPERATOR_ACTIONS:
-        sub = actions.add_parser(action, help=_HELPS[action])
+        sub = actions.add_parser(action.value, help=_HELPS[action])
         sub.add_argument("--rank", type=int, default=-1, help="the member seated at this rank")
         sub.add_argument("--member", default="", help="the member with this id (e.g. a spare)")
         sub.add_argument("--at-step", type=int, default=-1, help="when the target finishes this step")

@@ -142,7 +142,9 @@ def validate(args: argparse.Namespace) -> None:
             f"refusing to listen on {bind} (not loopback) without a shared secret: set DEADPOOL_SECRET to the same "
             "value on every host, so that no one else on the network can join, fence or stop the job"
         )
-    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+    if args.nnodes < 1:
+        raise MisuseError(f"--nnodes must be at least 1, got {args.nnodes}")
+    if not 0 <= args.node_rank < args.nnodes:
         raise MisuseError(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
     if not 0 <= args.coordinator_port <= 65535 or not 0 <= args.master_port <= 65535:
         raise MisuseError(f"ports must be in 0..65535, got --coordinator-port {args.coordinator_port} and "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from deadpool.chaos import ChaosPlan, parse, parse_all
@@ -45,3 +48,11 @@ def test_plan_fires_once_for_the_initial_member_only() -> None:
     assert spare_plan.due("boundary", 5) is None
     assert spare_plan.next_spare_deadline() == 1.5
     assert spare_plan.spare_due(1.0) is None and spare_plan.spare_due(1.6) == specs[2]
+
+
+def test_the_chaos_command_names_its_actions_plainly() -> None:
+    # A launch-style spec given to `deadpool chaos` is refused with the actions it takes, as typed.
+    proc = subprocess.run([sys.executable, "-m", "deadpool", "chaos", "kill:rank=1:step=3"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "(choose from 'kill', 'stop', 'cont', 'random')" in proc.stderr, proc.stderr

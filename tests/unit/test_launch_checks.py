@@ -61,6 +61,7 @@ def test_a_world_of_one_with_spares_needs_a_disk_checkpoint() -> None:
     (["--nproc", "4", "--chaos", "kill:rank=4:step=3"], "names rank 4, but the world has 4 seat(s)"),
     (["--nproc", "1", "--spares", "1"], "no buddy"),
     (["--nproc", "2", "--spares", "1", "--standby-coordinator"], "--standby-coordinator needs --nnodes 3"),
+    (["--nproc", "2", "--nnodes", "0"], "--nnodes must be at least 1, got 0"),
 ])
 def test_the_cli_refuses_with_exit_2_before_anything_starts(tmp_path: Path, args: list[str], expect: str) -> None:
     events = tmp_path / "events.jsonl"
