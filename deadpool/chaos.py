@@ -148,14 +148,24 @@ def parse_all(text: str) -> list[ChaosSpec]:
     return [parse(item) for item in text.split(",") if item.strip()]
 
 
+def applies(spec: ChaosSpec, initial_rank: int, spare_index: int) -> bool:
+    """Whether `spec` is for the process started at `initial_rank` (-1: a spare) as its host's spare `spare_index`."""
+    return (spec.rank >= 0 and spec.rank == initial_rank) or (spec.spare >= 0 and spec.spare == spare_index)
+
+
+def host_specs(specs: list[str], first_rank: int, nproc: int, spares: int) -> list[str]:
+    """The specs (as ``str(ChaosSpec)`` writes them) that one host's workers fire: ranks first_rank.. and its spares."""
+    parsed = [parse(spec) for spec in specs]
+    return [str(s) for s in parsed
+            if any(applies(s, rank, -1) for rank in range(first_rank, first_rank + nproc))
+            or any(applies(s, -1, index) for index in range(spares))]
+
+
 class ChaosPlan:
     """The specs that apply to this process, each fired at most once."""
 
     def __init__(self, specs: list[ChaosSpec], initial_rank: int, spare_index: int) -> None:
-        self._specs = [
-            s for s in specs
-            if (s.rank >= 0 and s.rank == initial_rank) or (s.spare >= 0 and s.spare == spare_index)
-        ]
+        self._specs = [s for s in specs if applies(s, initial_rank, spare_index)]
         self._fired: set[ChaosSpec] = set()
 
     def due(self, point: ChaosPoint, step: int) -> ChaosSpec | None:

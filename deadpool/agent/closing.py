@@ -6,19 +6,27 @@ end (host 0, or the standby's host after a takeover) prints the ``final state di
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from deadpool.events import summary
 from deadpool.events.log import read_events
 
 
-def summarize(events_path: str) -> list[str]:
-    """The closing lines: failures, refilled seats, buddy restores, swaps with their recovery time, the digest."""
+def summarize(events_path: str, chaos: Sequence[str] = ()) -> list[str]:
+    """The closing lines: failures, refilled seats, buddy restores, swaps with their recovery time, the digest.
+
+    `chaos`: the ``--chaos`` specs this host's workers were to fire (as ``str(ChaosSpec)`` writes them); one that
+    none of them fired gets a line saying so, since a fault test whose fault never came tested nothing.
+    """
     lines: list[str] = []
     digest: str | None = None
+    fired: set[str] = set()
     records = read_events(events_path) if Path(events_path).exists() else iter(())
     for record in records:
         match summary.parse(record):
+            case summary.ChaosInjection(spec=spec) if spec:
+                fired.add(spec)
             case summary.Failure() as f:
                 lines.append(f"  failure: rank {-1 if f.rank is None else f.rank} ({f.member}) "
                              f"detected by {f.detected_by}: {f.reason}")
@@ -35,6 +43,8 @@ def summarize(events_path: str) -> list[str]:
                 lines.extend(_failure_lines(failed))
             case summary.JobFinished() as finished:
                 digest = finished.digest
+    lines += [f"  chaos: {spec} never fired (its member did not reach that point of that step, or was not "
+              "running then)" for spec in chaos if spec not in fired]
     if digest is not None:
         lines.append(f"final state digest: {digest}")
     return lines

@@ -36,7 +36,7 @@ from deadpool.agent import coordinators, determinism, exits, jobfile, progress, 
 from deadpool.agent.closing import summarize
 from deadpool.agent.heapenv import worker_heap_env
 from deadpool.agent.relay import AckBatcher, BeatRelay
-from deadpool.chaos import SIGNALS, ChaosAction, ChaosSpec, unreachable
+from deadpool.chaos import SIGNALS, ChaosAction, ChaosSpec, host_specs, unreachable
 from deadpool.chaos import parse as parse_chaos
 from deadpool.config import Config, is_loopback, raise_priority
 from deadpool.errors import MisuseError
@@ -686,7 +686,8 @@ def launch_once(args: argparse.Namespace) -> tuple[int, str]:
     """Run this host's part of one job to its end and print its summary; returns (exit code, events file)."""
     launcher = Launcher(args)
     code = asyncio.run(launcher.run())
-    summary = summarize(launcher.events_path)
+    summary = summarize(launcher.events_path, host_specs(args.chaos, args.node_rank * args.nproc, args.nproc,
+                                                         args.spares))
     print("deadpool: " + ("training finished" if code == 0 else "job FAILED") + f" (events: {launcher.events_path})",
           flush=True)
     for line in summary:

@@ -141,6 +141,7 @@ class ChaosInjection:
     action: str  # kill | stop | cont | ... (UNKNOWN when absent)
     member: str  # the target member ("" when unknown)
     rank: int | None  # the target seat
+    spec: str = ""  # the --chaos spec that fired, as ``str(ChaosSpec)`` writes it ("": an operator's command)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +271,7 @@ def _step(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
 
 def _chaos(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
     member, rank = subject(r, "target", seats)
-    return ChaosInjection(ts, as_str(r.get("action")) or UNKNOWN, member, rank)
+    return ChaosInjection(ts, as_str(r.get("action")) or UNKNOWN, member, rank, as_str(r.get("spec")))
 
 
 def _fenced(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:

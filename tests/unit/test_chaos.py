@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from deadpool.chaos import ChaosPlan, parse, parse_all
+from deadpool.agent.closing import summarize
+from deadpool.chaos import ChaosPlan, host_specs, parse, parse_all
 from deadpool.errors import MisuseError
 
 
@@ -56,3 +59,24 @@ def test_the_chaos_command_names_its_actions_plainly() -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "(choose from 'kill', 'stop', 'cont', 'random')" in proc.stderr, proc.stderr
+
+
+def test_a_host_reports_the_specs_its_workers_fire() -> None:
+    specs = ["kill:rank=1:step=3", "kill:rank=5:step=3", "kill:spare=1:after=2", "stop:rank=2:step=4:at=allreduce"]
+    # Host 1 of 2 with 4 ranks each (ranks 4..7) and one spare: rank 5's spec only (spare 1 is on no host here).
+    assert host_specs(specs, first_rank=4, nproc=4, spares=1) == ["kill:rank=5:step=3"]
+    assert host_specs(specs, first_rank=0, nproc=4, spares=2) == [
+        "kill:rank=1:step=3", "kill:spare=1:after=2.0", "stop:rank=2:step=4:at=allreduce"]
+
+
+def test_the_closing_lines_name_a_spec_that_never_fired(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    fired = {"event": "chaos_injected", "ts": 1.0, "member": "m2", "rank": 2, "action": "kill",
+             "spec": "kill:rank=2:step=20", "at": "boundary"}
+    operator = {"event": "chaos_injected", "ts": 2.0, "member": "coordinator", "action": "stop", "via": "operator"}
+    events.write_text("".join(json.dumps(record) + "\n" for record in (fired, operator)))
+    lines = summarize(str(events), ["kill:rank=2:step=20", "kill:rank=1:step=11:at=recovery"])
+    assert [line for line in lines if "chaos" in line] == [
+        "  chaos: kill:rank=1:step=11:at=recovery never fired (its member did not reach that point of that step, "
+        "or was not running then)"]
+    assert not [line for line in summarize(str(events), ["kill:rank=2:step=20"]) if "chaos" in line]
