@@ -51,16 +51,22 @@ class ExitGuard:
         self._retired: list[Any] = []  # groups and store clients are never destroyed (that can block or abort)
         self._stop: Callable[[], None] | None = None  # ends the live runtime's thread at exit
         self._report: Reporter | None = None  # tells the coordinator of the script's exception
+        self._early: Callable[[], str] | None = None  # why the process leaves its seat before its loop ended
         self._installed = False
 
-    def arm(self, stop: Callable[[], None], report: Reporter | None = None) -> None:
+    def arm(self, stop: Callable[[], None], report: Reporter | None = None,
+            early: Callable[[], str] | None = None) -> None:
         """Guard this process's exit; `stop` ends the runtime thread if the runtime is still live then.
 
         `report` is called with an uncaught exception of the script's own (see `is_user_error`)
-        after its traceback was printed, before the process exits.
+        after its traceback was printed, before the process exits.  `early` says why a process that
+        ends without an exception (``sys.exit``, a ``return`` out of the loop) leaves its seat
+        before its loop ended ("": it does not); that is reported as the script's error and the
+        process exits with status 1, so the job learns it at once, not from the missing heartbeats.
         """
         self._stop = stop
         self._report = report
+        self._early = early
         if self._installed:
             return
         self._installed = True
@@ -96,6 +102,11 @@ class ExitGuard:
         self.finished = True
 
     def at_exit(self) -> None:
+        if self.status == 0 and not self.finished and self._early is not None and (why := self._early()):
+            self.status = 1
+            print(f"deadpool: {why}", file=sys.stderr, flush=True)
+            if self._report is not None:
+                self._report(MisuseError, MisuseError(why), None)
         if not self._retired and self.status == 0 and not self.finished:
             return
         if self._stop is not None:

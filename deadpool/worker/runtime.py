@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import logging
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -124,7 +125,8 @@ class Runtime:
         self._step_started = time.perf_counter()
         self.final_digest = ""
         self._finished = False
-        GUARD.arm(lambda: self._thread.stop(timeout=1.0), ExceptionReport(self._handoff, self.member, self._state))
+        GUARD.arm(lambda: self._thread.stop(timeout=1.0), ExceptionReport(self._handoff, self.member, self._state),
+                  self._left_early)
         self._handoff.post(Join(
             self.member, self.role, self.initial_rank, self._env_world_size, os.getpid(), self.host,
             self._thread.control_addr, self._thread.bulk_addr,
@@ -343,7 +345,15 @@ class Runtime:
         }
 
     def finish(self) -> str:
-        """Stop the runtime; returns (and logs) the job-wide final state digest ("" on a spare)."""
+        """Stop the runtime; returns (and logs) the job-wide final state digest ("" on a spare).
+
+        Raises:
+            MisuseError: called on a seat whose loop over ``rt.steps()`` was left before its end (a ``break``), with
+                no exception on its way out (``finish`` in a ``finally`` then only stops the runtime).
+        """
+        why = self._left_early()
+        if why and sys.exc_info()[1] is None:
+            raise MisuseError(why)
         if self.final_digest and self.rank == 0:
             print(f"final state digest: {self.final_digest}", flush=True)
         self._shutdown()
@@ -531,6 +541,15 @@ class Runtime:
                          snapshot_bytes=stats["snapshot_bytes"], snapshot_copied_bytes=stats["snapshot_copied_bytes"],
                          stall_p99_s=round(stats["stall_p99_s"], 6))
         return True
+
+    def _left_early(self) -> str:
+        """Why this seat is leaving before its loop over ``rt.steps()`` ended ("": it is not, or it has no seat)."""
+        state = self._state
+        if self._finished or state.view is None or state.rank < 0 or self._handoff.terminal is not None:
+            return ""
+        return (f"rank {state.rank} left the loop over rt.steps() in step {state.step}, before its end (a sys.exit, "
+                "return or break inside it?): every seat runs every step to the loop's end, so the job cannot go on "
+                "without this one")
 
     def _shutdown(self) -> None:
         global _RUNTIME

@@ -113,3 +113,38 @@ def test_a_script_that_fails_before_it_joins_stops_the_job_at_once(tmp_path: Pat
     assert "before it joined the job, so training cannot start" in result.output
     assert "no module named missing_dependency" in result.output
     assert result.elapsed < 60
+
+
+LEAVES_THE_LOOP = """\
+import sys
+sys.path.insert(0, {fixtures!r})
+import torch
+import deadpool
+rt = deadpool.init()
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+rt.track(model=model, optimizer=optimizer)
+ddp = rt.ddp(model)
+for step in rt.steps(8):
+    ddp(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    if rt.rank == 1 and step == 3:
+        {leave}
+rt.finish()
+"""
+
+
+@pytest.mark.parametrize("leave", ["sys.exit(0)", "break"])
+def test_a_seat_that_leaves_its_loop_early_is_the_scripts_error(tmp_path: Path, leave: str) -> None:
+    """A ``sys.exit`` (status 0 too) or a ``break`` out of ``rt.steps()`` on one seat: reported as the script's
+    error at once (not found by missing heartbeats, with status 0 or a "no spare left" failure after its
+    replacement did the same), so the job stops after one swap and says what the seat did."""
+    script = tmp_path / "leaves_the_loop.py"
+    script.write_text(LEAVES_THE_LOOP.format(fixtures=str(TINY.parent), leave=leave))
+    result = launch(tmp_path, "--nproc", "2", "--spares", "1", "--no-progress", steps=8, script=script, timeout=120)
+    assert result.returncode == 1, result.output[-3000:]
+    assert [f["detected_by"] for f in result.of("member_failed")] == ["exception"], result.output[-3000:]
+    failed = result.of("job_failed")
+    assert len(failed) == 1 and failed[0]["reason"] == "user_error" and failed[0]["step"] == 3
+    assert "rank 1 left the loop over rt.steps() in step 3, before its end" in failed[0]["traceback"]
