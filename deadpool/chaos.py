@@ -16,8 +16,9 @@ Grammar: ``ACTION:KEY=VALUE[:KEY=VALUE...]`` with
   (a ZeRO optimizer's parameter broadcast of step N in flight) or
   ``usercollective`` (the script's first own collective of step N on the
   default group, e.g. its ``dist.all_reduce``, in flight) or ``recovery``
-  (while adopting the view that repairs a failure hit during step N: a failure
-  during a swap in progress)
+  (while adopting the view that repairs a failure another spec injected at
+  step N, as the coordinator's Prepare names it, so every survivor keys on the
+  same step: a failure during a swap in progress)
 
 Each spec fires once, in the member it names, by the member signalling itself:
 a real SIGKILL or SIGSTOP from the kernel, at a precise point in the step.

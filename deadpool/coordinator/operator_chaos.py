@@ -7,7 +7,7 @@ agent that started the target deliver the real signal.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,6 +37,11 @@ class OperatorChaos:
 
     armed: list[tuple[ChaosCommand, str]] = field(default_factory=list)  # (command, target) waiting for a step
     injected_at: dict[str, float] = field(default_factory=dict)  # member -> wall clock of its injected failure
+    injected_step: dict[str, int] = field(default_factory=dict)  # member -> the step its --chaos spec fired at
+
+    def failure_step(self, members: Iterable[str]) -> int:
+        """The latest step a --chaos spec of one of `members` fired at; -1 when none did."""
+        return max((self.injected_step.get(member, -1) for member in members), default=-1)
 
     def command(self, c: Coordinator, command: ChaosCommand) -> None:
         """An operator's kill/stop/cont: carried out by the target's host agent, logged as an event."""

@@ -265,6 +265,7 @@ class Coordinator:
             self._on_finished(message)
         elif isinstance(message, ChaosInjected):
             self.chaos.injected_at[message.sender] = message.ts
+            self.chaos.injected_step[message.sender] = message.step
         elif isinstance(message, StepReport):
             record.step = message.step
             self.chaos.fire_armed(self, record)
@@ -299,7 +300,8 @@ class Coordinator:
                                                      or join.sender in rnd.replacements.values()):
             # A re-join during a round (after a takeover the Prepare went out before this member's address was
             # known again): it needs the Prepare to pause and answer.
-            self.send(join.control_addr, Prepare(rnd.epoch, sorted(rnd.failed), rnd.reason, dict(rnd.replacements)))
+            self.send(join.control_addr, Prepare(rnd.epoch, sorted(rnd.failed), rnd.reason, dict(rnd.replacements),
+                                                 failure_step=self.chaos.failure_step(rnd.failed.values())))
         if known:
             return
         self.events.emit(Event.MEMBER_JOINED, member=join.sender, role=join.role, host=join.host, pid=join.pid,
@@ -406,7 +408,8 @@ class Coordinator:
         self.round = Round(epoch, failed, replacements, acks, now + self._config.prepare_timeout, f"{reason}; {why}",
                            trigger, joined, waiting_since, first_epoch=previous.first_epoch if previous else epoch)
         self._suspect_since = None
-        prepare = Prepare(epoch, sorted(failed), self.round.reason, dict(replacements), reanswer=previous is None)
+        prepare = Prepare(epoch, sorted(failed), self.round.reason, dict(replacements), reanswer=previous is None,
+                          failure_step=self.chaos.failure_step(failed.values()))
         # The chosen spares hear it too: one that wraps its model for its seat (rt.device_mesh) does it now,
         # while the survivors finish their step, instead of after the commit. A grown round skips the survivors
         # whose full answer it keeps: they stopped at the boundary and learn the outcome from the commit.

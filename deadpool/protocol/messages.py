@@ -104,6 +104,9 @@ class Prepare:
     # False when the round grew (another seat lost): an answer to an earlier Prepare of the same pause still
     # counts, so a member that gave one does not answer again (a round at 131,072 members costs one answer each).
     reanswer: bool = True
+    # The step the failure was injected at (a --chaos spec's, from its ChaosInjected; the latest of several),
+    # -1 when unknown: where an ``at=recovery`` spec of a survivor is keyed, the same step in every survivor.
+    failure_step: int = -1
 
 
 @immutable

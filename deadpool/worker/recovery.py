@@ -107,6 +107,7 @@ class Recovery:
         self._fetch = PeerFetch(env.member, handoff, env.config.restore_timeout)
         self._preloaded: Preloaded | None = None  # a reserved spare's prefetch, already loaded
         self._adopted_groups = (0, 0.0)  # (mesh groups rebuilt, seconds building groups) of the last adoption
+        self._failure_step = -1  # the injected failure's step the Prepares of this pause named (-1: none)
 
     def set_view(self, view: View) -> None:
         """Sit in `view` without touching the group (a view that keeps the store prefix: spares changed)."""
@@ -249,6 +250,7 @@ class Recovery:
                 exit_fenced(self._events, self._env.member, command)
             if isinstance(command, Prepare) and command.epoch >= acked and (command.reanswer or not acked):
                 acked = command.epoch
+                self._failure_step = max(self._failure_step, command.failure_step)
                 self._snapshots.wait_copy(self._config.copy_timeout)
                 world = state.view.world_size if state.view else self._env.world_size
                 disk = complete_steps(self._disk.root, world) if self._disk.enabled else []
@@ -298,10 +300,11 @@ class Recovery:
         first_view = self.is_first(view)
         started = time.perf_counter()
         if not first_view:
-            # Keyed on the first step this member has not finished, not on the step in progress: a
-            # member may pause at the boundary before that step or inside it, depending on how fast
-            # the failure was reported, and the repair is for the same failure either way.
-            self._faults.point(ChaosPoint.RECOVERY, self._progress.step + 1)
+            # Keyed on the step the failure was injected at, as the Prepare said, the same in every
+            # survivor; else on the first step this member has not finished (a survivor may pause at the
+            # boundary before that step, inside it, or, told late, in the step before it).
+            failure_step, self._failure_step = self._failure_step, -1
+            self._faults.point(ChaosPoint.RECOVERY, failure_step if failure_step >= 0 else self._progress.step + 1)
         self._seat_samplers(seat, view.world_size)  # before a loader's pass is rebuilt from the snapshot
         self._fetch.seconds = 0.0
         restored: Restored | None = None

@@ -20,6 +20,7 @@ from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import (
     AgentHello,
+    ChaosInjected,
     CollectiveFailed,
     CommitView,
     Fenced,
@@ -430,3 +431,16 @@ def test_columns_older_than_a_members_own_message_reach_status_once_the_agent_re
     job.now += 0.25
     job.handle(HostHeartbeat(AGENT, beat.members, beat.epochs, [8] * 3, [8] * 3, [7] * 3, [""] * 3, [0.0] * 3))
     assert [s["step"] for s in job.coordinator.status(job.now)["seats"]] == [8, 8]  # the same columns, renewed
+
+
+def test_a_prepare_names_the_step_a_chaos_spec_killed_its_failed_member_at() -> None:
+    # Every survivor keys an at=recovery spec on it: told late, one may pause still in the step before.
+    job = Job(seats=3, spares=1)
+    job.handle(ProcessExited(AGENT, "m2", -9))
+    assert {p.failure_step for p in job.to("inproc://m0", Prepare)} == {-1}, "no spec fired: unknown"
+    job = Job(seats=3, spares=1)
+    job.handle(ChaosInjected("m1", "kill", 1, 6, job.now))
+    job.sent.clear()
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    prepares = [s.message for s in job.sent if isinstance(s.message, Prepare)]
+    assert prepares and all(p.failure_step == 6 for p in prepares)
