@@ -163,6 +163,8 @@ def validate(args: argparse.Namespace) -> None:
         raise MisuseError(f"--shm-dir {shm_dir!r} is not a directory (give \"\" to send buddy copies over TCP)")
     if not Path(args.script).is_file():
         raise MisuseError(f"training script {args.script!r} does not exist")
+    if args.events and (Path(args.events).is_dir() or not Path(args.events).parent.is_dir()):
+        raise MisuseError(f"--events {args.events!r} must name a file in a folder that exists")
     refusals, warnings = check_launch(args.nnodes * args.nproc if args.nproc else None, args.spares,
                                       [parse_chaos(spec) for spec in args.chaos], args.script_args,
                                       args.checkpoint_every)

@@ -62,6 +62,7 @@ def test_a_world_of_one_with_spares_needs_a_disk_checkpoint() -> None:
     (["--nproc", "1", "--spares", "1"], "no buddy"),
     (["--nproc", "2", "--spares", "1", "--standby-coordinator"], "--standby-coordinator needs --nnodes 3"),
     (["--nproc", "2", "--nnodes", "0"], "--nnodes must be at least 1, got 0"),
+    (["--nproc", "2", "--events", "/nonexistent-deadpool/events.jsonl"], "must name a file in a folder that exists"),
 ])
 def test_the_cli_refuses_with_exit_2_before_anything_starts(tmp_path: Path, args: list[str], expect: str) -> None:
     events = tmp_path / "events.jsonl"
