@@ -155,7 +155,9 @@ class AbandonableForward:
             raise StepAbandoned
 
     def __call__(self, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if not self._hooked or self._armed:  # compiled, or a call inside the forward being watched
+        # Compiled (a module inside, or torch.compile tracing this call from outside: it would trace the stand-in
+        # too, and fail on it), or a call inside the forward being watched: run it whole.
+        if not self._hooked or self._armed or torch.compiler.is_compiling():
             return forward(*args, **kwargs)
         key = signature((args, kwargs, torch.is_grad_enabled(), self._module.training))
         template = self._templates.get(key) if key is not None else None

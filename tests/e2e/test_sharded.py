@@ -129,3 +129,35 @@ def test_fsdp_alone_survives_a_kill_in_an_all_gather(tmp_path: Path, fsdp_baseli
     result = run(tmp_path, FSDP_4, "kill:rank=1:step=9:at=allgather")
     assert_recovered(result, fsdp_baseline, [1])
     assert rebuilt_groups(result) == {"deadpool:dp:0", "deadpool:tp:1"}, "4-way dp group and seat 1's own tp group"
+
+
+COMPILED = REPO / "tests" / "fixtures" / "compiled_mesh_train.py"  # FSDP2 or TP on 2 seats, then torch.compile
+
+
+def run_compiled(tmp_path: Path, parallel: str, *chaos: str) -> LaunchResult:
+    args: list[str] = ["--nproc", "2", "--spares", "1"]
+    for spec in chaos:
+        args += ["--chaos", spec]
+    tmp_path.mkdir(exist_ok=True)
+    return launch(tmp_path, *args, steps=10, script=COMPILED, script_args=("--parallel", parallel), timeout=240)
+
+
+@pytest.fixture(scope="module")
+def compiled_baselines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LaunchResult]:
+    return {}
+
+
+@pytest.mark.parametrize(("parallel", "spec"), [
+    ("fsdp", "kill:rank=1:step=5:at=allgather"),  # the survivor's forward is lost inside the compiled call
+    ("tp", "kill:rank=0:step=7:at=forward"),
+])
+def test_a_compiled_model_on_the_mesh_survives_a_kill_bit_identically(
+        tmp_path: Path, compiled_baselines: dict[str, LaunchResult], parallel: str, spec: str) -> None:
+    # torch.compile of the tracked model traces DeadPool's guard of its forward: the guard must not hand
+    # dynamo its stand-in outputs (mixed tensors and DTensors, a TorchRuntimeError in the script).
+    if parallel not in compiled_baselines:
+        baseline = run_compiled(tmp_path / "baseline", parallel)
+        assert baseline.returncode == 0 and baseline.digest, baseline.output[-3000:]
+        compiled_baselines[parallel] = baseline
+    result = run_compiled(tmp_path / "chaos", parallel, spec)
+    assert_recovered(result, compiled_baselines[parallel], [int(spec.split("rank=")[1].split(":")[0])])
