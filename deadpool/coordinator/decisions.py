@@ -277,13 +277,27 @@ def unexplained_failure(
 
 
 def no_spare(
-    policy: str, now: float, waiting_since: float, spare_wait_timeout: float, lost: str, why: str, world_size: int
+    policy: str, now: float, waiting_since: float, spare_wait_timeout: float, lost: str, why: str, world_size: int,
+    starting: int = 0,
 ) -> tuple[NoSpare, str]:
-    """A lost seat has no spare: wait for one to join (policy "wait", within its timeout), or stop.
+    """A lost seat has no spare: wait for one to join (policy "wait", or spares started but not joined yet,
+    within the timeout), or stop.
 
     `lost` names the seats ("rank 3 (member)"), `why` is `pick_spares`' refusal,
-    and `waiting_since` is when the wait began (`now` on the first refusal).
+    `waiting_since` is when the wait began (`now` on the first refusal), and `starting` counts
+    the processes the hosts' launchers started that have neither joined nor exited (a spare still
+    importing its script when a seat fails early): under either policy the seat waits for them.
     """
+    cannot = (f"The other ranks' state is intact in memory but the job cannot continue at world size {world_size}. "
+              "Relaunch with more --spares (or from a disk checkpoint).")
+    if starting and now - waiting_since <= spare_wait_timeout:
+        return NoSpare.WAIT, (
+            f"{lost} failed and no spare has joined yet ({why}): waiting up to {spare_wait_timeout:g}s for the "
+            f"{starting} process(es) the launchers started that have not joined yet")
+    if starting:
+        return NoSpare.STOP, (
+            f"{lost} failed and the {starting} process(es) the launchers started did not join within "
+            f"{spare_wait_timeout:g}s to take the seat ({why}). {cannot}")
     if policy == "wait" and now - waiting_since <= spare_wait_timeout:
         return NoSpare.WAIT, (
             f"{lost} failed and no spare is left to take the seat ({why}): waiting up to "
@@ -292,12 +306,8 @@ def no_spare(
     if policy == "wait":
         return NoSpare.STOP, (
             f"{lost} failed and no spare joined within {spare_wait_timeout:g}s to take the seat "
-            f"(no_spare_policy=wait; {why}). The other ranks' state is intact in memory but the job cannot "
-            f"continue at world size {world_size}. Relaunch with more --spares (or from a disk checkpoint).")
-    return NoSpare.STOP, (
-        f"{lost} failed and no spare is left to take the seat ({why}). "
-        f"The other ranks' state is intact in memory but the job cannot continue at world size "
-        f"{world_size}. Relaunch with more --spares (or from a disk checkpoint).")
+            f"(no_spare_policy=wait; {why}). {cannot}")
+    return NoSpare.STOP, f"{lost} failed and no spare is left to take the seat ({why}). {cannot}"
 
 
 def user_exception(earlier: Sequence[RaisedError], new: RaisedError) -> tuple[Raised, str]:

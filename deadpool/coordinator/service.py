@@ -115,6 +115,7 @@ class Coordinator:
         self._blind_rebuilds = 0  # rebuilds with nobody dead since the last finished step (bounded)
         self._rejoins = RejoinAsks()  # when we last sent each unreachable member a Rejoin
         self._raised: list[RaisedError] = []  # the scripts' exceptions reported so far (one per member at most)
+        self._gone_unjoined: set[str] = set()  # processes a launcher started that exited before they joined
         self._recovering = recovering  # restarted: the highest view members report, or a first view after the deadline
         self.terms = terms or Terms(1, "", store_addr, 0, config.failure_timeout)
         self.stood_down: StandDown | None = None  # it stopped acting: a newer term runs the job, or it is cut off
@@ -229,6 +230,8 @@ class Coordinator:
         record = self.members.get(message.member)
         if record is not None:
             record.exited = True
+        else:
+            self._gone_unjoined.add(message.member)
         how = f"signal {-message.returncode}" if message.returncode < 0 else f"exit code {message.returncode}"
         if record is None and message.returncode and message.seat_hint >= 0 and self.view is None:
             # An active that never joined (its script failed before deadpool.init()): no first view can form.
@@ -438,7 +441,12 @@ class Coordinator:
     def _no_spare(self, now: float, failed: dict[int, str], waiting_since: float, why: str) -> tuple[NoSpare, str]:
         lost = ", ".join(f"rank {seat} ({member})" for seat, member in sorted(failed.items()))
         return decisions.no_spare(self._config.no_spare_policy, now, waiting_since, self._config.spare_wait_timeout,
-                                  lost, why, self.world_size)
+                                  lost, why, self.world_size, self._starting())
+
+    def _starting(self) -> int:
+        """Processes the hosts' launchers started that have neither joined nor exited: spares still starting."""
+        return sum(member not in self.members and member not in self._gone_unjoined
+                   for agent in self.agents.values() for member in agent.members)
 
     def _survivors(self) -> list[str]:
         assert self.view is not None

@@ -162,3 +162,18 @@ def test_gpu_kill_is_bit_identical(tmp_path: Path, gpu_baseline: LaunchResult, c
     seat = int(chaos.split("rank=")[1].split(":")[0])
     result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--chaos", chaos, steps=STEPS, script_args=GPU_ARGS)
     assert_swapped(result, gpu_baseline, seat=seat)
+
+
+def test_a_seat_lost_before_its_spare_joined_waits_for_the_spare(tmp_path: Path) -> None:
+    # The spare is still starting (a slow import) when rank 1 dies: its launcher started it, so the seat
+    # waits for it to join instead of failing the job for want of a spare.
+    script = Path(__file__).parents[1] / "fixtures" / "tiny_train.py"
+    reference = launch(tmp_path, "--nproc", "2", "--spares", "0", steps=10, script=script)
+    assert reference.returncode == 0 and reference.digest, reference.output[-3000:]
+    result = launch(tmp_path, "--nproc", "2", "--spares", "1", "--chaos", "kill:rank=1:step=2", steps=10,
+                    script=script, script_args=("--spare-start-delay", "4"), timeout=120)
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.digest == reference.digest
+    failed, joined = result.of("member_failed")[0], [j for j in result.of("member_joined") if ":spare" in j["member"]]
+    assert joined and joined[0]["ts"] > failed["ts"], "the spare joined after the failure"
+    assert [s["rank"] for s in result.of("swap_completed")] == [1]

@@ -46,7 +46,7 @@ AGENT = "agent-h0"
 class Job:
     """A coordinator for `seats` seats, its clock, and everything it sent and logged."""
 
-    def __init__(self, seats: int = 3, spares: int = 1, config: Config | None = None) -> None:
+    def __init__(self, seats: int = 3, spares: int = 1, config: Config | None = None, late: bool = True) -> None:
         self.now = 100.0
         self.events = EventLog(None, clock=lambda: self.now)
         self.events.records = []
@@ -56,8 +56,8 @@ class Job:
         self.raw: list[Send] = []  # what the coordinator sent (a relay: one send to the agent)
         self.seats = [f"m{i}" for i in range(seats)]
         self.spares = [f"s{i}" for i in range(spares)]
-        self.handle(AgentHello(AGENT, "h0", "inproc://agent", {m: 10 + i for i, m in
-                                                                enumerate([*self.seats, *self.spares, "s-late"])}))
+        started = [*self.seats, *self.spares, *(["s-late"] if late else [])]  # s-late: a spare joining late
+        self.handle(AgentHello(AGENT, "h0", "inproc://agent", {m: 10 + i for i, m in enumerate(started)}))
         for member in self.spares:  # spares first: the first view, formed by the last seat's Join, holds them
             self.handle(join(member, Role.SPARE, -1, seats))
         for i, member in enumerate(self.seats):
@@ -254,7 +254,7 @@ def test_a_collective_report_about_groups_a_later_view_replaced_is_stale_and_reb
 
 
 def test_stop_policy_fails_the_job_at_once_when_no_spare_is_left() -> None:
-    job = Job(seats=2, spares=0)
+    job = Job(seats=2, spares=0, late=False)
     job.handle(ProcessExited(AGENT, "m1", -9))
     outcome = job.coordinator.outcome
     assert outcome is not None and not outcome[0]
@@ -265,7 +265,7 @@ def test_stop_policy_fails_the_job_at_once_when_no_spare_is_left() -> None:
 
 @pytest.fixture
 def waiting() -> Job:
-    job = Job(seats=2, spares=0, config=Config(no_spare_policy="wait", spare_wait_timeout=30.0))
+    job = Job(seats=2, spares=0, config=Config(no_spare_policy="wait", spare_wait_timeout=30.0), late=False)
     job.handle(ProcessExited(AGENT, "m1", -9))
     return job
 
@@ -444,3 +444,35 @@ def test_a_prepare_names_the_step_a_chaos_spec_killed_its_failed_member_at() -> 
     job.handle(ProcessExited(AGENT, "m1", -9))
     prepares = [s.message for s in job.sent if isinstance(s.message, Prepare)]
     assert prepares and all(p.failure_step == 6 for p in prepares)
+
+
+def test_a_seat_lost_before_a_started_spare_joined_waits_for_it_under_the_stop_policy() -> None:
+    # A spare still importing its script when a seat fails early: its launcher listed it, it has not joined.
+    job = Job(seats=2, spares=0)
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    assert job.coordinator.outcome is None
+    assert "the 1 process(es) the launchers started" in job.of(Event.VIEW_PREPARED)[0]["reason"]
+    job.handle(ack("m0", 2, [7, 8], {1: [7, 8]}))
+    job.advance(5.0, alive=["m0"])
+    job.handle(join("s-late", Role.SPARE, -1, 2))
+    view = job.coordinator.view
+    assert view is not None and view.seats == ["m0", "s-late"] and job.coordinator.outcome is None
+
+
+def test_a_started_spare_that_exits_before_it_joins_is_not_waited_for() -> None:
+    job = Job(seats=2, spares=0)
+    job.handle(ProcessExited(AGENT, "s-late", 1))
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    outcome = job.coordinator.outcome
+    assert outcome is not None and not outcome[0] and "no spare is left" in outcome[1]
+
+
+def test_a_started_spare_that_never_joins_fails_the_job_once_the_wait_runs_out() -> None:
+    job = Job(seats=2, spares=0, config=Config(spare_wait_timeout=30.0))
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    job.handle(ack("m0", 2, [7, 8], {1: [7, 8]}))
+    job.advance(29.5, alive=["m0"])
+    assert job.coordinator.outcome is None
+    job.advance(1.0, alive=["m0"])
+    outcome = job.coordinator.outcome
+    assert outcome is not None and "did not join within 30s" in outcome[1] and "rank 1 (m1)" in outcome[1]
