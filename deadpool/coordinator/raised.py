@@ -37,7 +37,7 @@ def on_user_exception(c: Coordinator, report: UserException, now: float) -> None
     """The script raised in `report.sender`: replace the member once, or stop the job (``user_exception``)."""
     if any(r.member == report.sender for r in c._raised) or c.outcome is not None:
         return
-    seat = c.view.seat_of(report.sender) if c.view else None
+    seat = c.view.seat_of(report.sender) if c.view else c.members[report.sender].seat_hint  # -1: a spare
     raised = RaisedError(report.sender, -1 if seat is None else seat, report.step, report.kind)
     verdict, why = decisions.user_exception(c._raised, raised)
     if c.view is None and c.members[report.sender].role == Role.ACTIVE:

@@ -12,6 +12,7 @@ docs/architecture.md.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import queue
 import threading
@@ -528,3 +529,29 @@ def _unregister(group: DefaultGroup) -> None:
             groups.remove(group)
     _unregister_process_group(GROUP_NAME)
     c10d._update_default_pg(None)
+
+
+def refuse_env_rendezvous() -> None:
+    """Make ``dist.init_process_group()`` on torchrun's environment (``env://``) a clear error in this worker.
+
+    Under ``deadpool launch`` ``MASTER_ADDR``/``MASTER_PORT`` name DeadPool's own store, so torch's
+    call would fail on a port in use (on a spare, on its rank of -1). DeadPool makes the default group
+    itself once the member is seated. A group on a store or rendezvous of the script's own is left alone.
+    """
+    original = dist.init_process_group
+    if getattr(original, "refuses_env_rendezvous", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        init_method = args[1] if len(args) > 1 else kwargs.get("init_method")
+        store = args[5] if len(args) > 5 else kwargs.get("store")
+        if store is None and init_method in (None, "env://"):
+            raise MisuseError(
+                "torch.distributed.init_process_group() under deadpool launch: DeadPool makes torch's default group "
+                "itself once this member has its seat (inside rt.steps(), where dist.get_rank() and collectives "
+                "work); remove the call (for FSDP2 or tensor parallel, use rt.device_mesh())")
+        original(*args, **kwargs)
+
+    init_process_group.refuses_env_rendezvous = True  # type: ignore[attr-defined]
+    dist.init_process_group = init_process_group

@@ -44,7 +44,7 @@ from deadpool.worker.data import DataSeats, LoaderWatch, TrackedLoader
 from deadpool.worker.ddp import DEFAULT_BUCKET_MB, DataParallel
 from deadpool.worker.exit import GUARD, ExceptionReport
 from deadpool.worker.faults import FaultInjector
-from deadpool.worker.groups import DefaultGroup
+from deadpool.worker.groups import DefaultGroup, refuse_env_rendezvous
 from deadpool.worker.lost_step import AbandonableBackward, AbandonableForward, skip_when_lost
 from deadpool.worker.recovery import Recovery, Seating
 from deadpool.worker.step import StepState
@@ -63,6 +63,7 @@ def init() -> Runtime:
     global _RUNTIME
     if _RUNTIME is None:
         _RUNTIME = Runtime(os.environ)
+        refuse_env_rendezvous()
     return _RUNTIME
 
 

@@ -179,3 +179,31 @@ def test_a_stopped_job_prints_one_line_and_a_script_error_is_reported(
     boom = ValueError("boom")
     sys.excepthook(ValueError, boom, None)
     assert reports == [boom] and "ValueError: boom" in capsys.readouterr().err
+
+
+def test_an_active_raising_before_the_first_view_is_named_by_its_seat_not_as_a_spare() -> None:
+    events = EventLog(None)
+    events.records = []
+    coordinator = Coordinator(Config(), 2, "store:1", events)
+    coordinator.handle(0.0, AgentHello("agent", "h0", "inproc://agent", {"m0": 1, "m1": 2}))
+    coordinator.handle(0.0, Join("m1", Role.ACTIVE, 1, 2, 10, "h0", "inproc://m1", "tcp://h0:1"))
+    coordinator.handle(0.0, UserException("m1", 0, -1, -1, "ValueError", "bad", "Traceback ...\n"))
+    [report] = [r for r in events.records if r["event"] == Event.USER_EXCEPTION]
+    assert report["rank"] == 1 and "m1 (rank 1)" in report["reason"] and "a spare" not in report["reason"]
+    assert coordinator.outcome is not None and not coordinator.outcome[0], "training never started: no swap"
+
+
+def test_init_process_group_on_torchruns_environment_is_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+    from torch.distributed import HashStore
+
+    from deadpool.worker.groups import refuse_env_rendezvous
+
+    monkeypatch.setattr(dist, "init_process_group", dist.init_process_group)  # restored after the test
+    refuse_env_rendezvous()
+    refuse_env_rendezvous()  # once only
+    for call in (lambda: dist.init_process_group("gloo"), lambda: dist.init_process_group("gloo", "env://")):
+        with pytest.raises(MisuseError, match="DeadPool makes torch's default group itself"):
+            call()
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)  # a group of the script's own
+    dist.destroy_process_group()
