@@ -55,6 +55,7 @@ class Config:
     secret: str = ""  # shared secret for HMAC on every frame ("" = open, loopback only)
     checkpoint_dir: str = ""  # disk checkpoints (the fallback when a seat and its buddy die together)
     checkpoint_every: int = 0  # write one every this many steps; 0 = off
+    resume: bool = False  # the first view restores every seat from the newest disk checkpoint all of them see
     shm_dir: str = field(default_factory=default_shm_dir)  # same-host buddy copies via files here; "" = off
     relay_broadcasts: bool = True  # views and Prepares go to a host's workers through its agent (fanout.py)
 
@@ -75,6 +76,8 @@ class Config:
                 raise MisuseError(f"{f.name} must be positive, got {value}")
         if self.checkpoint_every < 0 or (self.checkpoint_every and not self.checkpoint_dir):
             raise MisuseError("checkpoint_every needs a checkpoint_dir and must be >= 0")
+        if self.resume and not self.checkpoint_dir:
+            raise MisuseError("resume needs a checkpoint_dir")
         if self.snapshot_every < 1:
             raise MisuseError(f"snapshot_every must be at least 1, got {self.snapshot_every}")
         if self.shm_dir and not os.path.isabs(self.shm_dir):

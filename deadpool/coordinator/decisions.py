@@ -289,7 +289,7 @@ def no_spare(
     importing its script when a seat fails early): under either policy the seat waits for them.
     """
     cannot = (f"The other ranks' state is intact in memory but the job cannot continue at world size {world_size}. "
-              "Relaunch with more --spares (or from a disk checkpoint).")
+              "Relaunch with more --spares (with --checkpoint-dir, add --resume to go on from its newest checkpoint).")
     if starting and now - waiting_since <= spare_wait_timeout:
         return NoSpare.WAIT, (
             f"{lost} failed and no spare has joined yet ({why}): waiting up to {spare_wait_timeout:g}s for the "
@@ -435,6 +435,26 @@ def _entries_of(entries: Mapping[str, str], members: list[str]) -> dict[str, str
     return {member: value for member, value in zip(members, values, strict=True) if value is not None}
 
 
+def first_resume(resume: bool, disk_steps: Sequence[Sequence[int]]) -> tuple[int | None, str]:
+    """The step the first view resumes from: -1 (the initial state), or with `resume` the newest disk checkpoint
+    every seat reported (`disk_steps`, one list per seat); None, with the reason, when the job cannot start:
+    nothing to resume from, or checkpoints of an earlier run that a run from step 0 would mix with its own (a
+    rollback to disk could then restore the earlier run's state)."""
+    common = set(disk_steps[0]).intersection(*disk_steps[1:]) if disk_steps else set()
+    newest = max(common, default=None)
+    if resume and newest is None:
+        return None, ("--resume: no disk checkpoint under --checkpoint-dir is complete for every seat of this "
+                      "world (a run with --checkpoint-dir DIR --checkpoint-every N writes them); relaunch "
+                      "without --resume to start from step 0")
+    if resume:
+        return newest, f"resuming from the disk checkpoint of step {newest}"
+    if newest is not None:
+        return None, (f"--checkpoint-dir holds a complete disk checkpoint of step {newest} from an earlier run: "
+                      "relaunch with --resume to go on from it, or with another (or an emptied) --checkpoint-dir "
+                      "to start from step 0")
+    return -1, ""
+
+
 def first_view(
     seat_members: Mapping[int, str],
     world_size: int,
@@ -442,8 +462,12 @@ def first_view(
     store_addr: str,
     hosts: Mapping[str, str],
     bulk_addrs: Mapping[str, str],
+    resume_step: int = -1,
 ) -> tuple[View | None, str]:
-    """The initial view, once every seat has a member; None (and what is missing) before that."""
+    """The initial view, once every seat has a member; None (and what is missing) before that.
+
+    From a `resume_step` of 0 or more (``--resume``) every seat restores that step's disk checkpoint.
+    """
     missing = [seat for seat in range(world_size) if seat not in seat_members]
     if missing:
         return None, f"waiting for seats {missing}"
@@ -454,13 +478,13 @@ def first_view(
         epoch=1,
         seats=seats,
         spares=list(spares),
-        resume_step=-1,
+        resume_step=resume_step,
         store_prefix="epoch-1",
         store_addr=store_addr,
         bulk_addrs=_entries_of(bulk_addrs, members),
         hosts=_entries_of(hosts, members),
         buddies=buddies,
-        restore_from={},
+        restore_from=dict.fromkeys(range(world_size), DISK) if resume_step >= 0 else {},
     )
     return view, f"all {world_size} seats joined; {reason}"
 

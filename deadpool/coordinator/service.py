@@ -116,6 +116,7 @@ class Coordinator:
         self._rejoins = RejoinAsks()  # when we last sent each unreachable member a Rejoin
         self._raised: list[RaisedError] = []  # the scripts' exceptions reported so far (one per member at most)
         self._gone_unjoined: set[str] = set()  # processes a launcher started that exited before they joined
+        self._disk_steps: dict[str, list[int]] = {}  # active -> the disk checkpoints it saw at its Join
         self._recovering = recovering  # restarted: the highest view members report, or a first view after the deadline
         self.terms = terms or Terms(1, "", store_addr, 0, config.failure_timeout)
         self.stood_down: StandDown | None = None  # it stopped acting: a newer term runs the job, or it is cut off
@@ -296,6 +297,8 @@ class Coordinator:
         self._live.seen(join.sender, now)
         if join.role == Role.ACTIVE:
             self._seats_joined.add(join.seat_hint)
+            if self.view is None:  # what the first view resumes from (--resume)
+                self._disk_steps[join.sender] = join.disk_steps
         self.send(join.control_addr, Welcome(self._epoch(), join.sender, self.world_size, self.terms.term,
                                               self.terms.standby))  # with its term: no copy to stamp one
         rnd, view = self.round, self.view
@@ -360,10 +363,18 @@ class Coordinator:
         seat_members = {r.seat_hint: r.member for r in self.members.values()
                         if r.role == Role.ACTIVE and r.member not in self.fenced}
         spares = [r.member for r in self.members.values() if r.role == Role.SPARE and r.member not in self.fenced]
+        if len(seat_members) < self.world_size:
+            return
+        resume, said = decisions.first_resume(self._config.resume,
+                                              [self._disk_steps.get(member, []) for member in seat_members.values()])
+        self._disk_steps.clear()
+        if resume is None:
+            self._fail_job(said)
+            return
         view, reason = decisions.first_view(seat_members, self.world_size, spares, self._store_addr,
-                                            self._addrs.host, self._addrs.bulk)
+                                            self._addrs.host, self._addrs.bulk, resume)
         if view is not None:
-            self._commit(view, reason, failed={}, trigger=Trigger.FIRST_VIEW)
+            self._commit(view, f"{reason}; {said}" if resume >= 0 else reason, failed={}, trigger=Trigger.FIRST_VIEW)
 
     def _add_spare(self, member: str, now: float) -> None:
         self._joining.waiting.append(member)

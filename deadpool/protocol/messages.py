@@ -58,6 +58,9 @@ class Join:
     host: str  # host name, the failure domain for buddy placement
     control_addr: str  # where the coordinator sends views and commands
     bulk_addr: str  # where peers send snapshot data and restore requests
+    # An active's complete disk checkpoints (--checkpoint-dir) for the job's world, oldest first: the first view
+    # of a job launched with --resume starts after the newest one every seat sees.
+    disk_steps: list[int] = field(default_factory=list)
 
 
 @immutable

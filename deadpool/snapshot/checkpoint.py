@@ -81,6 +81,8 @@ class DiskCheckpointer:
             log.warning("disk checkpoint of step %d skipped: the previous one is still being written", slot.step)
             return False
         target = step_dir(self.root, slot.step) / f"seat-{seat}"
+        if (target / COMPLETE).exists():
+            return False  # restored from it (--resume, or a rollback to disk): the same state, already written
         target.mkdir(parents=True, exist_ok=True)
         (target / MANIFEST).write_bytes(slot.manifest.encode())
         (target / HELD).write_text(json.dumps({"seat": slot.seat, "world": slot.world}))

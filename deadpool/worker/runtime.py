@@ -17,6 +17,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CommitView, Fenced, Finished, Join, Prepare, Role, Stop
 from deadpool.protocol.view import View
-from deadpool.snapshot.checkpoint import DiskCheckpointer
+from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
 from deadpool.snapshot.statetree import Manifest, flatten, same_layout, state_digest
 from deadpool.snapshot.store import Slot, SnapshotStore
 from deadpool.worker import dtensors
@@ -128,9 +129,11 @@ class Runtime:
         self._finished = False
         GUARD.arm(lambda: self._thread.stop(timeout=1.0), ExceptionReport(self._handoff, self.member, self._state),
                   self._left_early)
+        disk = self.config.checkpoint_dir and self.role == Role.ACTIVE
         self._handoff.post(Join(
             self.member, self.role, self.initial_rank, self._env_world_size, os.getpid(), self.host,
             self._thread.control_addr, self._thread.bulk_addr,
+            complete_steps(Path(self.config.checkpoint_dir), self._env_world_size) if disk else [],
         ))
         self.events.emit(Event.MEMBER_JOINED, role=self.role, pid=os.getpid(), host=self.host,
                          control_addr=self._thread.control_addr, bulk_addr=self._thread.bulk_addr)

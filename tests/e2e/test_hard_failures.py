@@ -197,3 +197,21 @@ def test_rank_and_its_buddy_lost_falls_back_to_disk_checkpoint(tmp_path: Path, b
     assert restored and all(r["source"] == "disk" and r["step"] == 7 for r in restored)
     assert {r["rank"] for r in restored} == {0, 1, 2, 3}
     assert sorted(s["rank"] for s in result.of("swap_completed")) == [2, 3]
+
+
+def test_a_failed_job_relaunched_with_resume_goes_on_from_its_disk_checkpoint(
+        tmp_path: Path, baseline: LaunchResult) -> None:
+    checkpoints = ("--checkpoint-dir", str(tmp_path / "checkpoints"), "--checkpoint-every", "4")
+    failed = launch(tmp_path, "--nproc", "4", "--spares", "0", *checkpoints, "--chaos", "kill:rank=1:step=10",
+                    steps=STEPS)
+    assert failed.returncode != 0 and "--resume" in failed.of("job_failed")[0]["reason"]
+    again = launch(tmp_path, "--nproc", "4", "--spares", "0", *checkpoints, steps=STEPS)
+    assert again.returncode != 0 and "from an earlier run" in again.of("job_failed")[0]["reason"], \
+        "a run from step 0 never mixes its checkpoints with an earlier run's"
+    resumed = launch(tmp_path, "--nproc", "4", "--spares", "0", *checkpoints, "--resume", steps=STEPS)
+    assert resumed.returncode == 0, resumed.output[-4000:]
+    assert resumed.digest == baseline.digest, "the failed run and its resumed relaunch: the run without failures"
+    restored = resumed.of("restored")
+    assert {r["rank"] for r in restored} == {0, 1, 2, 3} and {(r["source"], r["step"]) for r in restored} == {
+        ("disk", 7)}
+    assert min(e["step"] for e in resumed.of("step_finished")) == 8

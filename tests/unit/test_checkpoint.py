@@ -76,3 +76,17 @@ def test_a_checkpoint_written_before_arenas_were_packed_still_loads(tmp_path: Pa
     (target / checkpoint.COMPLETE).write_text("3")
     loaded = materialize(*checkpoint.load(str(tmp_path), 3, seat=0))
     assert torch.equal(loaded["w"], state["w"]) and torch.equal(loaded["own"], state["own"]) and loaded["step"] == 3
+
+
+def test_a_step_already_complete_on_disk_is_not_written_again(saved: tuple) -> None:
+    # Restored from it (--resume, or a rollback to disk), the seat captures the same step again: rewriting it in
+    # place would leave a complete-marked checkpoint half written if the job died meanwhile.
+    root, store, weight, own = saved
+    marker = checkpoint.step_dir(root, 4) / "seat-1" / checkpoint.COMPLETE
+    before = marker.stat().st_mtime_ns
+    slot = store.capture(4, "g", {"w": weight, "own": own}, set(), {weight.data_ptr()}, seat=1, world=3)
+    store.wait_copy(10.0)
+    writer = checkpoint.DiskCheckpointer(str(root), every=1)
+    assert not writer.maybe_save(slot, seat=1)
+    writer.close()
+    assert marker.stat().st_mtime_ns == before

@@ -476,3 +476,14 @@ def test_a_started_spare_that_never_joins_fails_the_job_once_the_wait_runs_out()
     job.advance(1.0, alive=["m0"])
     outcome = job.coordinator.outcome
     assert outcome is not None and "did not join within 30s" in outcome[1] and "rank 1 (m1)" in outcome[1]
+
+
+def test_a_resumed_job_starts_every_seat_from_the_newest_checkpoint_all_of_them_reported() -> None:
+    events = EventLog(None)
+    events.records = []
+    coordinator = Coordinator(Config(checkpoint_dir="/ckpt", resume=True), 2, "store:1", events)
+    for seat, steps in ((0, [3, 5]), (1, [1, 3, 5, 7])):
+        coordinator.handle(0.0, dataclasses.replace(join(f"m{seat}", Role.ACTIVE, seat, 2), disk_steps=steps))
+    view = coordinator.view
+    assert view is not None and view.resume_step == 5 and view.restores_from_disk(0) and view.restores_from_disk(1)
+    assert "resuming from the disk checkpoint of step 5" in events.records[-1]["reason"]

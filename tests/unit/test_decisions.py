@@ -215,3 +215,15 @@ def test_a_replacement_that_had_not_restored_loses_its_state_with_its_buddy() ->
     step, why = resume_step(view, [3], reports)
     assert step is None
     assert "seat 2" in why and "no copy of its state survives" in why and "seat 3" in why
+
+
+def test_the_first_view_resumes_from_the_newest_disk_checkpoint_every_seat_holds() -> None:
+    assert decisions.first_resume(True, [[3, 5, 7], [3, 5]]) == (5, "resuming from the disk checkpoint of step 5")
+    assert decisions.first_resume(False, [[], []]) == (-1, "")
+    step, why = decisions.first_resume(True, [[3], []])
+    assert step is None and "no disk checkpoint" in why and "without --resume" in why
+    step, why = decisions.first_resume(False, [[3, 5], [5]])
+    assert step is None and "step 5 from an earlier run" in why and "--resume" in why, "never mixed with a new run's"
+    view, _ = decisions.first_view({0: "a", 1: "b"}, 2, ["s"], "h:1", {}, {}, resume_step=5)
+    assert view is not None and view.resume_step == 5
+    assert view.restores_from_disk(0) and view.restores_from_disk(1) and not view.restores_from_disk(2)

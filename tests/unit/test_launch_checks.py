@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deadpool.agent.launch import check_launch, visible_steps
+from deadpool.agent.checks import check_launch, visible_steps
 from deadpool.chaos import parse, unreachable
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,6 +63,7 @@ def test_a_world_of_one_with_spares_needs_a_disk_checkpoint() -> None:
     (["--nproc", "2", "--spares", "1", "--standby-coordinator"], "--standby-coordinator needs --nnodes 3"),
     (["--nproc", "2", "--nnodes", "0"], "--nnodes must be at least 1, got 0"),
     (["--nproc", "2", "--events", "/nonexistent-deadpool/events.jsonl"], "must name a file in a folder that exists"),
+    (["--nproc", "2", "--resume"], "--resume needs --checkpoint-dir DIR"),
 ])
 def test_the_cli_refuses_with_exit_2_before_anything_starts(tmp_path: Path, args: list[str], expect: str) -> None:
     events = tmp_path / "events.jsonl"
