@@ -63,6 +63,7 @@ log = logging.getLogger("deadpool.agent.launch")
 
 DROP_LOG_INTERVAL = 10.0  # seconds between two lines about dropped frames (each line counts the drops it covers)
 WORKER_EXIT_GRACE = 30.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 OUTPUT_DRAIN_GRACE = 5.0  # the workers' groups are gone: their output is read this long at most (a setsid child)
 
 
@@ -192,7 +193,7 @@ class Launcher:
         self._outcome: asyncio.Future[int] | None = None  # this host's exit status, once known
         self.job_file: Path | None = None  # where operator tools on this host find the job (coordinator hosts)
         self._kept: set[asyncio.Task[None]] = set()  # tasks started from the inbox (a standby asked for)
-        self.terminated = False  # SIGTERM arrived
+        self.stopped_by = 0  # the signal (SIGTERM, SIGINT) that stopped the job on this host, 0: none
         self.last_contact = time.monotonic()  # last answer from the coordinator (it answers every hello)
         self._drops = DropLog()  # frames the inbox could not use
         self.relay = BeatRelay(self.agent_id, [])  # this host's workers' heartbeats, one message per interval
@@ -275,15 +276,15 @@ class Launcher:
         main = asyncio.current_task()
         assert main is not None
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, self._on_sigterm, main)  # a scheduler stopping the job
+        for signum in STOP_SIGNALS:  # a scheduler stopping the job, or Ctrl-C; kept until the workers are gone
+            loop.add_signal_handler(signum, self._on_stop_signal, main, signum)
         try:
             return await self._supervise(coordinator_proc)
         except asyncio.CancelledError:
-            if not self.terminated:
+            if not self.stopped_by:
                 raise
-            return 128 + signal.SIGTERM
+            return 128 + self.stopped_by
         finally:
-            loop.remove_signal_handler(signal.SIGTERM)
             await self._terminate_all()
             for child in (self.coordinator_proc, self.standby_proc):
                 if child is not None and child.returncode is None:
@@ -296,11 +297,20 @@ class Launcher:
             await self.transport.close()
             if self.job_file is not None:
                 jobfile.remove(self.job_file)
+            for signum in STOP_SIGNALS:
+                loop.remove_signal_handler(signum)
 
-    def _on_sigterm(self, main: asyncio.Task[int]) -> None:
-        """SIGTERM (SLURM, Kubernetes, kill): stop every worker and the coordinator, remove their files."""
-        print("deadpool: SIGTERM: stopping this host's workers", file=sys.stderr, flush=True)
-        self.terminated = True
+    def _on_stop_signal(self, main: asyncio.Task[int], signum: int) -> None:
+        """SIGTERM (SLURM, Kubernetes, kill) or SIGINT (Ctrl-C): stop every worker and the coordinator, remove
+        their files.  Another one meanwhile (Ctrl-C pressed twice) does not cut that short: the workers run in
+        sessions of their own, where no terminal's signal reaches them, and would be left running."""
+        name = signal.Signals(signum).name
+        if self.stopped_by:
+            print(f"deadpool: {name}: still stopping this host's workers (SIGKILL after 3 s)", file=sys.stderr,
+                  flush=True)
+            return
+        print(f"deadpool: {name}: stopping this host's workers", file=sys.stderr, flush=True)
+        self.stopped_by = signum
         main.cancel()
 
     async def _supervise(self, coordinator_proc: asyncio.subprocess.Process | None) -> int:

@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -313,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     loop = new_event_loop()
     try:
         return loop.run_until_complete(_amain(args))
+    except KeyboardInterrupt:  # Ctrl-C reaches the launcher's coordinator too: the launcher says what happens
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one must not cut the clean-up short
+        return 128 + signal.SIGINT
     finally:
         loop.close()
 

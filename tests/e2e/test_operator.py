@@ -489,3 +489,30 @@ def test_metrics_count_events_and_refresh_gauges() -> None:
     assert 'deadpool_step{rank="1"} 6.0' in text
     metrics.refresh(_status(steps=(8,)) | {"epoch": 4, "world_size": 1})
     assert 'deadpool_step{rank="1"}' not in generate_latest(metrics.registry).decode(), "a seat that left is dropped"
+
+
+def test_ctrl_c_twice_stops_every_process_without_a_traceback(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the launcher and its coordinator (the workers run in sessions of their own);
+    pressed again while the workers stop, it must neither cut that short (orphans) nor print tracebacks."""
+    events, log = tmp_path / "events.jsonl", tmp_path / "launch.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(deadpool_command("launch", "--no-progress", "--nproc", "2", "--spares", "1",
+                                                 "--events", str(events), str(REPO / "tests" / "fixtures" /
+                                                                              "tiny_train.py"), "--steps", "100000"),
+                                stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                                env={**os.environ, "DEADPOOL_HOME": str(tmp_path / "home")})
+    try:
+        wait_for(events, lambda evs: sum(e["event"] == "step_finished" for e in evs) >= 4, timeout=120)
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    result = LaunchResult(proc.returncode, log.read_text(), read_events(events), 0.0)
+    assert result.returncode == 128 + signal.SIGINT, result.output[-3000:]
+    assert "SIGINT: stopping this host's workers" in result.output
+    assert "Traceback" not in result.output, result.output[-3000:]
+    assert_no_survivors(result)

@@ -330,3 +330,13 @@ def test_events_of_a_file_that_is_not_there_or_empty_is_a_clear_misuse(
         assert cli.main(["events", str(path)]) == 2
         err = capsys.readouterr().err
         assert said in err and "Traceback" not in err
+
+
+def test_events_the_summary_leaves_out_are_not_called_unknown_when_the_catalogue_has_them() -> None:
+    events: list[dict[str, Any]] = [
+        {"ts": T0 + 1, "event": "paused", "rank": 0, "step": 5},
+        {"ts": T0 + 2, "event": "disk_full", "rank": 1},
+    ]
+    lines = format_timeline(events).splitlines()
+    assert [line.split()[-1] for line in lines if "other events" in line] == ["paused"]
+    assert [line.split()[-1] for line in lines if "unknown events" in line] == ["disk_full"]

@@ -144,8 +144,12 @@ def format_summary(summary: Summary) -> str:
         row("chaos injected", ", ".join(f"{c.action} {who(c.rank, c.member)}" for c in summary.chaos))
     if summary.fenced or summary.rejected:
         row("fenced/rejected", f"{summary.fenced}/{summary.rejected}")
-    if summary.unknown_events:
-        row("unknown events", ", ".join(summary.unknown_events))
+    catalogued = {str(kind) for kind in Event}
+    others = [name for name in summary.unknown_events if name in catalogued]  # not summarized: see the timeline
+    if others:
+        row("other events", ", ".join(others))
+    if len(others) < len(summary.unknown_events):
+        row("unknown events", ", ".join(name for name in summary.unknown_events if name not in catalogued))
     if summary.job_failed is not None:
         row("outcome", f"FAILED: {summary.job_failed}")
     else:
