@@ -482,6 +482,12 @@ class GroupCollectives:
         """
         self._adopting(lambda group: group.allreduce([torch.zeros(1)]), what, epoch)
 
+    def broadcast_adopting(self, flat: torch.Tensor, what: str, epoch: int) -> None:
+        """Seat 0's `flat` to every seat of the group being adopted (``_adopting``)."""
+        options = BroadcastOptions()
+        options.rootRank = 0
+        self._adopting(lambda group: group.broadcast([flat], options), what, epoch)
+
     def _adopting(self, issue: Callable[[Any], dist.Work], what: str, epoch: int) -> None:
         """A collective of an adoption: on the current group, waited on until done or a view newer than `epoch`.
 

@@ -10,7 +10,7 @@ from seat 0.  Why not torch's DDP is in docs/architecture.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -89,6 +89,25 @@ def plan_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.
     if current:
         buckets.append(current)
     return buckets
+
+
+def packed(tensors: list[torch.Tensor]) -> Iterator[tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]]:
+    """Per device: one byte buffer holding a copy of each of `tensors` (each at a multiple of ``ALIGN``), the
+    views of it shaped as their dtypes, and those tensors."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        by_device.setdefault(tensor.device, []).append(tensor)
+    for device, group in by_device.items():
+        offsets, total = [], 0
+        for tensor in group:
+            offsets.append(total)
+            total += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+        flat = torch.empty(total, dtype=torch.uint8, device=device)
+        views = [flat[at : at + t.numel() * t.element_size()].view(t.dtype)
+                 for t, at in zip(group, offsets, strict=True)]
+        with torch.no_grad():
+            torch._foreach_copy_(views, [t.reshape(-1) for t in group])
+        yield flat, views, group
 
 
 class DataParallel(nn.Module):
@@ -212,25 +231,25 @@ class DataParallel(nn.Module):
         """
         if self._collectives.world_size < 2:
             return
-        by_device: dict[torch.device, list[torch.Tensor]] = {}
-        for buffer in self.module.buffers():
-            if buffer.numel() and (buffer.is_floating_point() or buffer.dtype in INTEGER_DTYPES):
-                by_device.setdefault(buffer.device, []).append(buffer)
-        for device, buffers in by_device.items():
-            offsets, total = [], 0
-            for buffer in buffers:
-                offsets.append(total)
-                total += -(-buffer.numel() * buffer.element_size() // ALIGN) * ALIGN
-            flat = torch.empty(total, dtype=torch.uint8, device=device)
-            views = [flat[at : at + b.numel() * b.element_size()].view(b.dtype)
-                     for b, at in zip(buffers, offsets, strict=True)]
+        for flat, views, buffers in packed(self._synced_buffers()):
+            if not self._collectives.broadcast_buffers(flat):
+                return  # the step is poisoned: its buffers are rolled back anyway
+            with torch.no_grad(), _unsafe_preserve_version_counter(tuple(buffers)):
+                for buffer, view in zip(buffers, views, strict=True):
+                    buffer.copy_(view.view(buffer.shape))
+
+    def take_seat0_state(self, broadcast: Callable[[torch.Tensor], None]) -> None:
+        """Every seat takes seat 0's parameters and buffers, as torch's DDP does when it wraps a model: replicas of a
+        script that does not seed its model's initialization start equal all the same (a snapshot holds only a slice
+        of the replicated state, so unequal replicas would also come back mixed after a swap)."""
+        for flat, views, tensors in packed([*self.module.parameters(), *self._synced_buffers()]):
+            broadcast(flat)
             with torch.no_grad():
-                torch._foreach_copy_(views, [b.reshape(-1) for b in buffers])
-                if not self._collectives.broadcast_buffers(flat):
-                    return  # the step is poisoned: its buffers are rolled back anyway
-                with _unsafe_preserve_version_counter(tuple(buffers)):
-                    for buffer, view in zip(buffers, views, strict=True):
-                        buffer.copy_(view.view(buffer.shape))
+                for tensor, view in zip(tensors, views, strict=True):
+                    tensor.copy_(view.view(tensor.shape))
+
+    def _synced_buffers(self) -> list[torch.Tensor]:
+        return [b for b in self.module.buffers() if b.numel() and (b.is_floating_point() or b.dtype in INTEGER_DTYPES)]
 
     def _sever(self, bucket: Bucket) -> None:
         """After an abandoned all-reduce: nothing live may keep pointing into the buffer it was given."""

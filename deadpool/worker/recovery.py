@@ -85,6 +85,7 @@ class Recovery:
         load: Callable[[dict[str, Any]], None],
         unchanged: Callable[[Manifest], dict[int, torch.Tensor] | None],
         seat_samplers: Callable[[int, int], None],
+        take_seat0_state: Callable[[int], None],
     ) -> None:
         self._env = env
         self._config = env.config
@@ -100,6 +101,7 @@ class Recovery:
         self._load = load  # the tracked objects and RNGs take a materialized state
         self._unchanged = unchanged  # live tensors only optimizer.step() changes, by manifest index (None: mismatch)
         self._seat_samplers = seat_samplers  # (seat, world): DistributedSamplers take the adopted seat
+        self._take_seat0_state = take_seat0_state  # (epoch): rt.ddp's replicas take seat 0's initial state
         self._recovering_epoch = 0  # epoch whose first finished step is reported as Recovered
         self._swap_unreported = env.role == Role.SPARE  # a spare reports its first step in a seat (swap_completed)
         self._offer: CommitView | Reserved | Stop | None = None  # what rt.device_mesh or rt.zero_optimizer waited for
@@ -356,6 +358,10 @@ class Recovery:
                 self._gather_replicated(manifest, arena, seat, view)
             self._load(materialize(manifest, arena, kept))
             nbytes = manifest.nbytes
+        if view.resume_step == -1 and view.world_size > 1:
+            # The initial state, on every seat of the view at once (a replacement seated before any snapshot
+            # adopts "first" while the survivors do not): rt.ddp's replicas start as seat 0's, as under DDP.
+            self._take_seat0_state(view.epoch)
         # The restored state is this seat's snapshot of resume_step under the new view, taken before the seat
         # runs a step: the SnapshotActor streams it to the (possibly new) buddy at once, so the seat is
         # protected before its next step changes anything.  Until then the old snapshots stay (a failure

@@ -111,6 +111,7 @@ class Runtime:
         self._snapshots_on = True  # rt.set_snapshots
         self._optimizers: list[torch.optim.Optimizer] = []
         self._replicated_params: list[torch.nn.Parameter] = []  # averaged by rt.ddp: the same on every seat
+        self._ddps: list[DataParallel] = []  # rt.ddp wrappers: at resume step -1 they take seat 0's state
         self._data_seats = DataSeats()  # DistributedSamplers: seated at every adopted view
         self._loader_watch = LoaderWatch(lambda: self._state.step >= 0, self._untracked_loader)
         self._loader_watch.install()
@@ -120,7 +121,7 @@ class Runtime:
         self._recovery = Recovery(
             env, self._state, self._handoff, self._progress, self.events, self._snapshots, self._disk,
             self._collectives, self._faults, self._capture_state, self._load, self._unchanged,
-            self._data_seats.seat,
+            self._data_seats.seat, self._take_seat0_state,
         )
         self._stalls: deque[float] = deque(maxlen=200)
         self._report: dict[str, float] = {}
@@ -285,6 +286,7 @@ class Runtime:
         accumulates gradients without all-reducing them, as DDP's.
         """
         wrapper = DataParallel(model, self._collectives, bucket_mb, broadcast_buffers)
+        self._ddps.append(wrapper)
         self._replicated_params.extend(p for bucket in wrapper.buckets for p in bucket.params)
         return wrapper
 
@@ -401,6 +403,11 @@ class Runtime:
             if isinstance(command, (CommitView, Prepare, Stop, Fenced)):
                 return command
         return None
+
+    def _take_seat0_state(self, epoch: int) -> None:
+        for wrapper in self._ddps:
+            wrapper.take_seat0_state(lambda flat: self._collectives.broadcast_adopting(
+                flat, f"rt.ddp's initial state from seat 0 (view {epoch})", epoch))
 
     def _capture(self, step: int) -> None:
         if self._state.view is not None:

@@ -88,3 +88,15 @@ def test_kill_with_two_loader_workers(tmp_path: Path, reference2: LaunchResult) 
     assert_recovered(result, reference2, seat=1)
     # The agent reports the exit although the dead worker's DataLoader workers still hold its output pipe.
     assert [f["detected_by"] for f in result.of("member_failed")] == ["exit"]
+
+
+@pytest.mark.parametrize("chaos", [(), ("--chaos", "kill:rank=1:step=3")], ids=["failure-free", "kill"])
+def test_an_unseeded_model_starts_every_replica_as_seat_0s(tmp_path: Path, chaos: tuple[str, ...]) -> None:
+    # torch's DDP broadcasts rank 0's parameters and buffers when it wraps a model; rt.ddp does it at the first
+    # view (and at any view that resumes from the initial state), so the replicas, and the replacement, agree.
+    result = launch(tmp_path, "--nproc", "3", "--spares", "1", *chaos, steps=6,
+                    script=REPO / "tests" / "fixtures" / "unseeded_train.py", timeout=120)
+    assert result.returncode == 0, result.output[-3000:]
+    digests = dict(line.split()[-2:] for line in result.output.splitlines() if " params " in line and "-1" not in line)
+    assert sorted(digests) == ["0", "1", "2"] and len(set(digests.values())) == 1, digests
+    assert [s["rank"] for s in result.of("swap_completed")] == ([1] if chaos else [])

@@ -416,3 +416,16 @@ def test_a_compiled_model_runs_its_lost_forward_whole() -> None:
     rt = FakeCollectives()
     ddp = DataParallel(cast(nn.Module, torch.compile(nn.Sequential(nn.Linear(64, 8)))), rt, bucket_mb=0.1)
     assert not any(module._forward_pre_hooks for module in ddp.module.modules())
+
+
+def test_every_replica_takes_seat_0s_parameters_and_buffers() -> None:
+    seat0 = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8).double(), nn.Linear(8, 2))
+    seat0[1].running_mean.fill_(3.0)  # a buffer of another dtype, and an integer one (num_batches_tracked)
+    seat0[1].num_batches_tracked.fill_(7)
+    sent: list[torch.Tensor] = []
+    DataParallel(seat0, FakeCollectives(), bucket_mb=0.1).take_seat0_state(lambda flat: sent.append(flat.clone()))
+    other = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8).double(), nn.Linear(8, 2))  # another initialization
+    received = iter(sent)
+    DataParallel(other, FakeCollectives(), bucket_mb=0.1).take_seat0_state(lambda flat: flat.copy_(next(received)))
+    for mine, theirs in zip(other.state_dict().values(), seat0.state_dict().values(), strict=True):
+        assert torch.equal(mine, theirs)
