@@ -13,6 +13,8 @@
 #   MY_ADDR                        this host's address on the cluster network (default: first of `hostname -I`)
 #   HOST_NAME (default: `hostname -s`), NPROC_PER_NODE (8), SPARES_PER_NODE (1),
 #   COORD_PORT (29400), STORE_PORT (29500), EVENTS_DIR (.)
+#   CHECKPOINT_DIR, CHECKPOINT_EVERY (100)  disk checkpoints on a shared filesystem (default: none)
+#   RESUME=1 (or SLURM_RESTART_COUNT > 0: a requeued job)  go on from CHECKPOINT_DIR's newest checkpoint
 set -euo pipefail
 
 node_rank=${NODE_RANK:-${SLURM_NODEID:?set NODE_RANK (or run under srun)}}
@@ -32,6 +34,12 @@ args=(
   --master-addr "$head_addr" --master-port "$store_port"
   --events "${EVENTS_DIR:-.}/deadpool-events-${host_name}.jsonl"
 )
+if [ -n "${CHECKPOINT_DIR:-}" ]; then
+  args+=(--checkpoint-dir "$CHECKPOINT_DIR" --checkpoint-every "${CHECKPOINT_EVERY:-100}")
+  if [ "${RESUME:-0}" = 1 ] || [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
+    args+=(--resume)
+  fi
+fi
 if [ "$node_rank" -eq 0 ]; then
   args+=(--coordinator-port "$coord_port")      # the coordinator binds HEAD_ADDR:COORD_PORT
 else
