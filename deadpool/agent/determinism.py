@@ -128,6 +128,8 @@ def check(args: argparse.Namespace, steps: int | None, launch: Callable[[argpars
     if args.nproc < 2:
         raise MisuseError("--check-determinism needs --nproc 2 or more: a kill of the only seat cannot be "
                           "recovered from memory")
+    if getattr(args, "resume", False):
+        raise MisuseError("--check-determinism starts every run from step 0: drop --resume")
     chaos = list(args.chaos) or [kill_spec(args.nproc, steps)]
     folder = Path(tempfile.mkdtemp(prefix="deadpool-determinism-"))
     plan = [("failure-free", [], args.spares), ("failure-free again", [], args.spares),
@@ -137,6 +139,8 @@ def check(args: argparse.Namespace, steps: int | None, launch: Callable[[argpars
         run_args = copy.copy(args)
         run_args.chaos, run_args.spares, run_args.check_determinism = specs, spares, False
         run_args.events = f"{args.events}.{i}" if args.events else str(folder / f"run{i}.jsonl")
+        if args.checkpoint_dir:  # a folder each: a run must not meet an earlier run's checkpoints
+            run_args.checkpoint_dir = str(Path(args.checkpoint_dir) / f"run{i}")
         what = f" ({', '.join(specs)}, --spares {spares})" if specs else ""
         print(f"deadpool: --check-determinism: run {i}/3, {label}{what}", flush=True)
         code, events = launch(run_args)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from deadpool.agent.determinism import Run, compare, digests_of, kill_spec
+from deadpool.errors import MisuseError
 
 
 def seats(**overrides: str) -> dict[int, dict[str, str]]:
@@ -59,3 +64,18 @@ def test_digests_come_from_the_seat_finished_events() -> None:
 def test_the_default_kill_is_rank_1_half_way() -> None:
     assert kill_spec(4, 30) == "kill:rank=1:step=15"
     assert kill_spec(2, None) == "kill:rank=1:step=5"
+
+
+def test_each_run_writes_its_disk_checkpoints_to_a_folder_of_its_own(tmp_path: Path) -> None:
+    # The second run would otherwise meet the first run's checkpoints, which stop a run from step 0.
+    import argparse
+
+    from deadpool.agent.determinism import check
+
+    args = argparse.Namespace(nnodes=1, coordinator="", nproc=2, spares=0, chaos=[], events="", resume=False,
+                              checkpoint_dir=str(tmp_path), check_determinism=True)
+    folders: list[str] = []
+    check(args, 8, lambda run_args: (folders.append(run_args.checkpoint_dir) or 1, str(tmp_path / "none.jsonl")))
+    assert folders == [str(tmp_path / f"run{i}") for i in (1, 2, 3)]
+    with pytest.raises(MisuseError, match="drop --resume"):
+        check(argparse.Namespace(**{**vars(args), "resume": True}), 8, lambda run_args: (0, ""))
