@@ -110,8 +110,7 @@ class Runtime:
         self._sharded = False  # the script has a mesh (rt.device_mesh): tracked state may hold DTensors
         self._snapshots_on = True  # rt.set_snapshots
         self._optimizers: list[torch.optim.Optimizer] = []
-        self._replicated_params: list[torch.nn.Parameter] = []  # averaged by rt.ddp: the same on every seat
-        self._ddps: list[DataParallel] = []  # rt.ddp wrappers: at resume step -1 they take seat 0's state
+        self._ddps: list[DataParallel] = []  # rt.ddp wrappers: their parameters are the same on every seat
         self._data_seats = DataSeats()  # DistributedSamplers: seated at every adopted view
         self._loader_watch = LoaderWatch(lambda: self._state.step >= 0, self._untracked_loader)
         self._loader_watch.install()
@@ -287,7 +286,6 @@ class Runtime:
         """
         wrapper = DataParallel(model, self._collectives, bucket_mb, broadcast_buffers)
         self._ddps.append(wrapper)
-        self._replicated_params.extend(p for bucket in wrapper.buckets for p in bucket.params)
         return wrapper
 
     def set_snapshots(self, enabled: bool) -> None:
@@ -454,11 +452,12 @@ class Runtime:
     def _replicated_pointers(self) -> set[int]:
         """Storages that are the same on every seat: the parameters of ``rt.ddp`` models (their gradients
         are averaged) and a plain optimizer's state for them.  A ZeRO shard is not: it differs per seat."""
-        pointers = {p.data_ptr() for p in self._replicated_params}
+        replicated = [p for wrapper in self._ddps for bucket in wrapper.buckets for p in bucket.params]
+        pointers = {p.data_ptr() for p in replicated}
         for optimizer in self._optimizers:
             if zero_mod.is_zero(optimizer):
                 continue
-            for param in self._replicated_params:
+            for param in replicated:
                 state = optimizer.state.get(param)
                 if state:
                     pointers.update(v.data_ptr() for v in state.values() if isinstance(v, torch.Tensor) and v.numel())
