@@ -27,8 +27,11 @@ import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import (
     AllgatherOptions,
     AllreduceOptions,
+    AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
+    GatherOptions,
+    ReduceOptions,
     ReduceScatterOptions,
     ScatterOptions,
     Store,
@@ -38,7 +41,7 @@ from torch.distributed.distributed_c10d import GroupName
 
 from deadpool.chaos import ChaosPoint
 from deadpool.errors import MisuseError
-from deadpool.worker import syncbn
+from deadpool.worker import objects, syncbn
 from deadpool.worker.exit import GUARD
 
 log = logging.getLogger("deadpool")
@@ -196,10 +199,17 @@ class Op(enum.StrEnum):
     REDUCE_SCATTER_TENSOR = "reduce_scatter_tensor"
     SCATTER = "scatter"
     BARRIER = "barrier"
+    REDUCE = "reduce"
+    GATHER = "gather"
+    ALL_TO_ALL = "all_to_all"
+    ALL_TO_ALL_SINGLE = "all_to_all_single"
+    SEND = "send"
+    RECV = "recv"
 
 
 GATHERS = frozenset({Op.ALL_GATHER, Op.ALL_GATHER_INTO_TENSOR})
 SCATTERS = frozenset({Op.REDUCE_SCATTER, Op.REDUCE_SCATTER_TENSOR})
+POINT_TO_POINT = frozenset({Op.SEND, Op.RECV})
 
 
 def _unsupported(what: str) -> MisuseError:
@@ -207,6 +217,20 @@ def _unsupported(what: str) -> MisuseError:
         f"torch.distributed.{what} on a DeadPool group is not supported: it carries "
         f"{', '.join(op.value for op in Op)} (see the README, 'Your own collectives')"
     )
+
+
+def _fill(output: torch.Tensor, source: torch.Tensor) -> None:
+    """`output` holds `source`'s leading elements, zeros past them: a local stand-in of another shape's data."""
+    values = source.reshape(-1)[:output.numel()]
+    filled = torch.zeros(output.numel(), dtype=output.dtype, device=output.device)
+    values = values.to(output.device)
+    filled[:values.numel()] = values
+    output.copy_(filled.view(output.shape))
+
+
+def _split(tensor: torch.Tensor, sizes: list[int], size: int) -> Sequence[torch.Tensor]:
+    """An all-to-all's chunks of `tensor`: `sizes` rows each, or `size` equal ones when `sizes` is empty."""
+    return torch.split(tensor, sizes) if sizes else tensor.tensor_split(size)
 
 
 def _rows(tensor: torch.Tensor, size: int) -> torch.Tensor:
@@ -432,25 +456,79 @@ class SeatGroup(dist.ProcessGroup):
         options = opts if opts is not None else BarrierOptions()
         return self._start(Op.BARRIER, lambda group: group.barrier(options), lambda: None, None, [])
 
+    def reduce(  # type: ignore[override]
+        self, tensors: list[torch.Tensor], opts: ReduceOptions | None = None,
+    ) -> dist.Work:
+        live = _tensors(tensors)
+        staged = [t.clone() for t in live]
+        options = opts if opts is not None else ReduceOptions()
+        return self._start(Op.REDUCE, lambda group: group.reduce(staged, options),
+                           lambda: torch._foreach_copy_(live, staged), None, live)
+
+    def gather(  # type: ignore[override]
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: GatherOptions | None = None,
+    ) -> dist.Work:
+        staged = [[torch.empty_like(t) for t in outputs] for outputs in output_lists]  # the root's only
+        options = opts if opts is not None else GatherOptions()
+
+        def done() -> None:
+            for outputs, results in zip(output_lists, staged, strict=True):
+                torch._foreach_copy_(outputs, results)
+
+        def local() -> None:  # on the root: this seat's tensor in every place
+            for outputs, tensor in zip(output_lists, inputs, strict=False):
+                for output in outputs:
+                    output.copy_(tensor)
+
+        flat = [t for outputs in output_lists for t in outputs]
+        return self._start(Op.GATHER, lambda group: group.gather(staged, inputs, options), done, local, flat)
+
+    def all_to_all_single(  # type: ignore[override]
+        self, output: torch.Tensor, tensor: torch.Tensor, output_split_sizes: list[int],
+        input_split_sizes: list[int], opts: AllToAllOptions | None = None,
+    ) -> dist.Work:
+        staged = torch.empty_like(output)
+        options = opts if opts is not None else AllToAllOptions()
+        size, rank = self.size(), self.rank()
+
+        def local() -> None:  # from every seat, what this one sends itself (as if every seat held the same)
+            own = _split(tensor, input_split_sizes, size)[rank]
+            for chunk in _split(output, output_split_sizes, size):
+                _fill(chunk, own)
+
+        return self._start(Op.ALL_TO_ALL_SINGLE, lambda group: group.alltoall_base(
+            staged, tensor, output_split_sizes, input_split_sizes, options), lambda: output.copy_(staged), local,
+            [output])
+
+    alltoall_base = all_to_all_single  # type: ignore[assignment]
+
+    def alltoall(  # type: ignore[override]
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: AllToAllOptions | None = None,
+    ) -> dist.Work:
+        staged = [torch.empty_like(t) for t in outputs]
+        options = opts if opts is not None else AllToAllOptions()
+        rank = self.rank()
+
+        def local() -> None:
+            for output in outputs:
+                _fill(output, inputs[rank])
+
+        return self._start(Op.ALL_TO_ALL, lambda group: group.alltoall(staged, inputs, options),
+                           lambda: torch._foreach_copy_(outputs, staged), local, outputs)
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:  # type: ignore[override]
+        return self._start(Op.SEND, lambda group: group.send(tensors, dst, tag), lambda: None, None, [])
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:  # type: ignore[override]
+        live = _tensors(tensors)
+        staged = [torch.empty_like(t) for t in live]  # a lost recv leaves the tensor as it was
+        return self._start(Op.RECV, lambda group: group.recv(staged, src, tag),
+                           lambda: torch._foreach_copy_(live, staged), None, live)
+
     # What is not carried fails with a message that says so (torch's would be "No backend type ...").
 
-    def reduce(self, *_: Any) -> dist.Work:  # type: ignore[override]
-        raise _unsupported("reduce")
-
-    def gather(self, *_: Any) -> dist.Work:  # type: ignore[override]
-        raise _unsupported("gather")
-
-    def alltoall(self, *_: Any) -> dist.Work:  # type: ignore[override]
-        raise _unsupported("all_to_all")
-
-    def alltoall_base(self, *_: Any) -> dist.Work:  # type: ignore[override]
-        raise _unsupported("all_to_all_single")
-
-    def send(self, *_: Any) -> dist.Work:  # type: ignore[override]
-        raise _unsupported("send")
-
-    def recv(self, *_: Any) -> dist.Work:  # type: ignore[override]
-        raise _unsupported("recv")
+    def recv_anysource(self, *_: Any) -> dist.Work:  # type: ignore[override]
+        raise _unsupported("recv from any source (src=None)")
 
     def _start(
         self,
@@ -464,13 +542,16 @@ class SeatGroup(dist.ProcessGroup):
         if real is None:
             if local is not None:
                 local()
+            objects.lost_locally()  # inside torch's object collectives: the bytes after the sizes never come
             return UserWork(None, None, result)
 
         def finish() -> None:
             if self._await(real, op):
                 done()
-            elif local is not None:
+                return
+            if local is not None:
                 local()
+            objects.lost_locally()
 
         return UserWork(finish, real, result)
 
@@ -516,6 +597,7 @@ def install_default_group(collectives: UserCollectives, rank: int, size: int, st
                                rank_mapping={seat: seat for seat in range(size)})
     c10d._update_default_pg(group)
     syncbn.enable()
+    objects.enable()
     return group
 
 

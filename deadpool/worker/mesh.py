@@ -29,7 +29,7 @@ from deadpool.chaos import ChaosPoint
 from deadpool.errors import CollectiveAborted, MisuseError
 from deadpool.protocol.view import View
 from deadpool.worker.exit import GUARD
-from deadpool.worker.groups import BACKEND, GATHERS, SCATTERS, Op, SeatGroup
+from deadpool.worker.groups import BACKEND, GATHERS, POINT_TO_POINT, SCATTERS, Op, SeatGroup
 from deadpool.worker.lost_step import StepAbandoned
 
 log = logging.getLogger("deadpool")
@@ -114,7 +114,10 @@ class MeshGroup(SeatGroup):
         if in_backward() and self._collectives.abandons_backward():
             raise StepAbandoned  # carried out of the backward and swallowed (lost_step.AbandonableBackward)
         if self._collectives.abandoned():  # this seat stopped the step: it issues nothing more (a peer left
-            return None  # waiting on it ends that wait at its pause notice, PeerPaused)
+            # waiting on it ends that wait at its pause notice, PeerPaused); a peer's send this seat does not
+            # receive may sit in the group for a later recv of the same tag: the group is rebuilt.
+            dim.dirty = dim.dirty or (op in POINT_TO_POINT and dim.inner is not None)
+            return None
         if dim.broken or dim.inner is None:
             dim.dirty = dim.dirty or dim.inner is not None
             return None

@@ -86,3 +86,43 @@ def test_a_kill_during_the_scripts_all_reduce_is_recovered_bit_identically(
     [restored] = [r for r in result.of("restored") if r["source"] == "buddy"]
     assert restored["rank"] == 1
     assert buffer_digests(result) == buffer_digests(reference)
+
+
+@pytest.fixture(scope="module")
+def exchanging(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
+    """The fixture with --exchange: all_to_all_single, batch_isend_irecv, object collectives, reduce, gather."""
+    result = run(tmp_path_factory.mktemp("exchanging"), script_args=("--exchange",))
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.digest, result.output[-3000:]
+    assert not result.of("member_failed") and not result.of("collective_failed")
+    return result
+
+
+def test_all_to_all_point_to_point_and_object_collectives_carry_what_torch_does(exchanging: LaunchResult) -> None:
+    by_step: dict[int, dict[int, dict[str, float]]] = {}
+    for event in exchanging.of("step_finished"):
+        by_step.setdefault(event["step"], {})[event["rank"]] = event
+    assert sorted(by_step) == list(range(STEPS))
+    for step, seats in by_step.items():
+        assert sorted(seats) == list(range(WORLD)), f"step {step}"
+        losses = sum(s["loss"] for s in seats.values())
+        for rank, s in seats.items():
+            assert s["routed"] == sum(1 + (rank + peer + step) % 3 for peer in range(WORLD)), f"step {step}"
+            assert s["left"] == pytest.approx(seats[(rank - 1) % WORLD]["mine"], rel=1e-6), "the ring's send/recv"
+            assert s["lr"] == pytest.approx(0.05 * 0.9 ** step), "seat 0's object, broadcast"
+            assert s["object_losses"] == pytest.approx(losses, rel=1e-6), "all_gather_object"
+        assert seats[0]["reduced"] == pytest.approx(losses, rel=1e-5), "reduce to seat 0"
+        assert seats[0]["gathered"] == pytest.approx(losses, rel=1e-5), "gather to seat 0"
+        assert "reduced" not in seats[1] and "gathered" not in seats[1]
+
+
+def test_a_kill_inside_an_all_to_all_is_recovered_bit_identically(tmp_path: Path, exchanging: LaunchResult) -> None:
+    """Killed in the token dispatch's first all_to_all_single: the survivors' later collectives of the step (the
+    uneven all-to-all, the ring's recv, the object broadcast) complete locally without a traceback."""
+    result = run(tmp_path, "--chaos", "kill:rank=1:step=6:at=usercollective", script_args=("--exchange",))
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.digest == exchanging.digest, "a run with a failure must end bit-identical"
+    assert [f["failed_rank"] for f in result.of("member_failed")] == [1]
+    paused = {e["rank"]: e["reason"] for e in result.of("paused") if e["step"] == 6}
+    assert sorted(paused) == [0, 2] and all("all_to_all_single of step 6" in r for r in paused.values()), paused
+    assert "Traceback" not in result.output

@@ -51,6 +51,10 @@ class Done:
         return True
 
 
+class Failed(Done):
+    """A collective whose wait fails."""
+
+
 class IdenticalPeers:
     """A gloo group stand-in: every other seat holds the same tensors."""
 
@@ -91,6 +95,30 @@ class IdenticalPeers:
             output.fill_(5.0)  # the root's chunk for seat 1
         return Done()
 
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Done:
+        return self.allreduce(tensors, opts)
+
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Done:
+        return self.allgather(outputs, inputs, opts) if outputs else Done()  # only the root has outputs
+
+    def alltoall_base(self, output: torch.Tensor, tensor: torch.Tensor, output_splits: list[int],
+                      input_splits: list[int], opts: Any) -> Done:
+        output.copy_(torch.arange(float(output.numel())))  # what the seats sent this one
+        return Done()
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> Done:
+        for i, output in enumerate(outputs):
+            output.fill_(float(i))
+        return Done()
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Done:
+        return Done()
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Done:
+        for tensor in tensors:
+            tensor.fill_(float(src))
+        return Done()
+
 
 class Runtime:
     """A ``UserCollectives``: `poisoned` refuses to issue, `fail` makes the wait fail."""
@@ -99,6 +127,7 @@ class Runtime:
         self.group = IdenticalPeers()
         self.poisoned = False
         self.fail = False
+        self.fail_after: int | None = None  # this many collectives succeed, then one fails
         self.late: list[Callable[[], None]] = []  # what the group would still do after an abandoned wait
         self.points: list[ChaosPoint] = []  # where each issued collective would fire a chaos spec
 
@@ -106,13 +135,18 @@ class Runtime:
         self.points.append(point)
         if self.poisoned:
             return None
+        if self.fail_after == 0:
+            self.fail_after = None
+            return Failed()
+        if self.fail_after is not None:
+            self.fail_after -= 1
         if not self.fail:
             return issue(self.group)
         self.late.append(lambda: issue(self.group))
         return Done()
 
     def await_user(self, work: Any, what: str) -> bool:
-        return not self.fail
+        return not self.fail and not isinstance(work, Failed)
 
 
 @pytest.fixture(autouse=True)
@@ -318,7 +352,100 @@ def test_the_sharding_collectives_run_and_complete_locally_when_poisoned(runtime
 
 
 def test_a_collective_that_is_not_carried_says_so(runtime: Runtime) -> None:
-    with pytest.raises(MisuseError, match="gather on a DeadPool group is not supported"):
-        dist.gather(torch.zeros(1), [torch.ones(1)] * WORLD if dist.get_rank() == 0 else None)
-    with pytest.raises(MisuseError, match="send"):
-        dist.send(torch.ones(1), 0)
+    with pytest.raises(MisuseError, match="recv from any source .* on a DeadPool group is not supported"):
+        dist.recv(torch.ones(1))
+
+
+def test_reduce_gather_all_to_all_and_point_to_point_run_and_complete_locally_when_poisoned(
+    runtime: Runtime,
+) -> None:
+    """Seat 1 of 3: what each carries, and what each leaves when the step is lost (as if every seat held the same)."""
+    reduced = torch.ones(2)
+    dist.reduce(reduced, dst=0)
+    assert reduced.tolist() == [3.0, 3.0]
+    with pytest.raises(ValueError):  # torch's own check: only the root passes a list
+        dist.gather(torch.ones(1), [torch.zeros(1)] * WORLD, dst=0)
+    dist.gather(torch.ones(1), None, dst=0)
+    exchanged = torch.zeros(6)
+    dist.all_to_all_single(exchanged, torch.zeros(3), [2, 2, 2], [1, 1, 1])
+    assert exchanged.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    outs = [torch.zeros(1) for _ in range(WORLD)]
+    dist.all_to_all(outs, [torch.ones(1) * i for i in range(WORLD)])
+    assert [o.item() for o in outs] == [0.0, 1.0, 2.0]
+    dist.send(torch.ones(1), dst=2)
+    got = torch.zeros(2)
+    assert dist.recv(got, src=0) == 0 and got.tolist() == [0.0, 0.0]
+    assert dist.irecv(got, src=2).wait() and got.tolist() == [2.0, 2.0]
+    assert runtime.points == [ChaosPoint.USER_COLLECTIVE] * 7
+
+    runtime.poisoned = True
+    dist.reduce(reduced, dst=0)
+    assert reduced.tolist() == [3.0, 3.0], "a lost reduce leaves the tensor as it was"
+    mine = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])  # to seat 0: [1], seat 1: [2, 3], seat 2: [4, 5, 6]
+    exchanged = torch.full((7,), float("nan"))  # from seat 0: 2 rows, seat 1: 2, seat 2: 3
+    dist.all_to_all_single(exchanged, mine, [2, 2, 3], [1, 2, 3])
+    assert exchanged.tolist() == [2.0, 3.0, 2.0, 3.0, 2.0, 3.0, 0.0], "what this seat sends itself, from each"
+    equal = torch.full((3,), float("nan"))
+    dist.all_to_all_single(equal, torch.tensor([7.0, 8.0, 9.0]))
+    assert equal.tolist() == [8.0, 8.0, 8.0]
+    outs = [torch.full((1,), float("nan")) for _ in range(WORLD)]
+    dist.all_to_all(outs, [torch.ones(1) * (10 + i) for i in range(WORLD)])
+    assert [o.item() for o in outs] == [11.0] * WORLD
+    dist.send(torch.ones(1), dst=2)
+    got = torch.full((2,), 9.0)
+    assert dist.recv(got, src=0) == 0 and got.tolist() == [9.0, 9.0], "a lost recv leaves the tensor as it was"
+
+
+def test_a_gather_at_its_root_completes_locally_with_this_seats_tensor_everywhere() -> None:
+    rt = Runtime()
+    group = install_default_group(rt, 0, WORLD, HashStore())
+    assert group is not None
+    try:
+        gathered = [torch.zeros(2) for _ in range(WORLD)]
+        dist.gather(torch.tensor([1.0, 2.0]), gathered, dst=0)
+        assert all(g.tolist() == [1.0, 2.0] for g in gathered)
+        rt.poisoned = True
+        gathered = [torch.full((2,), float("nan")) for _ in range(WORLD)]
+        dist.gather(torch.tensor([3.0, 4.0]), gathered, dst=0)
+        assert all(g.tolist() == [3.0, 4.0] for g in gathered)
+        objects: list[Any] = [None] * WORLD
+        dist.gather_object({"seat": 0}, objects, dst=0)
+        assert objects == [{"seat": 0}] * WORLD
+    finally:
+        groups._unregister(group)
+
+
+def test_an_object_collective_lost_halfway_leaves_the_scripts_objects_as_if_local(runtime: Runtime) -> None:
+    """torch's object collectives are two collectives (sizes, then bytes): one lost after the sizes came must not
+    unpickle bytes that never came (a traceback in the script), nor hand the script made-up objects."""
+    runtime.fail_after = 1  # the sizes arrive (seat 0's: 7 bytes), the bytes do not
+    received: list[Any] = ["mine"]
+    dist.broadcast_object_list(received, src=0)
+    assert received == ["mine"], "a broadcast this seat did not get leaves the list as it was"
+    payload, size = c10d._object_to_tensor({"lr": 0.5}, torch.device("cpu"), None)
+
+    def seat_0s(tensors: list[torch.Tensor], opts: Any) -> Done:  # seat 0 broadcasts {"lr": 0.5}
+        tensors[0].copy_(size if tensors[0].dtype == torch.long else payload)
+        return Done()
+
+    runtime.group.broadcast = seat_0s  # type: ignore[method-assign]
+    dist.broadcast_object_list(received, src=0)
+    assert received == [{"lr": 0.5}]
+    runtime.fail_after = 1
+    placeholders: list[Any] = [None]
+    dist.broadcast_object_list(placeholders, src=0)
+    assert placeholders == [{"lr": 0.5}], "lost, a broadcast leaves what this seat received from its source last"
+    assert placeholders[0] is not received[0]
+    runtime.fail_after = 1
+    everyone: list[Any] = [None] * WORLD
+    dist.all_gather_object(everyone, {"loss": 1.5})
+    assert everyone == [{"loss": 1.5}] * WORLD, "as if every seat held the same"
+    runtime.poisoned = True
+    dist.all_gather_object(everyone, {"loss": 2.5})
+    assert everyone == [{"loss": 2.5}] * WORLD
+    mine: list[Any] = [None]
+    dist.scatter_object_list(mine, None, src=0)
+    assert mine == [None]
+    runtime.poisoned, runtime.fail = False, False
+    with pytest.raises(AttributeError):  # the script's own error still reaches it
+        dist.all_gather_object(everyone, lambda: None)
