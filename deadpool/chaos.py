@@ -15,7 +15,10 @@ Grammar: ``ACTION:KEY=VALUE[:KEY=VALUE...]`` with
   gradient all-reduce was issued, while it is in flight) or ``broadcast``
   (a ZeRO optimizer's parameter broadcast of step N in flight) or
   ``usercollective`` (the script's first own collective of step N on the
-  default group, e.g. its ``dist.all_reduce``, in flight) or ``recovery``
+  default group, e.g. its ``dist.all_reduce``, in flight), ``allgather``,
+  ``reducescatter``, ``forward`` or ``p2p`` (step N's first all-gather,
+  reduce-scatter, other forward collective, or send/recv on a mesh group of
+  ``rt.device_mesh``, in flight) or ``recovery``
   (while adopting the view that repairs a failure another spec injected at
   step N, as the coordinator's Prepare names it, so every survivor keys on the
   same step: a failure during a swap in progress)
@@ -57,6 +60,7 @@ class ChaosPoint(enum.StrEnum):
     ALLGATHER = "allgather"  # an all-gather on a mesh group (FSDP2's, DTensor's), in flight (worker/mesh.py)
     REDUCESCATTER = "reducescatter"  # a reduce-scatter on a mesh group (FSDP2's gradients), in flight
     FORWARD = "forward"  # another collective on a mesh group in forward (tensor parallel's all-reduce)
+    P2P = "p2p"  # a send or recv on a mesh group (a pipeline stage's activations or gradients), in flight
     RECOVERY = "recovery"
 
 

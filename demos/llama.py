@@ -3,7 +3,8 @@
 RMSNorm, rotary position embeddings, a SwiGLU MLP and grouped-query attention, on the same data
 as ``demos.gpt`` (its ``load_corpus``, ``get_batch`` and ``lr_lambda`` are re-exported here).
 ``shard`` applies torch's own tensor parallelism (``parallelize_module`` with ``tp_plan``) and
-FSDP2 (``fully_shard``) to it, and ``clip_grad_norm`` clips gradients that live on several meshes.
+FSDP2 (``fully_shard``) to it, ``Stage`` cuts it into pipeline stages (for
+``torch.distributed.pipelining``), and ``clip_grad_norm`` clips gradients that live on several meshes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from gpt import count_parameters, get_batch, load_corpus, lr_lambda  # demos/ is on the path, as for train_gpt.py
@@ -24,10 +26,12 @@ __all__ = [
     "SIZES",
     "Llama",
     "LlamaConfig",
+    "Stage",
     "build_model",
     "clip_grad_norm",
     "count_parameters",
     "get_batch",
+    "lm_loss",
     "load_corpus",
     "lr_lambda",
     "shard",
@@ -143,8 +147,41 @@ class Llama(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin)
         logits = self.head(self.norm(x))
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
-        return logits, loss
+        return logits, lm_loss(logits, targets)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Next-byte cross entropy, averaged over the tokens."""
+    return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class Stage(nn.Module):
+    """Pipeline stage `index` of `stages` cut from `model`: its share of the blocks, the embedding on the first stage,
+    the final norm and the output head on the last (the whole model's own modules, so the weights are the same)."""
+
+    def __init__(self, model: Llama, index: int, stages: int) -> None:
+        super().__init__()
+        layers = len(model.blocks)
+        if layers % stages:
+            raise ValueError(f"{layers} blocks do not split into {stages} pipeline stages")
+        per = layers // stages
+        self.tok = model.tok if index == 0 else None
+        self.blocks = nn.ModuleList(model.blocks[index * per:(index + 1) * per])
+        self.norm = model.norm if index == stages - 1 else None
+        self.head = model.head if index == stages - 1 else None
+        self.register_buffer("rope_cos", model.rope_cos, persistent=False)
+        self.register_buffer("rope_sin", model.rope_sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (first stage) or hidden states in; hidden states or logits (last stage) out."""
+        if self.tok is not None:
+            x = self.tok(x)
+        cos, sin = self.rope_cos[:x.shape[1]], self.rope_sin[:x.shape[1]]
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        if self.norm is not None and self.head is not None:
+            x = self.head(self.norm(x))
+        return x
 
 
 def build_model(size: str = "small", seed: int = 0) -> Llama:
@@ -166,7 +203,7 @@ def tp_plan() -> dict[str, ParallelStyle]:
     }
 
 
-def shard(model: Llama, dp_mesh: DeviceMesh | None = None, tp_mesh: DeviceMesh | None = None) -> None:
+def shard(model: Llama | Stage, dp_mesh: DeviceMesh | None = None, tp_mesh: DeviceMesh | None = None) -> None:
     """Tensor-parallel blocks on ``tp_mesh``, then FSDP2 over ``dp_mesh`` (each block, then the rest).
 
     The embedding, the norms and the output head stay whole (replicated across the tp ranks).
@@ -180,12 +217,14 @@ def shard(model: Llama, dp_mesh: DeviceMesh | None = None, tp_mesh: DeviceMesh |
         fully_shard(model, mesh=dp_mesh)
 
 
-def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float,
+                   pp_group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Clip gradients to a total 2-norm of ``max_norm``, in place; returns the total norm (a plain tensor).
 
     Unlike ``torch.nn.utils.clip_grad_norm_`` this works when the gradients are DTensors on different
     meshes (FSDP2 x TP: the tp parameters on the 2-D mesh, the rest on the dp mesh): each mesh's
-    gradients (and the plain tensors, apart) get one norm, and the squares of those are summed.
+    gradients (and the plain tensors, apart) get one norm, and the squares of those are summed; with
+    `pp_group`, over the pipeline stages too (each holds its own parameters).
     """
     groups: dict[DeviceMesh | None, list[torch.Tensor]] = {}  # in first-seen order: the same on every rank
     for p in parameters:
@@ -197,7 +236,10 @@ def clip_grad_norm(parameters: Iterable[torch.Tensor], max_norm: float) -> torch
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         squares.append(norm.float().square())
-    total = torch.stack(squares).sum().sqrt() if squares else torch.zeros(())
+    total = torch.stack(squares).sum() if squares else torch.zeros(())
+    if pp_group is not None:
+        dist.all_reduce(total, group=pp_group)
+    total = total.sqrt()
     for params in groups.values():
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total

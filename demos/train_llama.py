@@ -2,9 +2,14 @@
 
     deadpool launch --nproc 4 --spares 1 --chaos kill:rank=2:step=13 demos/train_llama.py --fsdp --tp 2 --steps 30
 
+    deadpool launch --nproc 4 --spares 1 --chaos kill:rank=1:step=9:at=forward demos/train_llama.py --pp 2 --steps 30
+
 `--fsdp` shards every block and the rest with ``fully_shard`` over the mesh's "dp" dimension;
 `--tp N` splits attention heads and the MLP with ``ColwiseParallel``/``RowwiseParallel`` over
-a "tp" dimension of size N; with neither the model trains on ``rt.ddp``.  The mesh comes from
+a "tp" dimension of size N; `--pp N` cuts the blocks into N pipeline stages run by
+``torch.distributed.pipelining`` (``PipelineStage``, ``ScheduleGPipe`` or ``--schedule 1f1b``) over a
+"pp" dimension, the stages' gradients averaged over "dp" (by FSDP2 with `--fsdp`, else one
+all-reduce); with none of them the model trains on ``rt.ddp``.  The mesh comes from
 ``rt.device_mesh``; everything else is the plain torch code.  Deterministic for a seed: batches
 depend only on (seed, step, data-parallel coordinate), so a run with failures ends with the same
 final state digest as a run without them.
@@ -17,12 +22,25 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from llama import SIZES, build_model, clip_grad_norm, count_parameters, get_batch, load_corpus, lr_lambda, shard
+import torch.distributed as dist
+from llama import (
+    SIZES,
+    Stage,
+    build_model,
+    clip_grad_norm,
+    count_parameters,
+    get_batch,
+    lm_loss,
+    load_corpus,
+    lr_lambda,
+    shard,
+)
 
 import deadpool
 
@@ -38,6 +56,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fsdp", action="store_true", help="fully_shard over the data-parallel dimension")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (a divisor of --nproc)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages (a divisor of --nproc and of the layers)")
+    parser.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe", help="the pipeline schedule")
+    parser.add_argument("--microbatches", type=int, default=2, help="pipeline microbatches per step")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per worker")
     args = parser.parse_args()
 
@@ -45,42 +66,80 @@ def main() -> None:
     # DTensor warns, once per process, that the clipping norm over the 2-D mesh takes two all-reduces.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     rt = deadpool.init()
-    if rt.world_size % args.tp:
-        raise SystemExit(f"--tp {args.tp} does not divide the job's {rt.world_size} seats")
+    if rt.world_size % (args.tp * args.pp):
+        raise SystemExit(f"--tp {args.tp} x --pp {args.pp} does not divide the job's {rt.world_size} seats")
+    dp = rt.world_size // (args.tp * args.pp)
     corpus = load_corpus()
     model = build_model(args.size, seed=args.seed)
     params = count_parameters(model)
-    sharded = args.fsdp or args.tp > 1
-    if sharded:
-        mesh = rt.device_mesh((rt.world_size // args.tp, args.tp), ("dp", "tp"))  # a spare waits here for its seat
+    sharded = args.fsdp or args.tp > 1 or args.pp > 1
+    schedule: Any = None  # a torch.distributed.pipelining schedule with --pp
+    if sharded:  # a spare waits in rt.device_mesh for its seat
+        mesh = rt.device_mesh((args.pp, dp, args.tp), ("pp", "dp", "tp")) if args.pp > 1 else \
+            rt.device_mesh((dp, args.tp), ("dp", "tp"))
+        if args.pp > 1:
+            stage_index = mesh["pp"].get_local_rank()
+            model = Stage(model, stage_index, args.pp)  # this seat's stage: the rest of the model is dropped
         shard(model, dp_mesh=mesh["dp"] if args.fsdp else None, tp_mesh=mesh["tp"] if args.tp > 1 else None)
+        if args.pp > 1:
+            from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe  # about a second
+
+            stage = PipelineStage(model, stage_index, args.pp, torch.device("cpu"), group=mesh["pp"].get_group())
+            kind = Schedule1F1B if args.schedule == "1f1b" else ScheduleGPipe
+            schedule = kind(stage, n_microbatches=args.microbatches, loss_fn=lm_loss)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup=10, total=args.steps))
     rt.track(model=model, optimizer=optimizer, sched=scheduler)
     forward = model if sharded else rt.ddp(model)
     if not rt.is_spare and rt.rank == 0:
         print(f"model: {params / 1e6:.2f}M parameters, {args.steps} steps, "
-              f"{'FSDP2' if args.fsdp else 'no FSDP'}, tp {args.tp}", flush=True)
+              f"{'FSDP2' if args.fsdp else 'no FSDP'}, tp {args.tp}, pp {args.pp}", flush=True)
 
     tokens = args.batch * args.block
     last = time.perf_counter()
     for step in rt.steps(args.steps):
         dp_rank = mesh["dp"].get_local_rank() if sharded else rt.rank
         inputs, targets = get_batch(corpus, step, dp_rank, args.batch, args.block, args.seed)
-        _, loss = forward(inputs, targets)
-        loss.backward()
+        if schedule is not None:
+            loss = pipeline_step(schedule, model, inputs, targets, mesh, average=dp > 1 and not args.fsdp)
+        else:
+            _, loss = forward(inputs, targets)
+            loss.backward()
         if args.clip:
-            clip_grad_norm(model.parameters(), args.clip)
+            clip_grad_norm(model.parameters(), args.clip, mesh["pp"].get_group() if args.pp > 1 else None)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         now = time.perf_counter()
-        rt.report(loss=loss.item(), tokens=tokens)
-        if rt.rank == 0:
-            rate = tokens * (rt.world_size // args.tp) / (now - last)  # every data-parallel rank's batch
-            print(f"step {step:4d}  loss {loss.item():.4f}  {rate:8.0f} tok/s", flush=True)
+        if loss is not None:  # the last pipeline stage has the loss; every seat without a pipeline
+            rt.report(loss=loss.item(), tokens=tokens)
+            if dp_rank == 0 and (not sharded or mesh["tp"].get_local_rank() == 0):  # one seat prints
+                rate = tokens * dp / (now - last)  # every data-parallel rank's batch
+                print(f"step {step:4d}  loss {loss.item():.4f}  {rate:8.0f} tok/s", flush=True)
         last = now
     rt.finish()
+
+
+def pipeline_step(schedule: Any, stage_model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                  mesh: Any, average: bool) -> torch.Tensor | None:
+    """One step of this seat's pipeline stage (forward and backward of every microbatch), its gradients averaged
+    over the data-parallel dimension when FSDP2 does not; the mean microbatch loss on the last stage, else None."""
+    stage = mesh["pp"].get_local_rank()
+    losses: list[torch.Tensor] = []
+    if stage == 0:
+        schedule.step(inputs)
+    elif stage == mesh["pp"].size() - 1:
+        schedule.step(target=targets, losses=losses)
+    else:
+        schedule.step()
+    if average:
+        grads = [p.grad for p in stage_model.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=mesh["dp"].get_group())
+        flat /= mesh["dp"].size()
+        pieces = flat.split([g.numel() for g in grads])
+        torch._foreach_copy_(grads, [piece.view_as(g) for piece, g in zip(pieces, grads, strict=True)])
+    return torch.stack([loss.detach() for loss in losses]).mean() if losses else None
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CollectiveFailed
 from deadpool.protocol.view import View
-from deadpool.worker import dtensors
+from deadpool.worker import dtensors, pipelining
 from deadpool.worker.exit import GUARD
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.groups import install_default_group
@@ -257,6 +257,7 @@ class GroupCollectives:
                     self.group = group.result()
         # torch's default group is the script's way onto this group: registered once seated, kept across views.
         install_default_group(self, seat, view.world_size, PrefixStore(f"{view.store_prefix}/default_pg", store))
+        pipelining.rebuilt()
 
     def seat_mesh(self, shape: Sequence[int], names: Sequence[str], view: View, seat: int, first: bool) -> SeatMesh:
         """This seat's mesh in `view`, with torch's default group (a DeviceMesh needs one) installed.

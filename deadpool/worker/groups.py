@@ -516,13 +516,17 @@ class SeatGroup(dist.ProcessGroup):
         return self._start(Op.ALL_TO_ALL, lambda group: group.alltoall(staged, inputs, options),
                            lambda: torch._foreach_copy_(outputs, staged), local, outputs)
 
+    # gloo's sends and recvs complete only inside a wait, and a wait with a timeout that runs out closes the
+    # connection: their group's progress thread waits for them (as for a reduce-scatter), the seat on that.
+
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:  # type: ignore[override]
-        return self._start(Op.SEND, lambda group: group.send(tensors, dst, tag), lambda: None, None, [])
+        return self._start(Op.SEND, lambda group: WaitedWork([group.send(tensors, dst, tag)], self._progress_of(group)),
+                           lambda: None, None, [])
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:  # type: ignore[override]
         live = _tensors(tensors)
         staged = [torch.empty_like(t) for t in live]  # a lost recv leaves the tensor as it was
-        return self._start(Op.RECV, lambda group: group.recv(staged, src, tag),
+        return self._start(Op.RECV, lambda group: WaitedWork([group.recv(staged, src, tag)], self._progress_of(group)),
                            lambda: torch._foreach_copy_(live, staged), None, live)
 
     # What is not carried fails with a message that says so (torch's would be "No backend type ...").
@@ -541,16 +545,18 @@ class SeatGroup(dist.ProcessGroup):
         real = self._issue(issue, op)
         if real is None:
             if local is not None:
-                local()
+                with torch.no_grad():  # as a backend writes: a recv's buffer may be a leaf that requires grad
+                    local()
             objects.lost_locally()  # inside torch's object collectives: the bytes after the sizes never come
             return UserWork(None, None, result)
 
         def finish() -> None:
-            if self._await(real, op):
-                done()
-                return
-            if local is not None:
-                local()
+            with torch.no_grad():
+                if self._await(real, op):
+                    done()
+                    return
+                if local is not None:
+                    local()
             objects.lost_locally()
 
         return UserWork(finish, real, result)

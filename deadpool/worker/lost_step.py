@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import sys
 import types
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,17 @@ def skip_when_lost(optimizer: torch.optim.Optimizer, lost: Callable[[], bool], s
 
     functools.update_wrapper(step, getattr(inner, "__func__", inner))
     optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
+
+
+def fill_missing_grads(objects: Iterable[object]) -> None:
+    """Give each parameter that requires grad, of every module among `objects`, zeros as its gradient where a lost
+    step left it none (a backward abandoned or run on stand-ins): a script that reads gradients after its backward
+    (a norm to log, an all-reduce of its own) finds them as in any step; their values never count."""
+    with torch.no_grad():
+        for obj in objects:
+            for param in obj.parameters() if isinstance(obj, nn.Module) else ():
+                if param.requires_grad and param.grad is None:
+                    param.grad = torch.zeros_like(param)
 
 
 class AbandonableBackward:
@@ -200,6 +211,7 @@ class AbandonableForward:
     def _stand_in(self, leaves: list[TensorShape | Any], spec: pytree.TreeSpec) -> Any:
         if self._stopped is not None:
             self._stopped()
+        fill_missing_grads([self._module])  # the backward of a stand-in reaches one parameter at most
         anchor = self._anchor
         if anchor is not None and hasattr(anchor, "to_local"):  # a DTensor: its local shard, with no collective
             anchor = anchor.to_local()

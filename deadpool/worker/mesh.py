@@ -70,11 +70,13 @@ def in_backward() -> bool:
 
 
 def chaos_point(op: Op) -> ChaosPoint:
-    """Where a mesh collective's kill fires: ``allgather``, ``reducescatter``, ``backward`` or ``forward``."""
+    """Where a mesh collective's kill fires: ``allgather``, ``reducescatter``, ``p2p``, ``backward`` or ``forward``."""
     if op in GATHERS:
         return ChaosPoint.ALLGATHER
     if op in SCATTERS:
         return ChaosPoint.REDUCESCATTER
+    if op in POINT_TO_POINT:
+        return ChaosPoint.P2P
     return ChaosPoint.BACKWARD if in_backward() else ChaosPoint.FORWARD
 
 

@@ -46,7 +46,7 @@ from deadpool.worker.ddp import DEFAULT_BUCKET_MB, DataParallel
 from deadpool.worker.exit import GUARD, ExceptionReport
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.groups import DefaultGroup, refuse_env_rendezvous
-from deadpool.worker.lost_step import AbandonableBackward, AbandonableForward, skip_when_lost
+from deadpool.worker.lost_step import AbandonableBackward, AbandonableForward, fill_missing_grads, skip_when_lost
 from deadpool.worker.recovery import Recovery, Seating
 from deadpool.worker.step import StepState
 
@@ -115,7 +115,7 @@ class Runtime:
         self._loader_watch = LoaderWatch(lambda: self._state.step >= 0, self._untracked_loader)
         self._loader_watch.install()
         # A lost step's backward stops at DeadPool's next gradient hook (rt.ddp) or mesh collective; FSDP2 is reset.
-        self._backward = AbandonableBackward(lambda: dtensors.reset_fsdp_iterations(self._tracked.values()))
+        self._backward = AbandonableBackward(self._backward_abandoned)
         self._backward.install()
         self._recovery = Recovery(
             env, self._state, self._handoff, self._progress, self.events, self._snapshots, self._disk,
@@ -191,6 +191,10 @@ class Runtime:
                 self._optimizers.append(obj)
                 obj.register_step_pre_hook(self._optimizer_pre_step)
                 skip_when_lost(obj, self._collectives.step_lost, self._optimizer_stepped)
+
+    def _backward_abandoned(self) -> None:
+        dtensors.reset_fsdp_iterations(self._tracked.values())
+        fill_missing_grads(self._tracked.values())
 
     def distributed_sampler(
         self, dataset: Any, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False,

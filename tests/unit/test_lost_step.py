@@ -9,7 +9,7 @@ import warnings
 import torch
 from torch import nn
 
-from deadpool.worker.lost_step import AbandonableForward, skip_when_lost
+from deadpool.worker.lost_step import AbandonableForward, fill_missing_grads, skip_when_lost
 
 
 def _setup(scheduler_first: bool) -> tuple[nn.Linear, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler,
@@ -81,3 +81,21 @@ def test_a_lost_forward_stops_before_the_next_submodules_hooks_and_returns_tied_
     net.entered.clear()
     out, _ = net(x)  # lost from the start: nothing runs, stand-ins at once
     assert net.entered == [] and stopped == [True, True] and out.shape == (3, 2)
+
+
+def test_after_a_lost_forward_every_parameter_has_a_gradient_for_the_script_to_read() -> None:
+    """A script that reads gradients after its backward (a norm, its own all-reduce) finds them in a lost step too."""
+    net = Net()
+    lost = [False]
+    AbandonableForward(net, lambda: lost[0]).wrap()
+    x = torch.ones(3, 4)
+    net(x)[1].backward()
+    for p in net.parameters():
+        p.grad = None  # zero_grad(set_to_none=True)
+    lost[0] = True
+    net(x)[1].backward()
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in net.parameters())
+    lost[0] = False
+    net.zero_grad(set_to_none=True)
+    fill_missing_grads([net, "not a module"])  # what a backward abandoned mid-way leaves (runtime.py)
+    assert all(p.grad is not None and not p.grad.any() for p in net.parameters())
