@@ -84,7 +84,9 @@ def main() -> None:
         if args.pp > 1:
             from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe  # about a second
 
-            stage = PipelineStage(model, stage_index, args.pp, torch.device("cpu"), group=mesh["pp"].get_group())
+            shapes = stage_shapes(stage_index, args.pp, args.batch // args.microbatches, args.block, SIZES[args.size])
+            stage = PipelineStage(model, stage_index, args.pp, torch.device("cpu"), group=mesh["pp"].get_group(),
+                                  **shapes)
             kind = Schedule1F1B if args.schedule == "1f1b" else ScheduleGPipe
             schedule = kind(stage, n_microbatches=args.microbatches, loss_fn=lm_loss)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
@@ -118,6 +120,16 @@ def main() -> None:
                 print(f"step {step:4d}  loss {loss.item():.4f}  {rate:8.0f} tok/s", flush=True)
         last = now
     rt.finish()
+
+
+def stage_shapes(index: int, stages: int, micro: int, block: int, cfg: Any) -> dict[str, Any]:
+    """A pipeline stage's input and output shapes (and their gradients'), so that it infers none: inferring them
+    runs a real forward and backward in the schedule's set-up, FSDP2's collectives included (README, "Pipeline")."""
+    hidden = torch.empty(micro, block, cfg.dim, requires_grad=index > 0)
+    first, last = index == 0, index == stages - 1
+    return {"input_args": (torch.empty(micro, block, dtype=torch.long) if first else hidden,),
+            "output_args": (torch.empty(micro, block, cfg.vocab) if last else hidden,),
+            "input_grads": None if first else (hidden,), "output_grads": None if last else (hidden,)}
 
 
 def pipeline_step(schedule: Any, stage_model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor,

@@ -257,7 +257,7 @@ class GroupCollectives:
                     self.group = group.result()
         # torch's default group is the script's way onto this group: registered once seated, kept across views.
         install_default_group(self, seat, view.world_size, PrefixStore(f"{view.store_prefix}/default_pg", store))
-        pipelining.rebuilt()
+        pipelining.rebuilt(self)
 
     def seat_mesh(self, shape: Sequence[int], names: Sequence[str], view: View, seat: int, first: bool) -> SeatMesh:
         """This seat's mesh in `view`, with torch's default group (a DeviceMesh needs one) installed.

@@ -80,6 +80,41 @@ def relayout(loaded: Any, obj: Any) -> Any:
 
 
 
+def _fsdp_modules(objects: Iterable[object]) -> list[Any]:
+    """Every FSDP2 module under the modules among `objects`, in a fixed order (the same on every seat)."""
+    if FSDPModule is None:
+        return []
+    return [module for obj in objects if isinstance(obj, torch.nn.Module)
+            for module in obj.modules() if isinstance(module, FSDPModule)]
+
+
+def fsdp_switches(objects: Iterable[object]) -> list[list[bool]]:
+    """The switches a step turns on the FSDP2 modules among `objects`: per module its ``set_is_last_backward``,
+    then per parameter group ``set_requires_gradient_sync`` (reduce, all-reduce) and ``set_reshard_after_backward``.
+
+    They are state between steps like the parameters: a pipeline schedule turns them off for all but its last
+    microbatch and on again at its end, so a lost step leaves them off where a finished one leaves them on, and a
+    replayed step would then reduce-scatter where its peers do not (a hang).
+    """
+    switches = []
+    for module in _fsdp_modules(objects):
+        state = module._get_fsdp_state()
+        row = [bool(state._state_ctx.is_last_backward)]
+        for group in state._fsdp_param_groups:
+            row += [bool(group.reduce_grads), bool(group.all_reduce_grads), bool(group.reshard_after_backward)]
+        switches.append(row)
+    return switches
+
+
+def set_fsdp_switches(objects: Iterable[object], switches: list[list[bool]]) -> None:
+    """Turn the FSDP2 modules' switches as :func:`fsdp_switches` read them (on any seat of the same script)."""
+    for module, row in zip(_fsdp_modules(objects), switches, strict=False):
+        state = module._get_fsdp_state()
+        state._state_ctx.is_last_backward = row[0]
+        for group, i in zip(state._fsdp_param_groups, range(1, len(row), 3), strict=False):
+            group.reduce_grads, group.all_reduce_grads, group.reshard_after_backward = row[i:i + 3]
+
+
 def reset_fsdp_iterations(objects: Iterable[object]) -> None:
     """Clear FSDP2's per-iteration state under every root FSDP module among `objects`.
 
@@ -87,9 +122,8 @@ def reset_fsdp_iterations(objects: Iterable[object]) -> None:
     next backward without one (its reduce-scatters never finalized) and the parameters unsharded.
     ``reset_iter_state()`` reshards them and drops the lost iteration's gradient reductions.
     """
-    if FSDPModule is None or not FSDP_RESETS:
+    if not FSDP_RESETS:
         return
-    for obj in objects:
-        for module in obj.modules() if isinstance(obj, torch.nn.Module) else ():
-            if isinstance(module, FSDPModule) and module._get_fsdp_state()._is_root:
-                module.reset_iter_state()
+    for module in _fsdp_modules(objects):
+        if module._get_fsdp_state()._is_root:
+            module.reset_iter_state()

@@ -91,6 +91,7 @@ class MeshDim:
     members: tuple[str, ...] = ()  # the members of `seats` when `inner` was built
     broken: bool = False  # a collective on it failed this step: the rest complete locally
     dirty: bool = False  # a collective on it did not complete on this seat since it was built
+    p2p: bool = False  # it carried a send or recv since it was built: rebuilt at every view change
 
     def needs_rebuild(self, view: View) -> bool:
         """A seat of the group has a new member, the view says so, or the seat has none yet."""
@@ -115,11 +116,9 @@ class MeshGroup(SeatGroup):
         dim = self.dim
         if in_backward() and self._collectives.abandons_backward():
             raise StepAbandoned  # carried out of the backward and swallowed (lost_step.AbandonableBackward)
+        dim.p2p = dim.p2p or op in POINT_TO_POINT
         if self._collectives.abandoned():  # this seat stopped the step: it issues nothing more (a peer left
-            # waiting on it ends that wait at its pause notice, PeerPaused); a peer's send this seat does not
-            # receive may sit in the group for a later recv of the same tag: the group is rebuilt.
-            dim.dirty = dim.dirty or (op in POINT_TO_POINT and dim.inner is not None)
-            return None
+            return None  # waiting on it ends that wait at its pause notice, PeerPaused)
         if dim.broken or dim.inner is None:
             dim.dirty = dim.dirty or dim.inner is not None
             return None
@@ -199,8 +198,10 @@ class SeatMesh:
         )
 
     def dirty_groups(self) -> list[str]:
-        """The groups with a collective this seat did not complete since their last build (the PrepareAck's)."""
-        return [dim.name for dim in self.dims if dim.dirty]
+        """The groups with a collective this seat did not complete since their last build (the PrepareAck's), and
+        those that carried sends and recvs: a lost step may leave a send there that no recv took (gloo delivers
+        eagerly), or skip a pipeline's set-up on one seat only, and a later recv of the same tag would take it."""
+        return [dim.name for dim in self.dims if dim.dirty or dim.p2p]
 
     def peers(self, view: View) -> list[str]:
         """The members this seat shares a mesh group with in `view` (told where it paused for a Prepare)."""
@@ -242,7 +243,7 @@ class SeatMesh:
                     GUARD.retire(dim.inner)
                 dim.inner = built[dim.name]
                 dim.members = tuple(view.seats[seat] for seat in dim.seats)
-                dim.dirty = False
+                dim.dirty = dim.p2p = False
                 report.rebuilt.append(dim.name)
         report.seconds = time.perf_counter() - started
         return report

@@ -6,32 +6,59 @@ speaks of it again. A spare's schedule is new, so its first step would vote alon
 neighbours, set up long ago, send activations: a hang, or a wrong inference. After every view
 change that rolls the seats back (every seat adopts it at the same step boundary) each schedule
 of this process sets its stages up once more in its next step, the spare's with them
-(``rebuilt()``, from ``GroupCollectives.rebuild``). torch's schedule class is patched only once the
-script imported it (importing it costs about a second).
+(``rebuilt()``, from ``GroupCollectives.rebuild``). A set-up that a failure interrupts (its vote
+or shapes completed locally) ends the lost step's schedule there, without an exception: the step
+is replayed, and the set-up with it. torch's schedule classes are patched only once the script
+imported them (importing them costs about a second).
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-from typing import Any
+from typing import Any, Protocol
+
+from deadpool.worker.lost_step import fill_missing_grads
 
 _SCHEDULES = "torch.distributed.pipelining.schedules"
+
+
+class Seat(Protocol):
+    """What the patched schedules need from the runtime (``GroupCollectives`` is the runtime's)."""
+
+    def step_lost(self) -> bool:
+        """The step is lost (a collective failed, or a Prepare interrupted it)."""
+        ...
+
+    def abandon_forward(self) -> None:
+        """This seat stops the lost step: its later mesh collectives complete locally, its peers stop waiting."""
+        ...
+
+
+class LostSetUp(Exception):
+    """A schedule's set-up in a lost step: the schedule's step ends (caught around ``step()``, never the script's)."""
+
+
 _generation = 0  # rebuilds this process took part in: a schedule set up under an older one sets up again
+_seat: Seat | None = None
 
 
-def rebuilt() -> None:
+def rebuilt(seat: Seat) -> None:
     """The seat's groups were rebuilt for a new view (every seat at the same step): schedules set up again."""
-    global _generation
-    _generation += 1
+    global _generation, _seat
+    _generation, _seat = _generation + 1, seat
     _patch()
+
+
+def _lost() -> bool:
+    return _seat is not None and _seat.step_lost()
 
 
 def _patch() -> None:
     module = sys.modules.get(_SCHEDULES)
     base = getattr(module, "_PipelineSchedule", None)
     original = getattr(base, "_initialize_pp_stages", None)
-    if original is None or getattr(original, "deadpool_generation", False):
+    if module is None or original is None or getattr(original, "deadpool_generation", False):
         return
 
     @functools.wraps(original)
@@ -39,10 +66,38 @@ def _patch() -> None:
                    bwd_initialized: bool, *rest: Any, **more: Any) -> tuple[bool, bool]:
         if getattr(self, "_deadpool_generation", None) != _generation:
             fwd_initialized = bwd_initialized = False
-        result: tuple[bool, bool] = original(self, stages, args, kwargs, target, fwd_initialized, bwd_initialized,
-                                             *rest, **more)
+        if not fwd_initialized and _lost():
+            raise LostSetUp  # its peers may never answer: set up in the replayed step
+        try:
+            result: tuple[bool, bool] = original(self, stages, args, kwargs, target, fwd_initialized,
+                                                 bwd_initialized, *rest, **more)
+        except Exception:
+            if _lost():  # a vote or shape that never came: torch's own check failed on the local stand-in
+                raise LostSetUp from None
+            raise
+        if result != (fwd_initialized, bwd_initialized) and _lost():
+            raise LostSetUp  # set up on stand-ins: again in the replayed step
         self._deadpool_generation = _generation
         return result
 
     initialize.deadpool_generation = True  # type: ignore[attr-defined]
     base._initialize_pp_stages = initialize  # type: ignore[union-attr]
+    for name in ("PipelineScheduleSingle", "PipelineScheduleMulti"):
+        schedule = getattr(module, name, None)
+        if schedule is not None and "step" in vars(schedule):
+            schedule.step = _ending_lost_set_ups(schedule.step)
+
+
+def _ending_lost_set_ups(step: Any) -> Any:
+    @functools.wraps(step)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return step(self, *args, **kwargs)
+        except LostSetUp:
+            if _seat is not None:
+                _seat.abandon_forward()
+            stages = getattr(self, "_stages", None) or [getattr(self, "_stage", None)]
+            fill_missing_grads(getattr(stage, "submod", None) for stage in stages)
+            return None
+
+    return guarded

@@ -424,9 +424,15 @@ class Runtime:
         if self._sharded:
             state = dtensors.localize(state)  # a seat holds the local shards of its DTensors
         state["__rng__"] = rng_mod.capture()
+        if self._sharded and (switches := dtensors.fsdp_switches(self._tracked.values())):
+            state["__fsdp__"] = switches
         return state
 
     def _load(self, state: dict[str, Any]) -> None:
+        # A lost step may have stopped an FSDP2 forward mid-way (a pipeline's set-up, a stand-in with no backward
+        # after it): its parameters still unsharded, the replayed step would skip an all-gather its peers issue.
+        dtensors.reset_fsdp_iterations(self._tracked.values())
+        dtensors.set_fsdp_switches(self._tracked.values(), state.pop("__fsdp__", []))
         rng = state.pop("__rng__")
         for name, obj in self._tracked.items():
             obj.load_state_dict(dtensors.relayout(state[name], obj) if self._sharded else state[name])

@@ -70,3 +70,18 @@ def test_a_hung_stage_is_fenced_and_replaced_bit_identically(tmp_path: Path, bas
     [failed] = result.of("member_failed")
     assert failed["failed_rank"] == 3
     assert "Traceback" not in result.output
+
+
+def test_both_seats_of_one_pipeline_killed_are_replaced_bit_identically(
+    tmp_path: Path, baseline: LaunchResult,
+) -> None:
+    """Seats 1 and 3 run the two stages of one pipeline (their copies live on seats 2 and 0): both die in step 5,
+    in one swap or in two (the second during the replay's set-up), and two spares take their seats."""
+    args = ["--nproc", "4", "--spares", "2", "--chaos", "kill:rank=1:step=5:at=p2p", "--chaos",
+            "kill:rank=3:step=5:at=p2p"]
+    result = launch(tmp_path, *args, steps=STEPS, script=LLAMA, script_args=PIPELINE)
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.digest == baseline.digest
+    assert sorted(f["failed_rank"] for f in result.of("member_failed")) == [1, 3]
+    assert {r["rank"] for r in result.of("restored") if r["source"] == "buddy"} == {1, 3}
+    assert "Traceback" not in result.output

@@ -7,8 +7,13 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch._C._distributed_c10d import HashStore
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
+from deadpool.worker import dtensors
 from deadpool.worker.lost_step import AbandonableForward, fill_missing_grads, skip_when_lost
 
 
@@ -99,3 +104,23 @@ def test_after_a_lost_forward_every_parameter_has_a_gradient_for_the_script_to_r
     net.zero_grad(set_to_none=True)
     fill_missing_grads([net, "not a module"])  # what a backward abandoned mid-way leaves (runtime.py)
     assert all(p.grad is not None and not p.grad.any() for p in net.parameters())
+
+
+def test_fsdp2s_switches_are_read_and_turned_back_as_a_snapshot_holds_them() -> None:
+    """What a pipeline schedule turns off for its microbatches and on at its end: a lost step leaves them off."""
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        fully_shard(model[0], mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        saved = dtensors.fsdp_switches([model, "not a module"])
+        assert saved == [[True, True, True, True]] * 2, "the root, then its block: every switch on"
+        model.set_requires_gradient_sync(False)
+        model.set_is_last_backward(False)
+        model.set_reshard_after_backward(False)
+        assert [row[1:] for row in dtensors.fsdp_switches([model])] == [[False, False, False]] * 2
+        dtensors.set_fsdp_switches([model], saved)
+        assert dtensors.fsdp_switches([model]) == saved
+    finally:
+        dist.destroy_process_group()
