@@ -287,9 +287,10 @@ class SeatGroup(dist.ProcessGroup):
     gloo the buffers of an all-gather or reduce-scatter into tensors that own their memory
     alone (FSDP2's: the staging copies cost it 7-9% of a step): abandoned, those tensors
     move to new memory, and the old stays gloo's.  When the step is poisoned a
-    collective completes locally: an all_reduce or broadcast leaves the tensor as it was,
-    an all_gather gives this seat's tensor in every place, a reduce-scatter this seat's own
-    chunk, as if every seat held the same.  The values are lost with the step; what matters
+    collective completes locally: an all_reduce, reduce, broadcast or recv leaves the tensor as
+    it was, an all_gather or gather gives this seat's tensor in every place, a reduce-scatter
+    this seat's own chunk, an all-to-all what this seat sends itself from every seat, as if
+    every seat held the same.  The values are lost with the step; what matters
     is that the caller (the script, FSDP2, DTensor) runs to the step's end without an error.
     Subclasses say where a collective is issued (`_issue`) and how it is waited on (`_await`).
     """
@@ -331,23 +332,26 @@ class SeatGroup(dist.ProcessGroup):
     def getGroupDesc(self) -> str:
         return self._name
 
+    def _in_place(self, op: Op, tensors: torch.Tensor | list[torch.Tensor],
+                  issue: Callable[[Any, list[torch.Tensor]], dist.Work]) -> dist.Work:
+        """A collective that writes its result into its inputs (all-reduce, broadcast, reduce), on staged copies:
+        lost, it leaves them as they were."""
+        live = _tensors(tensors)
+        staged = [t.clone() for t in live]
+        return self._start(op, lambda group: issue(group, staged), lambda: torch._foreach_copy_(live, staged), None,
+                           live)
+
     def allreduce(  # type: ignore[override]
         self, tensors: torch.Tensor | list[torch.Tensor], opts: AllreduceOptions | None = None,
     ) -> dist.Work:
-        live = _tensors(tensors)
-        staged = [t.clone() for t in live]
         options = opts if opts is not None else AllreduceOptions()
-        return self._start(Op.ALL_REDUCE, lambda group: group.allreduce(staged, options),
-                           lambda: torch._foreach_copy_(live, staged), None, live)
+        return self._in_place(Op.ALL_REDUCE, tensors, lambda group, staged: group.allreduce(staged, options))
 
     def broadcast(  # type: ignore[override]
         self, tensors: torch.Tensor | list[torch.Tensor], opts: BroadcastOptions | None = None,
     ) -> dist.Work:
-        live = _tensors(tensors)
-        staged = [t.clone() for t in live]
         options = opts if opts is not None else BroadcastOptions()
-        return self._start(Op.BROADCAST, lambda group: group.broadcast(staged, options),
-                           lambda: torch._foreach_copy_(live, staged), None, live)
+        return self._in_place(Op.BROADCAST, tensors, lambda group, staged: group.broadcast(staged, options))
 
     def allgather(  # type: ignore[override]
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
@@ -459,11 +463,8 @@ class SeatGroup(dist.ProcessGroup):
     def reduce(  # type: ignore[override]
         self, tensors: list[torch.Tensor], opts: ReduceOptions | None = None,
     ) -> dist.Work:
-        live = _tensors(tensors)
-        staged = [t.clone() for t in live]
         options = opts if opts is not None else ReduceOptions()
-        return self._start(Op.REDUCE, lambda group: group.reduce(staged, options),
-                           lambda: torch._foreach_copy_(live, staged), None, live)
+        return self._in_place(Op.REDUCE, tensors, lambda group, staged: group.reduce(staged, options))
 
     def gather(  # type: ignore[override]
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: GatherOptions | None = None,
