@@ -79,7 +79,6 @@ def relayout(loaded: Any, obj: Any) -> Any:
     return _relayout(loaded, live)
 
 
-
 def _fsdp_modules(objects: Iterable[object]) -> list[Any]:
     """Every FSDP2 module under the modules among `objects`, in a fixed order (the same on every seat)."""
     if FSDPModule is None:
