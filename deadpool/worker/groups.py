@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
@@ -644,3 +645,30 @@ def refuse_env_rendezvous() -> None:
 
     init_process_group.refuses_env_rendezvous = True  # type: ignore[attr-defined]
     dist.init_process_group = init_process_group
+
+
+def warn_own_groups() -> None:
+    """Make ``dist.new_group`` (the script's own subgroup) warn once per process that its group is torch's own.
+
+    Its gloo group is built once, over the members seated then, and never rebuilt: after a swap a collective on
+    it meets the dead seat and raises in the script, and the job fails. The groups of ``rt.device_mesh`` are
+    rebuilt at every swap. The group is still made, so a script that never meets a failure runs as before.
+    """
+    original = dist.new_group
+    if getattr(original, "deadpool_warns", False):
+        return
+    warned = False
+
+    @functools.wraps(original)
+    def new_group(*args: Any, **kwargs: Any) -> Any:
+        nonlocal warned
+        if not warned:
+            warned = True
+            warnings.warn(
+                "torch.distributed.new_group() under deadpool launch: this group is torch's own, built once and "
+                "never rebuilt, so a failure while it is in use fails the job; for groups that survive a swap use "
+                "the dimensions of rt.device_mesh() (README, 'Your own collectives')", RuntimeWarning, stacklevel=2)
+        return original(*args, **kwargs)
+
+    new_group.deadpool_warns = True  # type: ignore[attr-defined]
+    dist.new_group = new_group

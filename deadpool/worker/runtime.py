@@ -45,7 +45,7 @@ from deadpool.worker.data import DataSeats, LoaderWatch, TrackedLoader
 from deadpool.worker.ddp import DEFAULT_BUCKET_MB, DataParallel
 from deadpool.worker.exit import GUARD, ExceptionReport
 from deadpool.worker.faults import FaultInjector
-from deadpool.worker.groups import DefaultGroup, refuse_env_rendezvous
+from deadpool.worker.groups import DefaultGroup, refuse_env_rendezvous, warn_own_groups
 from deadpool.worker.lost_step import AbandonableBackward, AbandonableForward, fill_missing_grads, skip_when_lost
 from deadpool.worker.recovery import Recovery, Seating
 from deadpool.worker.step import StepState
@@ -65,6 +65,7 @@ def init() -> Runtime:
     if _RUNTIME is None:
         _RUNTIME = Runtime(os.environ)
         refuse_env_rendezvous()
+        warn_own_groups()
     return _RUNTIME
 
 

@@ -8,6 +8,7 @@ step must leave the script's tensors well-formed and raise nothing.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -449,3 +450,18 @@ def test_an_object_collective_lost_halfway_leaves_the_scripts_objects_as_if_loca
     runtime.poisoned, runtime.fail = False, False
     with pytest.raises(AttributeError):  # the script's own error still reaches it
         dist.all_gather_object(everyone, lambda: None)
+
+
+def test_a_subgroup_of_the_scripts_own_is_made_with_a_warning_that_it_does_not_survive_a_swap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[list[int]] = []
+    monkeypatch.setattr(dist, "new_group", lambda ranks=None, **_: made.append(ranks) or "group")
+    groups.warn_own_groups()
+    groups.warn_own_groups()  # once
+    with pytest.warns(RuntimeWarning, match="never rebuilt.*rt.device_mesh"):
+        assert dist.new_group([0, 1]) == "group"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dist.new_group([1, 2]) == "group", "one warning per process"
+    assert made == [[0, 1], [1, 2]]
