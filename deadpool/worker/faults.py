@@ -24,6 +24,10 @@ log = logging.getLogger("deadpool")
 # How long a point waits for the runtime thread to hand the ChaosInjected report to the transport
 # before the signal lands (a kill would otherwise take the report with it).
 REPORT_FLUSH_S = 1.0
+# ZeroMQ writes from its own I/O thread: a report handed over just before a SIGKILL can die with the process,
+# and the coordinator keys the repair's ``at=recovery`` point on it (Prepare.failure_step). A moment's grace
+# lets it leave first; the injection's timestamp is taken after it.
+REPORT_LINGER_S = 0.05
 
 
 class FaultInjector:
@@ -61,6 +65,7 @@ class FaultInjector:
         if not self._handoff.flush(REPORT_FLUSH_S):
             log.warning("chaos %s: the report was not handed to the transport within %.1fs; injecting anyway",
                         spec, REPORT_FLUSH_S)
+        time.sleep(REPORT_LINGER_S)
         # The event is the injection's timestamp (what recovery times count from): taken once the report is
         # out, as the signal goes, not before the report's hand-over, which only an injected failure waits for.
         self._events.emit(Event.CHAOS_INJECTED, action=spec.action, at=point, spec=str(spec),
