@@ -358,20 +358,27 @@ class SeatGroup(dist.ProcessGroup):
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
         opts: AllgatherOptions | None = None,
     ) -> dist.Work:
-        staged = [[torch.empty_like(t) for t in outputs] for outputs in output_lists]
         options = opts if opts is not None else AllgatherOptions()
+        return self._gathered(Op.ALL_GATHER, output_lists, inputs,
+                              lambda group, staged: group.allgather(staged, inputs, options))
+
+    def _gathered(self, op: Op, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  issue: Callable[[Any, list[list[torch.Tensor]]], dist.Work]) -> dist.Work:
+        """A collective that gathers into lists of outputs (all-gather; gather, whose lists only the root has), on
+        staged outputs: lost, it gives this seat's tensor in every place."""
+        staged = [[torch.empty_like(t) for t in outputs] for outputs in output_lists]
 
         def done() -> None:
             for outputs, results in zip(output_lists, staged, strict=True):
                 torch._foreach_copy_(outputs, results)
 
         def local() -> None:
-            for outputs, tensor in zip(output_lists, inputs, strict=True):
+            for outputs, tensor in zip(output_lists, inputs[:len(output_lists)], strict=True):
                 for output in outputs:
                     output.copy_(tensor)
 
         flat = [t for outputs in output_lists for t in outputs]
-        return self._start(Op.ALL_GATHER, lambda group: group.allgather(staged, inputs, options), done, local, flat)
+        return self._start(op, lambda group: issue(group, staged), done, local, flat)
 
     def all_gather_single(  # type: ignore[override]
         self, output: torch.Tensor, tensor: torch.Tensor, opts: AllgatherOptions | None = None,
@@ -470,20 +477,9 @@ class SeatGroup(dist.ProcessGroup):
     def gather(  # type: ignore[override]
         self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: GatherOptions | None = None,
     ) -> dist.Work:
-        staged = [[torch.empty_like(t) for t in outputs] for outputs in output_lists]  # the root's only
         options = opts if opts is not None else GatherOptions()
-
-        def done() -> None:
-            for outputs, results in zip(output_lists, staged, strict=True):
-                torch._foreach_copy_(outputs, results)
-
-        def local() -> None:  # on the root: this seat's tensor in every place
-            for outputs, tensor in zip(output_lists, inputs, strict=False):
-                for output in outputs:
-                    output.copy_(tensor)
-
-        flat = [t for outputs in output_lists for t in outputs]
-        return self._start(Op.GATHER, lambda group: group.gather(staged, inputs, options), done, local, flat)
+        return self._gathered(Op.GATHER, output_lists, inputs,
+                              lambda group, staged: group.gather(staged, inputs, options))
 
     def all_to_all_single(  # type: ignore[override]
         self, output: torch.Tensor, tensor: torch.Tensor, output_split_sizes: list[int],
