@@ -33,6 +33,7 @@ from deadpool.worker.exit import GUARD
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.groups import install_default_group
 from deadpool.worker.mesh import Rebuilt, SeatMesh, in_backward
+from deadpool.worker.propagation import Decisions
 from deadpool.worker.step import StepState
 
 
@@ -230,6 +231,7 @@ class GroupCollectives:
         self._bind_host = bind_host
         self._waiter = Waiter(handoff.condition, lambda: handoff.interrupted(state.epoch))
         self.mesh: SeatMesh | None = None  # rt.device_mesh's groups, once the script asked for a mesh
+        self.decisions: Decisions | None = None  # DTensor's sharding decisions over that mesh
         self.last_rebuild = Rebuilt()  # what the newest view change did to the mesh groups
 
     # -- the group ----------------------------------------------------------------------------
@@ -274,6 +276,7 @@ class GroupCollectives:
         """
         self.seat_default_group(view, seat)
         self.mesh = SeatMesh(shape, names, seat, view.world_size, self)
+        self.decisions = Decisions(self.mesh.device_mesh)
         if first:
             self.last_rebuild = self.mesh.rebuild(view, self._builder(view))
         return self.mesh

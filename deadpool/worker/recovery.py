@@ -396,9 +396,9 @@ class Recovery:
         """The ``restored`` event's account of the mesh groups (none without ``rt.device_mesh``)."""
         if self._collectives.mesh is None:
             return {}
-        rebuilt = self._collectives.last_rebuild
+        rebuilt, decisions = self._collectives.last_rebuild, self._collectives.decisions
         return {"groups_rebuilt": rebuilt.rebuilt, "groups_kept": rebuilt.kept,
-                "mesh_group_s": round(rebuilt.seconds, 6)}
+                "mesh_group_s": round(rebuilt.seconds, 6), "decisions_taken": decisions.taken if decisions else 0}
 
     def _holds_resume_state(self, view: View, seat: int) -> bool:
         """This survivor's live parameters and optimizer state are its snapshot of the view's resume step: it

@@ -417,7 +417,7 @@ class Runtime:
             self._capture_state(step, self._state.view, self.rank)
 
     def _capture_state(self, step: int, view: View, seat: int) -> None:
-        self._snapshots.capture(step, view.store_prefix, self._live_state(), self._background_pointers(),
+        self._snapshots.capture(step, view.store_prefix, self._snapshot_state(), self._background_pointers(),
                                 self._replicated_pointers(), seat, view.world_size)
 
     def _live_state(self) -> dict[str, Any]:
@@ -429,7 +429,17 @@ class Runtime:
             state["__fsdp__"] = switches
         return state
 
+    def _snapshot_state(self) -> dict[str, Any]:
+        """The live state, and DTensor's decisions with it: not training state (no digest covers them), but what
+        a spare's first step would otherwise make cold."""
+        state = self._live_state()
+        if (carried := self._collectives.decisions) is not None and (decisions := carried.snapshot_entry()) is not None:
+            state["__decisions__"] = decisions
+        return state
+
     def _load(self, state: dict[str, Any]) -> None:
+        if (decisions := state.pop("__decisions__", None)) is not None and self._collectives.decisions is not None:
+            self._collectives.decisions.take(decisions)
         # A lost step may have stopped an FSDP2 forward mid-way (a pipeline's set-up, a stand-in with no backward
         # after it): its parameters still unsharded, the replayed step would skip an all-gather its peers issue.
         dtensors.reset_fsdp_iterations(self._tracked.values())
@@ -443,7 +453,7 @@ class Runtime:
         """The live tensors that only an optimizer's step() changes (and the replicated ones), by their index in
         `manifest`; None when the live state is not laid out as the manifest says.  After a lost step that
         skipped the optimizer, they hold what the snapshot of the step before holds (``Recovery`` checks that)."""
-        _, tensors = flatten(self._live_state())
+        _, tensors = flatten(self._snapshot_state())
         if not same_layout(manifest, tensors):
             return None
         kept = self._background_pointers() | self._replicated_pointers()

@@ -49,8 +49,9 @@ def assert_recovered(result: LaunchResult, baseline: LaunchResult, seats: list[i
     assert result.returncode == 0, result.output[-4000:]
     assert result.digest == baseline.digest, "a sharded run with failures must end bit-identical"
     assert sorted(f["failed_rank"] for f in result.of("member_failed")) == seats
-    swapped = {r["rank"] for r in result.of("restored") if r["source"] == "buddy"}
-    assert swapped == set(seats), "each replaced seat restored its shards from its buddy"
+    swapped = {r["rank"]: r for r in result.of("restored") if r["source"] == "buddy"}
+    assert set(swapped) == set(seats), "each replaced seat restored its shards from its buddy"
+    assert all(r["decisions_taken"] > 0 for r in swapped.values()), "and DTensor's decisions with them"
     assert "Traceback" not in result.output, "the user's loop never sees a traceback"
 
 
