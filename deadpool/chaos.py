@@ -56,7 +56,7 @@ class ChaosPoint(enum.StrEnum):
     BACKWARD = "backward"
     ALLREDUCE = "allreduce"
     BROADCAST = "broadcast"
-    USER_COLLECTIVE = "usercollective"  # the script's own collective on the default group (worker/groups.py)
+    USER_COLLECTIVE = "usercollective"  # the script's own collective on the default group or its own group
     ALLGATHER = "allgather"  # an all-gather on a mesh group (FSDP2's, DTensor's), in flight (worker/mesh.py)
     REDUCESCATTER = "reducescatter"  # a reduce-scatter on a mesh group (FSDP2's gradients), in flight
     FORWARD = "forward"  # another collective on a mesh group in forward (tensor parallel's all-reduce)

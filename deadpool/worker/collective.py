@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import BroadcastOptions, PrefixStore, ProcessGroupGloo, Store, TCPStore
+from torch.distributed.device_mesh import DeviceMesh
 
 from deadpool.actors.handoff import Handoff
 from deadpool.chaos import ChaosPoint
@@ -32,7 +33,7 @@ from deadpool.worker import dtensors, pipelining
 from deadpool.worker.exit import GUARD
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.groups import install_default_group
-from deadpool.worker.mesh import Rebuilt, SeatMesh, in_backward
+from deadpool.worker.mesh import MeshDim, MeshGroup, Rebuilt, SeatGroups, in_backward
 from deadpool.worker.propagation import Decisions
 from deadpool.worker.step import StepState
 
@@ -230,8 +231,8 @@ class GroupCollectives:
         self._timeout = timeout
         self._bind_host = bind_host
         self._waiter = Waiter(handoff.condition, lambda: handoff.interrupted(state.epoch))
-        self.mesh: SeatMesh | None = None  # rt.device_mesh's groups, once the script asked for a mesh
-        self.decisions: Decisions | None = None  # DTensor's sharding decisions over that mesh
+        self.subgroups: SeatGroups | None = None  # rt.device_mesh's groups and the script's own, once it made one
+        self.decisions: Decisions | None = None  # DTensor's sharding decisions over rt.device_mesh
         self.last_rebuild = Rebuilt()  # what the newest view change did to the mesh groups
 
     # -- the group ----------------------------------------------------------------------------
@@ -248,20 +249,21 @@ class GroupCollectives:
         self.retire()
         store = self._connect(view)  # the job's group and then the default group; mesh groups get their own
         build = self._builder(view)
-        if self.mesh is None:
+        if self.subgroups is None:
             self.group = build(view.store_prefix, seat, view.world_size, store)
-        else:  # the job's group forms while the mesh groups do
+        else:  # the job's group forms while the subgroups do
             with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="deadpool-group") as pool:
                 group = pool.submit(build, view.store_prefix, seat, view.world_size, store)
                 try:
-                    self.last_rebuild = self.mesh.rebuild(view, build)
+                    self.last_rebuild = self.subgroups.rebuild(view, build)
                 finally:
                     self.group = group.result()
         # torch's default group is the script's way onto this group: registered once seated, kept across views.
         install_default_group(self, seat, view.world_size, PrefixStore(f"{view.store_prefix}/default_pg", store))
         pipelining.rebuilt(self)
 
-    def seat_mesh(self, shape: Sequence[int], names: Sequence[str], view: View, seat: int, first: bool) -> SeatMesh:
+    def seat_mesh(self, shape: Sequence[int], names: Sequence[str], view: View, seat: int,
+                  first: bool) -> DeviceMesh:
         """This seat's mesh in `view`, with torch's default group (a DeviceMesh needs one) installed.
 
         `first`: the job's first view, which the seat takes without a restore: its groups are built
@@ -274,12 +276,33 @@ class GroupCollectives:
             CollectiveAborted: interrupted by a newer view, or a peer died meanwhile.
             WaitTimeout: a group did not form in time.
         """
-        self.seat_default_group(view, seat)
-        self.mesh = SeatMesh(shape, names, seat, view.world_size, self)
-        self.decisions = Decisions(self.mesh.device_mesh)
+        subgroups = self._seat_subgroups(view, seat)
+        mesh = subgroups.add_mesh(shape, names, view.world_size)
+        self.decisions = Decisions(mesh)
         if first:
-            self.last_rebuild = self.mesh.rebuild(view, self._builder(view))
-        return self.mesh
+            self.last_rebuild = subgroups.rebuild(view, self._builder(view))
+        return mesh
+
+    def seat_group(self, seats: Sequence[int], name: str, view: View, seat: int, first: bool) -> MeshGroup:
+        """The script's own group over `seats` (``dist.new_group``), which holds `seat`: built now in the first
+        view (its seats all make it at the same point of their scripts), at the adoption otherwise; rebuilt
+        like a mesh dimension's.
+
+        Raises:
+            CollectiveAborted: interrupted by a newer view, or a peer died meanwhile.
+            WaitTimeout: the group did not form in time.
+        """
+        subgroups = self._seat_subgroups(view, seat)
+        group = subgroups.add(MeshDim("group", name, tuple(seats), own=True))
+        if first:
+            self.last_rebuild = subgroups.rebuild(view, self._builder(view))
+        return group
+
+    def _seat_subgroups(self, view: View, seat: int) -> SeatGroups:
+        if self.subgroups is None:
+            self.seat_default_group(view, seat)
+            self.subgroups = SeatGroups(seat, self)
+        return self.subgroups
 
     def seat_default_group(self, view: View, seat: int) -> None:
         """Install torch's default group for `seat` before `view` is adopted (its collectives complete locally

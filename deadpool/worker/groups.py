@@ -17,7 +17,6 @@ import logging
 import queue
 import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
@@ -643,28 +642,20 @@ def refuse_env_rendezvous() -> None:
     dist.init_process_group = init_process_group
 
 
-def warn_own_groups() -> None:
-    """Make ``dist.new_group`` (the script's own subgroup) warn once per process that its group is torch's own.
-
-    Its gloo group is built once, over the members seated then, and never rebuilt: after a swap a collective on
-    it meets the dead seat and raises in the script, and the job fails. The groups of ``rt.device_mesh`` are
-    rebuilt at every swap. The group is still made, so a script that never meets a failure runs as before.
-    """
-    original = dist.new_group
-    if getattr(original, "deadpool_warns", False):
+def own_groups(make: Callable[[Sequence[int] | None, bool], Any]) -> None:
+    """Make ``dist.new_group`` (and torch's helpers that make groups with it, ``new_subgroups``) give the
+    script a group that DeadPool rebuilds at every swap that replaced one of its seats, as it does a mesh
+    dimension's: `make(ranks, sort_ranks)` is the runtime's. What torch's other arguments choose (a backend, its
+    options, a timeout, a description) is DeadPool's here: its gloo group and collective timeout."""
+    original = c10d.new_group
+    if getattr(original, "deadpool_makes", False):
         return
-    warned = False
 
     @functools.wraps(original)
-    def new_group(*args: Any, **kwargs: Any) -> Any:
-        nonlocal warned
-        if not warned:
-            warned = True
-            warnings.warn(
-                "torch.distributed.new_group() under deadpool launch: this group is torch's own, built once and "
-                "never rebuilt, so a failure while it is in use fails the job; for groups that survive a swap use "
-                "the dimensions of rt.device_mesh() (README, 'Your own collectives')", RuntimeWarning, stacklevel=2)
-        return original(*args, **kwargs)
+    def new_group(ranks: Sequence[int] | None = None, timeout: Any = None, backend: Any = None,
+                  pg_options: Any = None, use_local_synchronization: bool = False, group_desc: str | None = None,
+                  device_id: torch.device | None = None, sort_ranks: bool = True) -> Any:
+        return make(ranks, sort_ranks)
 
-    new_group.deadpool_warns = True  # type: ignore[attr-defined]
-    dist.new_group = new_group
+    new_group.deadpool_makes = True  # type: ignore[attr-defined]
+    dist.new_group = c10d.new_group = new_group

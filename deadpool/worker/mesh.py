@@ -1,8 +1,9 @@
 """``rt.device_mesh``: a torch ``DeviceMesh`` whose groups keep their identity while DeadPool replaces their gloo.
 
-Every mesh dimension of a seat is a ``MeshGroup`` (a ``SeatGroup``) registered in torch's
-registry under a stable name, so ``fully_shard`` and ``parallelize_module`` take the mesh
-unchanged and FSDP2's cached group objects stay valid across swaps.  At a view change only the
+Every mesh dimension of a seat, and every group the script makes with ``dist.new_group``, is a
+``MeshGroup`` (a ``SeatGroup``) registered in torch's registry under a stable name, so
+``fully_shard`` and ``parallelize_module`` take the mesh unchanged and FSDP2's cached group
+objects (and the script's own) stay valid across swaps.  At a view change only the
 groups that hold a replaced seat, or that a seat reported unfinished (``dirty``), get a new gloo
 group; the others keep theirs.  A failed collective breaks only its own group: collectives on
 the others are still issued and waited on, so every healthy group stays in step on all its
@@ -92,6 +93,7 @@ class MeshDim:
     broken: bool = False  # a collective on it failed this step: the rest complete locally
     dirty: bool = False  # a collective on it did not complete on this seat since it was built
     p2p: bool = False  # it carried a send or recv since it was built: rebuilt at every view change
+    own: bool = False  # the script's dist.new_group(), not a mesh dimension
 
     def needs_rebuild(self, view: View) -> bool:
         """A seat of the group has a new member, the view says so, or the seat has none yet."""
@@ -128,7 +130,7 @@ class MeshGroup(SeatGroup):
             self._break(err)
             return None
         dim.dirty = True  # until the wait completes
-        self._collectives.fault_point(chaos_point(op))
+        self._collectives.fault_point(ChaosPoint.USER_COLLECTIVE if dim.own else chaos_point(op))
         return work
 
     def _await(self, work: dist.Work, op: Op) -> bool:
@@ -170,15 +172,32 @@ class Rebuilt:
     seconds: float = 0.0
 
 
-class SeatMesh:
-    """This seat's mesh: the torch ``DeviceMesh`` the script holds and the groups behind its dimensions.
+class SeatGroups:
+    """This seat's groups that DeadPool rebuilds: the dimensions of ``rt.device_mesh`` (and the torch
+    ``DeviceMesh`` the script holds over them) and the script's own ``dist.new_group()`` groups."""
 
-    Raises:
-        MisuseError: the shape does not cover the job's seats, or names and shape disagree.
-    """
+    def __init__(self, rank: int, collectives: MeshCollectives) -> None:
+        self._seat = rank
+        self._collectives = collectives
+        self.dims: list[MeshDim] = []
+        self.groups: list[MeshGroup] = []
+        self.device_mesh: DeviceMesh | None = None
 
-    def __init__(self, shape: Sequence[int], names: Sequence[str], rank: int, world: int,
-                 collectives: MeshCollectives) -> None:
+    def add(self, dim: MeshDim) -> MeshGroup:
+        """A group of this seat's, registered in torch's registry under its stable name; built at the next rebuild."""
+        group = MeshGroup(dim, self._collectives, self._seat)
+        c10d._register_pg_in_world(group, BACKEND, None, dim.name, BACKEND,  # type: ignore[arg-type]
+                                   rank_mapping={seat: i for i, seat in enumerate(dim.seats)})
+        self.dims.append(dim)
+        self.groups.append(group)
+        return group
+
+    def add_mesh(self, shape: Sequence[int], names: Sequence[str], world: int) -> DeviceMesh:
+        """The script's mesh of `shape` over the job's `world` seats (row-major): a group per dimension.
+
+        Raises:
+            MisuseError: the shape does not cover the job's seats, or names and shape disagree.
+        """
         shape, names = tuple(int(n) for n in shape), tuple(names)
         if len(shape) != len(names) or not shape or min(shape) < 1:
             raise MisuseError(f"rt.device_mesh({shape}, {names}): one name per dimension, every size >= 1")
@@ -187,15 +206,11 @@ class SeatMesh:
         if math.prod(shape) != world:
             raise MisuseError(f"rt.device_mesh({shape}): the mesh has {math.prod(shape)} seats, "
                               f"the job has {world} (--nproc)")
-        self._seat = rank
-        self.dims = mesh_dims(shape, names, rank)
-        self.groups = [MeshGroup(dim, collectives, rank) for dim in self.dims]
-        for group, dim in zip(self.groups, self.dims, strict=True):
-            c10d._register_pg_in_world(group, BACKEND, None, dim.name, BACKEND,  # type: ignore[arg-type]
-                                       rank_mapping={seat: i for i, seat in enumerate(dim.seats)})
+        groups = [self.add(dim) for dim in mesh_dims(shape, names, self._seat)]
         self.device_mesh = DeviceMesh.from_group(
-            list[dist.ProcessGroup](self.groups), "cpu", mesh=torch.arange(world).view(*shape), mesh_dim_names=names,
+            list[dist.ProcessGroup](groups), "cpu", mesh=torch.arange(world).view(*shape), mesh_dim_names=names,
         )
+        return self.device_mesh
 
     def dirty_groups(self) -> list[str]:
         """The groups with a collective this seat did not complete since their last build (the PrepareAck's), and

@@ -257,11 +257,11 @@ class Recovery:
                 world = state.view.world_size if state.view else self._env.world_size
                 disk = complete_steps(self._disk.root, world) if self._disk.enabled else []
                 # The snapshot actor adds the ward copies it holds and sends the PrepareAck.
-                mesh, view = self._collectives.mesh, state.view
+                groups, view = self._collectives.subgroups, state.view
                 self._handoff.post(PrepareReady(command.epoch, self._progress.step, state.step,
                                                 self._snapshots.complete_steps(), disk,
-                                                mesh.dirty_groups() if mesh is not None else [],
-                                                mesh.peers(view) if mesh is not None and view is not None else [],
+                                                groups.dirty_groups() if groups is not None else [],
+                                                groups.peers(view) if groups is not None and view is not None else [],
                                                 state.abandoned or state.forward_abandoned,
                                                 state.forward_abandoned))
             elif isinstance(command, CommitView) and command.view.epoch > state.epoch:
@@ -347,7 +347,8 @@ class Recovery:
         group_s = time.perf_counter() - grouping
         if pending is not None:
             restored = pending()
-        self._adopted_groups = (len(self._collectives.last_rebuild.rebuilt) if self._collectives.mesh else 0, group_s)
+        self._adopted_groups = (len(self._collectives.last_rebuild.rebuilt) if self._collectives.subgroups else 0,
+                                group_s)
         if rng is not None:
             rng_mod.restore(rng)  # what building the groups drew; the rest was loaded before they were built
         if restored is not None:
@@ -393,8 +394,8 @@ class Recovery:
         return view.resume_step + 1
 
     def _mesh_fields(self) -> dict[str, Any]:
-        """The ``restored`` event's account of the mesh groups (none without ``rt.device_mesh``)."""
-        if self._collectives.mesh is None:
+        """The ``restored`` event's account of the mesh groups and the script's own (none without either)."""
+        if self._collectives.subgroups is None:
             return {}
         rebuilt, decisions = self._collectives.last_rebuild, self._collectives.decisions
         return {"groups_rebuilt": rebuilt.rebuilt, "groups_kept": rebuilt.kept,

@@ -45,7 +45,7 @@ from deadpool.worker.data import DataSeats, LoaderWatch, TrackedLoader
 from deadpool.worker.ddp import DEFAULT_BUCKET_MB, DataParallel
 from deadpool.worker.exit import GUARD, ExceptionReport
 from deadpool.worker.faults import FaultInjector
-from deadpool.worker.groups import DefaultGroup, refuse_env_rendezvous, warn_own_groups
+from deadpool.worker.groups import DefaultGroup, own_groups, refuse_env_rendezvous
 from deadpool.worker.lost_step import AbandonableBackward, AbandonableForward, fill_missing_grads, skip_when_lost
 from deadpool.worker.recovery import Recovery, Seating
 from deadpool.worker.step import StepState
@@ -65,7 +65,7 @@ def init() -> Runtime:
     if _RUNTIME is None:
         _RUNTIME = Runtime(os.environ)
         refuse_env_rendezvous()
-        warn_own_groups()
+        own_groups(_RUNTIME.new_group)
     return _RUNTIME
 
 
@@ -109,6 +109,7 @@ class Runtime:
         )
         self._tracked: dict[str, Any] = {}
         self._sharded = False  # the script has a mesh (rt.device_mesh): tracked state may hold DTensors
+        self._own_groups: dict[str, int] = {}  # the script's dist.new_group() calls, by their seats
         self._snapshots_on = True  # rt.set_snapshots
         self._optimizers: list[torch.optim.Optimizer] = []
         self._ddps: list[DataParallel] = []  # rt.ddp wrappers: their parameters are the same on every seat
@@ -184,7 +185,7 @@ class Runtime:
                     self._data_seats.add(sampler)
             if zero_mod.is_zero(obj):
                 self._tracked[name] = zero_mod.ZeroShard(obj)  # a seat snapshots its own shard, not the whole
-            if isinstance(obj, torch.nn.Module) and self._collectives.mesh is not None and dtensors.FSDP_RESETS:
+            if isinstance(obj, torch.nn.Module) and self._sharded and dtensors.FSDP_RESETS:
                 # A mesh seat's lost step stops its forward at the next submodule, as rt.ddp's does; the groups it
                 # leaves a peer waiting on are rebuilt (the peer's wait ends at its pause notice).
                 AbandonableForward(obj, self._collectives.step_lost, self._collectives.abandon_forward).wrap()
@@ -226,7 +227,7 @@ class Runtime:
         Raises:
             MisuseError: called twice or after the first step, or the shape does not cover the seats.
         """
-        if self._collectives.mesh is not None:
+        if self._sharded:
             raise MisuseError("rt.device_mesh(): this job has its mesh already (call it once)")
         if self._state.step >= 0:
             raise MisuseError("rt.device_mesh() must be called before the first step")
@@ -237,7 +238,37 @@ class Runtime:
         mesh = self._collectives.seat_mesh(shape, names, seating.view, seating.seat, first=seating.first)
         self._sharded = True
         self._progress.answers_early = False  # a mesh seat's PrepareAck lists the groups its step left dirty
-        return mesh.device_mesh
+        return mesh
+
+    def new_group(self, ranks: Sequence[int] | None = None, sort_ranks: bool = True) -> Any:
+        """``dist.new_group(ranks)`` under ``deadpool launch``: a group over those seats (all of them for None; in
+        the order given with ``sort_ranks=False``, as torch's) that DeadPool rebuilds at every swap that
+        replaced one of them, as a mesh dimension's; torch's ``GroupMember.NON_GROUP_MEMBER`` on a seat outside
+        it. Every seat makes it, at the same point of its script, before the first step; a spare waits here for
+        its seat, as in ``rt.device_mesh``.
+
+        Raises:
+            MisuseError: called after the first step.
+            ValueError: `ranks` are not distinct seats of the job.
+        """
+        if self._state.step >= 0:
+            raise MisuseError("dist.new_group() under deadpool launch: make the script's groups before its loop "
+                              "over rt.steps() (a spare makes them before it takes its seat, and replays from a "
+                              "step after the one that made them)")
+        seating = self._seating()
+        world = seating.view.world_size
+        seats = [int(r) for r in ranks] if ranks is not None else list(range(world))
+        seats = sorted(seats) if sort_ranks else seats
+        if len(set(seats)) != len(seats) or not all(0 <= r < world for r in seats):
+            raise ValueError(f"dist.new_group({list(ranks or [])}): ranks must be distinct seats in 0..{world - 1}")
+        key = "-".join(map(str, seats))
+        self._own_groups[key] = made = self._own_groups.get(key, 0) + 1  # the same names on every seat
+        if seating.seat not in seats:
+            return dist.GroupMember.NON_GROUP_MEMBER
+        name = f"deadpool:group:{key}" + (f":{made}" if made > 1 else "")
+        group = self._collectives.seat_group(seats, name, seating.view, seating.seat, first=seating.first)
+        self._progress.answers_early = False  # its PrepareAck lists the groups its step left dirty
+        return group
 
     def zero_optimizer(
         self, params: Any, optimizer_class: type[torch.optim.Optimizer], **defaults: Any,

@@ -126,3 +126,49 @@ def test_a_kill_inside_an_all_to_all_is_recovered_bit_identically(tmp_path: Path
     paused = {e["rank"]: e["reason"] for e in result.of("paused") if e["step"] == 6}
     assert sorted(paused) == [0, 2] and all("all_to_all_single of step 6" in r for r in paused.values()), paused
     assert "Traceback" not in result.output
+
+
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
+    """The fixture with --subgroups: its own groups [0, 1] and [1, 2] (dist.new_group), an all-reduce and a
+    broadcast on each every step."""
+    result = run(tmp_path_factory.mktemp("grouped"), script_args=("--subgroups",))
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.digest, result.output[-3000:]
+    assert not result.of("member_failed") and not result.of("collective_failed")
+    return result
+
+
+def test_the_scripts_own_groups_reduce_and_broadcast_over_their_seats_only(grouped: LaunchResult) -> None:
+    for event in grouped.of("step_finished"):
+        seat = event["rank"]
+        own = {key for key in event if key.startswith("count_")}
+        assert own == {f"count_{a}{a + 1}" for a in (seat - 1, seat) if 0 <= a < WORLD - 1}, event
+        for first in (seat - 1, seat):  # the group's batch sizes, plus its group ranks 0 and 1
+            if f"count_{first}{first + 1}" in event:
+                assert event[f"count_{first}{first + 1}"] == (12 + 4 * first) + (12 + 4 * (first + 1)) + 1
+    means = {(e["step"], key): set() for e in grouped.of("step_finished") for key in e if key.startswith("mean_")}
+    for event in grouped.of("step_finished"):
+        for step, key in means:
+            if event["step"] == step and key in event:
+                means[(step, key)].add(event[key])
+    assert all(len(values) == 1 for values in means.values()), "each group's seats got its first seat's mean"
+
+
+@pytest.mark.parametrize(("chaos", "rebuilt", "kept"), [
+    # Seat 2 is only in [1, 2]: seats 0 and 1 keep the communicator of [0, 1].
+    ("kill:rank=2:step=5:at=usercollective", {"deadpool:group:1-2"}, {"deadpool:group:0-1"}),
+    # Seat 1 is in both; killed with its first all-reduce on [0, 1] in flight.
+    ("kill:rank=1:step=6:at=usercollective", {"deadpool:group:0-1", "deadpool:group:1-2"}, set()),
+])
+def test_a_kill_inside_the_scripts_own_group_rebuilds_its_groups_and_is_bit_identical(
+    tmp_path: Path, grouped: LaunchResult, chaos: str, rebuilt: set[str], kept: set[str],
+) -> None:
+    result = run(tmp_path, "--chaos", chaos, script_args=("--subgroups",))
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.digest == grouped.digest, "a run with a failure must end bit-identical"
+    [injected] = result.of("chaos_injected")
+    assert injected["at"] == "usercollective"
+    assert {name for r in result.of("restored") for name in r["groups_rebuilt"]} == rebuilt
+    assert {name for r in result.of("restored") for name in r["groups_kept"]} == kept
+    assert "Traceback" not in result.output

@@ -8,7 +8,6 @@ step must leave the script's tensors well-formed and raise nothing.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -452,16 +451,21 @@ def test_an_object_collective_lost_halfway_leaves_the_scripts_objects_as_if_loca
         dist.all_gather_object(everyone, lambda: None)
 
 
-def test_a_subgroup_of_the_scripts_own_is_made_with_a_warning_that_it_does_not_survive_a_swap(
+def test_the_scripts_own_groups_and_torchs_helpers_that_make_groups_are_the_runtimes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    made: list[list[int]] = []
-    monkeypatch.setattr(dist, "new_group", lambda ranks=None, **_: made.append(ranks) or "group")
-    groups.warn_own_groups()
-    groups.warn_own_groups()  # once
-    with pytest.warns(RuntimeWarning, match="never rebuilt.*rt.device_mesh"):
-        assert dist.new_group([0, 1]) == "group"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert dist.new_group([1, 2]) == "group", "one warning per process"
-    assert made == [[0, 1], [1, 2]]
+    """dist.new_group, with any of torch's arguments, and new_subgroups_by_enumeration (which calls it inside
+    torch, as new_subgroups does) reach the
+    runtime's maker with the ranks and their order; torch's backend, options and timeout are not asked for."""
+    import torch.distributed.distributed_c10d as c10d
+
+    made: list[tuple[Any, bool]] = []
+    monkeypatch.setattr(c10d, "new_group", c10d.new_group)  # both restored after the test
+    monkeypatch.setattr(dist, "new_group", dist.new_group)
+    groups.own_groups(lambda ranks, sort_ranks: made.append((ranks, sort_ranks)) or "group")
+    groups.own_groups(lambda ranks, sort_ranks: "a second patch")  # once per process
+    assert dist.new_group([0, 1], backend="gloo", timeout=None, group_desc="mine") == "group"
+    assert dist.new_group([2, 1], sort_ranks=False) == "group"
+    monkeypatch.setattr(c10d, "get_rank", lambda group=None: 3)
+    assert dist.new_subgroups_by_enumeration([[0, 1], [2, 3]])[0] == "group"
+    assert made == [([0, 1], True), ([2, 1], False), ([0, 1], True), ([2, 3], True)]

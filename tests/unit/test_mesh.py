@@ -12,7 +12,7 @@ from deadpool.chaos import ChaosPoint
 from deadpool.errors import CollectiveAborted
 from deadpool.protocol.view import View
 from deadpool.worker.groups import Op
-from deadpool.worker.mesh import MeshDim, MeshGroup, SeatMesh, chaos_point, mesh_dims
+from deadpool.worker.mesh import MeshDim, MeshGroup, SeatGroups, chaos_point, mesh_dims
 
 
 def view(seats: list[str], rebuild: list[str] | None = None) -> View:
@@ -39,7 +39,7 @@ def test_a_group_is_rebuilt_when_a_seat_changed_member_or_the_view_names_it() ->
 def test_a_rebuild_that_fails_leaves_every_group_it_was_building_dirty() -> None:
     """One group formed, the other's build was interrupted by a newer view: the peer of the first may keep what
     it built, so both are reported (PrepareAck) and rebuilt on every seat of them, never kept on one side."""
-    mesh = SeatMesh.__new__(SeatMesh)  # its groups without the torch DeviceMesh (no default group here)
+    mesh = SeatGroups(0, Runtime())  # its groups without torch's registry and DeviceMesh (no default group here)
     mesh.dims = mesh_dims((2, 2), ("dp", "tp"), 0)
     mesh.groups = [MeshGroup(dim, Runtime(), 0) for dim in mesh.dims]
 
@@ -119,6 +119,13 @@ def test_a_failed_collective_breaks_only_its_group_and_marks_it_dirty() -> None:
                                            (Op.ALL_REDUCE, ChaosPoint.FORWARD)])
 def test_chaos_points_follow_the_collective(op: Op, point: ChaosPoint) -> None:
     assert chaos_point(op) == point
+
+
+def test_a_collective_on_the_scripts_own_group_is_the_user_collective_point() -> None:
+    runtime = Runtime()
+    dim = MeshDim("group", "deadpool:group:0-1", (0, 1), inner=Sums(), members=("a", "b"), own=True)
+    MeshGroup(dim, runtime, 1).allreduce([torch.ones(1)]).wait()
+    assert runtime.points == [ChaosPoint.USER_COLLECTIVE]
 
 
 def test_an_all_reduce_in_backward_is_the_backward_point() -> None:
