@@ -70,14 +70,17 @@ def in_backward() -> bool:
     return torch._C._current_autograd_node() is not None
 
 
-def chaos_point(op: Op) -> ChaosPoint:
-    """Where a mesh collective's kill fires: ``allgather``, ``reducescatter``, ``p2p``, ``backward`` or ``forward``."""
+def chaos_point(op: Op, own: bool = False) -> ChaosPoint:
+    """Where a collective's kill fires: ``allgather``, ``reducescatter``, ``p2p``; else ``backward`` or ``forward``
+    on a mesh dimension, ``usercollective`` on a group of the script's own (`own`)."""
     if op in GATHERS:
         return ChaosPoint.ALLGATHER
     if op in SCATTERS:
         return ChaosPoint.REDUCESCATTER
     if op in POINT_TO_POINT:
         return ChaosPoint.P2P
+    if own:
+        return ChaosPoint.USER_COLLECTIVE
     return ChaosPoint.BACKWARD if in_backward() else ChaosPoint.FORWARD
 
 
@@ -130,7 +133,7 @@ class MeshGroup(SeatGroup):
             self._break(err)
             return None
         dim.dirty = True  # until the wait completes
-        self._collectives.fault_point(ChaosPoint.USER_COLLECTIVE if dim.own else chaos_point(op))
+        self._collectives.fault_point(chaos_point(op, dim.own))
         return work
 
     def _await(self, work: dist.Work, op: Op) -> bool:

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.e2e
 
 LLAMA = REPO / "demos" / "train_llama.py"
 STRAGGLER = REPO / "tests" / "fixtures" / "straggler_llama.py"  # the Llama demo, some seats slow to snapshot
+SEPARATE_RS = REPO / "tests" / "fixtures" / "separate_reduce_scatter_llama.py"  # FSDP2's reduce-scatter group
 STEPS = 16
 MESH_2X2 = ("--size", "tiny", "--fsdp", "--tp", "2")
 FSDP_4 = ("--size", "tiny", "--fsdp")
@@ -126,6 +127,18 @@ def test_a_seat_that_takes_the_prepare_at_its_boundary_does_not_hold_its_healthy
     swap_epoch = max(v["epoch"] for v in result.of("view_committed"))
     before = {f["step"] for f in result.of("step_finished") if f["rank"] == 3 and f["epoch"] < swap_epoch}
     assert max(before) == 8, "seat 3 finished step 8 before the swap, and no step after it"
+
+
+def test_fsdp2s_own_reduce_scatter_group_is_rebuilt_with_the_mesh(tmp_path: Path, mesh_baseline: LaunchResult) -> None:
+    """set_separate_reduce_scatter_group: FSDP2 makes the group with dist.new_group, a group of the script's own
+    under DeadPool; seat 0 dies inside a reduce-scatter on it, and that group is rebuilt with seat 0's other two."""
+    result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--chaos", "kill:rank=0:step=7:at=reducescatter",
+                    steps=STEPS, script=SEPARATE_RS, script_args=MESH_2X2)
+    assert_recovered(result, mesh_baseline, [0])
+    spare = next(r for r in result.of("restored") if r["source"] == "buddy")
+    assert set(spare["groups_rebuilt"]) == {"deadpool:dp:0", "deadpool:tp:0", "deadpool:group:0-2"}
+    kept = {name for r in result.of("restored") for name in r["groups_kept"]}
+    assert "deadpool:group:1-3" in kept, "the other data-parallel pair's reduce-scatter group is kept"
 
 
 def test_fsdp_alone_survives_a_kill_in_an_all_gather(tmp_path: Path, fsdp_baseline: LaunchResult) -> None:

@@ -121,11 +121,13 @@ def test_chaos_points_follow_the_collective(op: Op, point: ChaosPoint) -> None:
     assert chaos_point(op) == point
 
 
-def test_a_collective_on_the_scripts_own_group_is_the_user_collective_point() -> None:
+def test_an_all_reduce_on_the_scripts_own_group_is_the_user_collective_point() -> None:
+    """A reduce-scatter on it stays ``reducescatter`` (FSDP2's own group for it, set_separate_reduce_scatter_group)."""
     runtime = Runtime()
     dim = MeshDim("group", "deadpool:group:0-1", (0, 1), inner=Sums(), members=("a", "b"), own=True)
     MeshGroup(dim, runtime, 1).allreduce([torch.ones(1)]).wait()
     assert runtime.points == [ChaosPoint.USER_COLLECTIVE]
+    assert chaos_point(Op.REDUCE_SCATTER_TENSOR, own=True) == ChaosPoint.REDUCESCATTER
 
 
 def test_an_all_reduce_in_backward_is_the_backward_point() -> None:
