@@ -10,7 +10,9 @@ a "tp" dimension of size N; `--pp N` cuts the blocks into N pipeline stages run 
 ``torch.distributed.pipelining`` (``PipelineStage``, ``ScheduleGPipe`` or ``--schedule 1f1b``) over a
 "pp" dimension, the stages' gradients averaged over "dp" (by FSDP2 with `--fsdp`, else one
 all-reduce); with none of them the model trains on ``rt.ddp``.  The mesh comes from
-``rt.device_mesh``; everything else is the plain torch code.  Deterministic for a seed: batches
+``rt.device_mesh``; everything else is the plain torch code.  `--save-every N` saves a
+``torch.distributed.checkpoint`` of the model and optimizer every N steps, as torchtitan does (a
+failure during a save is recovered like one anywhere in the step).  Deterministic for a seed: batches
 depend only on (seed, step, data-parallel coordinate), so a run with failures ends with the same
 final state digest as a run without them.
 """
@@ -60,6 +62,8 @@ def main() -> None:
     parser.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe", help="the pipeline schedule")
     parser.add_argument("--microbatches", type=int, default=2, help="pipeline microbatches per step")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per worker")
+    parser.add_argument("--save-every", type=int, default=0, help="a torch.distributed.checkpoint every N steps")
+    parser.add_argument("--save-dir", default="checkpoints", help="where --save-every writes (a folder per step)")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -97,6 +101,9 @@ def main() -> None:
         print(f"model: {params / 1e6:.2f}M parameters, {args.steps} steps, "
               f"{'FSDP2' if args.fsdp else 'no FSDP'}, tp {args.tp}, pp {args.pp}", flush=True)
 
+    if args.save_every:
+        import torch.distributed.checkpoint as dcp  # half a second of imports
+        from torch.distributed.checkpoint.state_dict import get_state_dict
     tokens = args.batch * args.block
     last = time.perf_counter()
     for step in rt.steps(args.steps):
@@ -112,6 +119,9 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
+        if args.save_every and (step + 1) % args.save_every == 0:
+            model_state, optimizer_state = get_state_dict(model, optimizer)
+            dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=f"{args.save_dir}/step{step}")
         now = time.perf_counter()
         if loss is not None:  # the last pipeline stage has the loss; every seat without a pipeline
             rt.report(loss=loss.item(), tokens=tokens)

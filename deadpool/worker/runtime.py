@@ -37,7 +37,7 @@ from deadpool.protocol.view import View
 from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
 from deadpool.snapshot.statetree import Manifest, flatten, same_layout, state_digest
 from deadpool.snapshot.store import Slot, SnapshotStore
-from deadpool.worker import dtensors
+from deadpool.worker import dcp, dtensors
 from deadpool.worker import rng as rng_mod
 from deadpool.worker import zero as zero_mod
 from deadpool.worker.collective import GroupCollectives
@@ -110,6 +110,7 @@ class Runtime:
         self._tracked: dict[str, Any] = {}
         self._sharded = False  # the script has a mesh (rt.device_mesh): tracked state may hold DTensors
         self._own_groups: dict[str, int] = {}  # the script's dist.new_group() calls, by their seats
+        self._dcp_wrapped = False  # torch.distributed.checkpoint's save and load quiet in a lost step (dcp.py)
         self._snapshots_on = True  # rt.set_snapshots
         self._optimizers: list[torch.optim.Optimizer] = []
         self._ddps: list[DataParallel] = []  # rt.ddp wrappers: their parameters are the same on every seat
@@ -408,6 +409,8 @@ class Runtime:
         self._report = {}
         self._step_started = time.perf_counter()
         self._faults.point(ChaosPoint.BOUNDARY)
+        if not self._dcp_wrapped:
+            self._dcp_wrapped = dcp.enable_once_imported(self._collectives.step_lost)
 
     def _end_step(self, step: int) -> Command | None:
         """Bookkeeping after a good step; returns a command that needs recovery, if one came."""

@@ -9,8 +9,10 @@ survivor's lost step left a collective unfinished, are rebuilt.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from launch_util import REPO, LaunchResult, launch
 
 pytestmark = pytest.mark.e2e
@@ -21,6 +23,7 @@ SEPARATE_RS = REPO / "tests" / "fixtures" / "separate_reduce_scatter_llama.py"  
 STEPS = 16
 MESH_2X2 = ("--size", "tiny", "--fsdp", "--tp", "2")
 FSDP_4 = ("--size", "tiny", "--fsdp")
+SAVE_EVERY = 4  # the demo's own torch.distributed.checkpoint saves (--save-every)
 # The 2x2 mesh [[0, 1], [2, 3]] (dp, tp): seat 2 sits in dp group {0, 2} and tp group {2, 3}.
 GROUPS_OF_SEAT_2 = {"deadpool:dp:0", "deadpool:tp:1"}
 
@@ -33,8 +36,15 @@ def run(tmp_path: Path, script_args: tuple[str, ...], *chaos: str, spares: int =
 
 
 @pytest.fixture(scope="module")
-def mesh_baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
-    result = run(tmp_path_factory.mktemp("mesh"), MESH_2X2)
+def mesh_saves(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the failure-free run saves a torch.distributed.checkpoint every SAVE_EVERY steps."""
+    return tmp_path_factory.mktemp("mesh_saves")
+
+
+@pytest.fixture(scope="module")
+def mesh_baseline(tmp_path_factory: pytest.TempPathFactory, mesh_saves: Path) -> LaunchResult:
+    result = run(tmp_path_factory.mktemp("mesh"), (*MESH_2X2, "--save-every", str(SAVE_EVERY), "--save-dir",
+                                                   str(mesh_saves)))
     assert result.returncode == 0 and result.digest, result.output[-3000:]
     return result
 
@@ -139,6 +149,40 @@ def test_fsdp2s_own_reduce_scatter_group_is_rebuilt_with_the_mesh(tmp_path: Path
     assert set(spare["groups_rebuilt"]) == {"deadpool:dp:0", "deadpool:tp:0", "deadpool:group:0-2"}
     kept = {name for r in result.of("restored") for name in r["groups_kept"]}
     assert "deadpool:group:1-3" in kept, "the other data-parallel pair's reduce-scatter group is kept"
+
+
+def saved(folder: Path, scratch: Path) -> dict[str, Any]:
+    """A torch.distributed.checkpoint folder's whole state, read in this process (through a file in `scratch`)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(folder, scratch)
+    state: dict[str, Any] = torch.load(scratch)
+    return state
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same, a, b))
+    return bool(a == b)
+
+
+def test_a_kill_inside_the_scripts_own_checkpoint_save_leaves_every_checkpoint_as_without_failures(
+        tmp_path: Path, mesh_baseline: LaunchResult, mesh_saves: Path) -> None:
+    """Seat 1 dies in the first collective of step 7's dcp.save (torch's plan gathered on the default group): the
+    survivors' save of the lost step ends quietly instead of raising CheckpointException (seat 0 checked a global
+    plan made of its own), and the replayed step saves again: every checkpoint equals the failure-free run's."""
+    result = run(tmp_path, (*MESH_2X2, "--save-every", str(SAVE_EVERY), "--save-dir", str(tmp_path / "saves")),
+                 "kill:rank=1:step=7:at=usercollective")
+    assert_recovered(result, mesh_baseline, [1])
+    names = sorted(p.name for p in (tmp_path / "saves").iterdir())
+    assert names == sorted(p.name for p in mesh_saves.iterdir()) == [f"step{s}" for s in (11, 15, 3, 7)]
+    for name in names:
+        assert same(saved(tmp_path / "saves" / name, tmp_path / f"{name}.pt"),
+                    saved(mesh_saves / name, tmp_path / f"{name}-reference.pt")), f"{name} is not the failure-free one"
 
 
 def test_fsdp_alone_survives_a_kill_in_an_all_gather(tmp_path: Path, fsdp_baseline: LaunchResult) -> None:

@@ -1,0 +1,71 @@
+"""The script's own ``torch.distributed.checkpoint`` saves and loads in a lost step.
+
+A distributed save is planned with collectives on the default group (each seat's plan gathered,
+a global plan checked and scattered back). In a lost step those complete locally (groups.py,
+objects.py): the coordinator seat would check a global plan made of its own plan in every place,
+fail, and raise ``CheckpointException`` in the script, a second failure the job may not survive
+(the seat and its buddy's dead peer lost together). The step is replayed from the restore, save
+and all, so a lost step's save only has to end quietly: ``enable`` wraps torch's save and load
+(the functions ``dcp.save`` and ``dcp.load`` call, so the script's way of importing them does not
+matter). On the training thread, a save or load that begins in a lost step does nothing, and one
+that raises after its step was lost inside returns as if it had done nothing; whatever files it
+wrote are written again by the replay (the same step, so the same path). A save that fails in a
+step that is not lost still raises, and one without collectives (``no_dist``: DeadPool's own disk
+checkpoints) is left alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_SAVER = "torch.distributed.checkpoint.state_dict_saver"
+_LOADER = "torch.distributed.checkpoint.state_dict_loader"
+
+
+def enable_once_imported(step_lost: Callable[[], bool]) -> bool:
+    """Wrap torch's save and load once the script has imported ``torch.distributed.checkpoint`` (it costs half a
+    second of imports: a script that does not checkpoint never pays it); True once they are wrapped."""
+    saver, loader = sys.modules.get(_SAVER), sys.modules.get(_LOADER)
+    if saver is None or loader is None:
+        return False
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    for module, name, stand_in in ((saver, "_save_state_dict", lambda: Metadata(state_dict_metadata={})),
+                                   (loader, "_load_state_dict", lambda: None)):
+        original = getattr(module, name)
+        if not getattr(original, "deadpool_lost_step", False):
+            setattr(module, name, _quiet_when_lost(original, step_lost, stand_in))
+    return True
+
+
+def _quiet_when_lost(original: Callable[..., Any], step_lost: Callable[[], bool],
+                     stand_in: Callable[[], Any]) -> Callable[..., Any]:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        local = signature.bind(*args, **kwargs).arguments.get("no_dist", False)
+        if local or threading.current_thread() is not threading.main_thread():
+            return original(*args, **kwargs)
+        if step_lost():
+            return stand_in()
+        try:
+            return original(*args, **kwargs)
+        except Exception:
+            if step_lost():  # its collectives completed locally: what it checked was made up
+                return stand_in()
+            raise
+        except BaseException as err:
+            if isinstance(err, CheckpointException) and step_lost():  # not an Exception: torch's own errors
+                return stand_in()  # from every seat, gathered
+            raise
+
+    wrapped.deadpool_lost_step = True  # type: ignore[attr-defined]
+    return wrapped
