@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+import torch.distributed.device_mesh as device_mesh
 import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import (
     AllgatherOptions,
@@ -640,6 +641,16 @@ def refuse_env_rendezvous() -> None:
 
     init_process_group.refuses_env_rendezvous = True  # type: ignore[attr-defined]
     dist.init_process_group = init_process_group
+
+    def from_init_device_mesh(*args: Any, **kwargs: Any) -> None:
+        raise MisuseError(
+            "torch.distributed.device_mesh.init_device_mesh() under deadpool launch: make the mesh with "
+            "rt.device_mesh(shape, names), the same torch DeviceMesh, whose groups DeadPool rebuilds at a swap "
+            "(a spare waits there for its seat)")
+
+    # init_device_mesh makes the default group itself (its module's own name for torch's function) when there is
+    # none: before the script's loop there is none yet, and torch's call would fail on DeadPool's port.
+    device_mesh.init_process_group = from_init_device_mesh  # type: ignore[attr-defined]
 
 
 def own_groups(make: Callable[[Sequence[int] | None, bool], Any]) -> None:

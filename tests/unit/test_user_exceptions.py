@@ -193,17 +193,23 @@ def test_an_active_raising_before_the_first_view_is_named_by_its_seat_not_as_a_s
     assert coordinator.outcome is not None and not coordinator.outcome[0], "training never started: no swap"
 
 
-def test_init_process_group_on_torchruns_environment_is_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_init_process_group_and_init_device_mesh_on_torchruns_environment_are_refused_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import torch.distributed as dist
+    import torch.distributed.device_mesh as device_mesh
     from torch.distributed import HashStore
 
     from deadpool.worker.groups import refuse_env_rendezvous
 
     monkeypatch.setattr(dist, "init_process_group", dist.init_process_group)  # restored after the test
+    monkeypatch.setattr(device_mesh, "init_process_group", device_mesh.init_process_group)
     refuse_env_rendezvous()
     refuse_env_rendezvous()  # once only
     for call in (lambda: dist.init_process_group("gloo"), lambda: dist.init_process_group("gloo", "env://")):
         with pytest.raises(MisuseError, match="DeadPool makes torch's default group itself"):
             call()
+    with pytest.raises(MisuseError, match=r"init_device_mesh\(\) under deadpool launch: make the mesh with rt\."):
+        device_mesh.init_device_mesh("cpu", (1,))  # before the loop: torch would make the default group itself
     dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)  # a group of the script's own
     dist.destroy_process_group()
