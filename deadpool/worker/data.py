@@ -12,6 +12,8 @@ needed is in docs/architecture.md ("Data loaders").
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import sys
 import warnings
 import weakref
@@ -60,10 +62,37 @@ def samplers_under(loader: DataLoader[Any]) -> list[DistributedSampler[Any]]:
 
 
 class DataSeats:
-    """The samplers DeadPool seats at every adopted view: ``rt.distributed_sampler``'s and tracked loaders'."""
+    """The samplers DeadPool seats at every adopted view: ``rt.distributed_sampler``'s, tracked loaders', and those
+    the script builds before the loop with the seat left out."""
 
     def __init__(self) -> None:
         self._samplers: list[DistributedSampler[Any]] = []
+
+    def seat_unseated(self, world: int, rank: Callable[[], int]) -> None:
+        """Make ``DistributedSampler(dataset)`` without a rank or size work before DeadPool's default group exists
+        (before the loop, and on a spare, where torch asks the default group and raises): it takes this
+        member's seat (`rank()`; seat 0 on a spare, as ``rt.distributed_sampler``) and the job's `world`, and
+        is seated at every adopted view. Once the default group exists torch's own defaults are the seat's."""
+        original = DistributedSampler.__init__
+        if getattr(original, "deadpool_seats", False):
+            return
+        signature = inspect.signature(original)
+        seats = self
+
+        @functools.wraps(original)
+        def __init__(sampler: DistributedSampler[Any], *args: Any, **kwargs: Any) -> None:
+            bound = signature.bind(sampler, *args, **kwargs)
+            unseated = bound.arguments.get("rank") is None and not torch.distributed.is_initialized()
+            if unseated:
+                bound.arguments["rank"] = max(rank(), 0)
+                if bound.arguments.get("num_replicas") is None:
+                    bound.arguments["num_replicas"] = world
+            original(*bound.args, **bound.kwargs)
+            if unseated:
+                seats.add(sampler)
+
+        __init__.deadpool_seats = True  # type: ignore[attr-defined]
+        DistributedSampler.__init__ = __init__  # type: ignore[method-assign,assignment]
 
     def add(self, sampler: DistributedSampler[Any]) -> None:
         if not any(sampler is known for known in self._samplers):

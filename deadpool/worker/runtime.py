@@ -115,6 +115,7 @@ class Runtime:
         self._optimizers: list[torch.optim.Optimizer] = []
         self._ddps: list[DataParallel] = []  # rt.ddp wrappers: their parameters are the same on every seat
         self._data_seats = DataSeats()  # DistributedSamplers: seated at every adopted view
+        self._data_seats.seat_unseated(env.world_size, lambda: self.rank)
         self._loader_watch = LoaderWatch(lambda: self._state.step >= 0, self._untracked_loader)
         self._loader_watch.install()
         # A lost step's backward stops at DeadPool's next gradient hook (rt.ddp) or mesh collective; FSDP2 is reset.

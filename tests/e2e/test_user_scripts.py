@@ -21,12 +21,12 @@ STEPS = 12
 SPARES = ("--nproc", "2", "--spares", "1")
 
 
-def run(tmp_path: Path, *chaos: str, num_workers: int = 0) -> LaunchResult:
+def run(tmp_path: Path, *chaos: str, num_workers: int = 0, sampler: str = "torch") -> LaunchResult:
     args = [*SPARES]
     for spec in chaos:
         args += ["--chaos", spec]
-    return launch(tmp_path, *args, steps=STEPS, script=SCRIPT, script_args=("--num-workers", str(num_workers)),
-                  timeout=180)
+    return launch(tmp_path, *args, steps=STEPS, script=SCRIPT,
+                  script_args=("--num-workers", str(num_workers), "--sampler", sampler), timeout=180)
 
 
 def _reference(tmp_path_factory: pytest.TempPathFactory, num_workers: int) -> LaunchResult:
@@ -83,8 +83,9 @@ def test_sigstop_is_fenced_and_swapped(tmp_path: Path, reference0: LaunchResult)
 
 
 def test_kill_with_two_loader_workers(tmp_path: Path, reference2: LaunchResult) -> None:
-    """num_workers=2: the workers' base seed and their position come back from the snapshot."""
-    result = run(tmp_path, "kill:rank=1:step=6", num_workers=2)
+    """num_workers=2: the workers' base seed and their position come back from the snapshot. The sampler is
+    rt.distributed_sampler's here, torch's own in the reference: the same batches."""
+    result = run(tmp_path, "kill:rank=1:step=6", num_workers=2, sampler="deadpool")
     assert_recovered(result, reference2, seat=1)
     # The agent reports the exit although the dead worker's DataLoader workers still hold its output pipe.
     assert [f["detected_by"] for f in result.of("member_failed")] == ["exit"]

@@ -143,6 +143,27 @@ def test_seat_sampler_recomputes_the_derived_sizes_and_keeps_the_epoch() -> None
     assert list(sampler) == list(fresh)
 
 
+def test_a_distributed_sampler_built_without_its_seat_before_the_default_group_takes_the_members(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DistributedSampler(dataset), as under torchrun: there is no default group before the loop (torch would raise),
+    so it takes the member's seat (0 on a spare, rank -1) and the job's size, and every adopted view re-seats it."""
+    monkeypatch.setattr(DistributedSampler, "__init__", DistributedSampler.__init__)  # restored after the test
+    seats, rank = DataSeats(), [-1]
+    seats.seat_unseated(4, lambda: rank[0])
+    seats.seat_unseated(4, lambda: 99)  # once per process
+    dataset = TensorDataset(torch.arange(16))
+    spare = DistributedSampler(dataset, shuffle=False)
+    assert (spare.rank, spare.num_replicas) == (0, 4)
+    rank[0] = 2
+    active = DistributedSampler(dataset, shuffle=False, drop_last=True)
+    assert (active.rank, active.num_replicas) == (2, 4)
+    told = DistributedSampler(dataset, num_replicas=2, rank=1)  # the script's own seat: left as it said
+    seats.seat(3, 4)  # the spare's adoption of seat 3
+    assert (spare.rank, active.rank, told.rank) == (3, 3, 1)
+    assert list(spare) == [3, 7, 11, 15]
+
+
 def test_a_plain_data_loader_cannot_be_tracked_and_the_error_names_the_fix() -> None:
     with pytest.raises(MisuseError, match="StatefulDataLoader"):
         TrackedLoader("data", DataLoader(TensorDataset(torch.arange(4))))
