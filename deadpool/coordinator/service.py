@@ -197,11 +197,11 @@ class Coordinator:
             if agent is not None and (agent.hello is message or agent.hello == message):
                 agent.seen = now
             else:
-                self.agents[message.sender] = Agent(message.sender, message.host, message.control_addr,
-                                                    dict(message.members), now, message)
+                agent = self.agents[message.sender] = Agent(message.sender, message.host, message.control_addr,
+                                                            dict(message.members), now, message)
                 self.fanout.hello(message.sender, message.members)
-            self.send(message.control_addr, Welcome(self._epoch(), message.sender, self.world_size, self.terms.term,
-                                                     self.terms.standby))  # with its term: no copy to stamp one
+            if message.control_addr:
+                self._outbox.append(Send(message.control_addr, self._welcome(agent), None, True))
         elif isinstance(message, Join):
             self._on_join(message, now)
         elif isinstance(message, AckBatch):  # answers to a Prepare, in columns (answers.py)
@@ -224,6 +224,14 @@ class Coordinator:
             self.send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status(now))))
         elif isinstance(message, ProcessExited):
             self._on_exit(message, now)
+
+    def _welcome(self, agent: Agent) -> Welcome:
+        """The answer to `agent`'s hello: the Welcome object sent last time while it says the same (its frame is
+        kept, see ``Send.again``), with the term it is sent with (no copy to stamp one)."""
+        welcome, epoch, term, standby = agent.welcome, self._epoch(), self.terms.term, self.terms.standby
+        if welcome is None or welcome.epoch != epoch or welcome.term != term or welcome.standby != standby:
+            welcome = agent.welcome = Welcome(epoch, agent.agent_id, self.world_size, term, standby)
+        return welcome
 
     def _on_exit(self, message: ProcessExited, now: float) -> None:
         if message.sender not in self.agents:
