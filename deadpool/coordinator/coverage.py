@@ -23,7 +23,7 @@ from deadpool.coordinator.liveness import Liveness
 Columns = tuple[list[int], list[int], list[int], list[int], list[float]]  # a HostHeartbeat's, per member
 
 
-@dataclass
+@dataclass(slots=True)
 class Batch:
     """The newest HostHeartbeat of one agent, as the coordinator last accepted it."""
 

@@ -26,7 +26,7 @@ class Send:
     again: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class MemberRecord:
     """What the coordinator knows of one member."""
 
@@ -47,7 +47,7 @@ class MemberRecord:
     exited: bool = False  # its agent reported the process gone (no kill needed)
 
 
-@dataclass
+@dataclass(slots=True)
 class Round:
     """A view change in progress (between Prepare and Commit)."""
 
@@ -66,7 +66,7 @@ class Round:
     resend_at: float = float("inf")  # some of it went through agents (fanout.py): when to resend it directly
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingSwap:
     """A seat refilled by a spare, until that spare reports its first finished step (swap_completed)."""
 
@@ -77,7 +77,7 @@ class PendingSwap:
     epoch: int  # the view that seated the spare
 
 
-@dataclass
+@dataclass(slots=True)
 class Agent:
     """One host's `deadpool launch`: it reports exits, kills fenced members and batches heartbeats."""
 
