@@ -61,8 +61,8 @@ def on_batch(c: Coordinator, batch: AckBatch, now: float, handle: Callable[[floa
     coordinator does not know (one that has just taken over) still counts, answer by answer.
     """
     count = len(batch.members)
-    if any(len(column) != count for column in (batch.epochs, batch.steps, batch.local_steps, batch.ward_steps,
-                                                batch.disk_steps, batch.dirty_groups, batch.early)):
+    if not (count == len(batch.epochs) == len(batch.steps) == len(batch.local_steps) == len(batch.ward_steps)
+            == len(batch.disk_steps) == len(batch.dirty_groups) == len(batch.early)):  # no generator per batch
         c.events.emit(Event.REJECTED, reason="bad_field", peer=batch.sender,
                       detail="AckBatch columns of different lengths")
         return

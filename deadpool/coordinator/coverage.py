@@ -15,7 +15,6 @@ for ``failure_timeout`` is death.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ from deadpool.coordinator.liveness import Liveness
 Columns = tuple[list[int], list[int], list[int], list[int], list[float]]  # a HostHeartbeat's, per member
 
 
-@dataclass
+@dataclass(slots=True)
 class Batch:
     """The newest HostHeartbeat of one agent, as the coordinator last accepted it."""
 
@@ -32,6 +31,7 @@ class Batch:
     listed: list[str]  # its member column, as sent (an unchanged list is compared in one C call)
     columns: Columns  # epochs, steps, snapshots, confirmed snapshots, stalls (hostbeats.settle copies them)
     vouched: frozenset[str]  # the listed members it may vouch for (its own, known, not fenced)
+    sent: object = None  # the message it came in: the same object again is a repeated frame (see repeat)
 
 
 class Coverage:
@@ -47,30 +47,31 @@ class Coverage:
     def previous(self, agent: str) -> Batch | None:
         return self._batches.get(agent)
 
-    def repeat(self, agent: str, now: float, listed: list[str], columns: Columns) -> bool:
-        """`agent` sent again the very columns it sent last (``codec.Recent`` decodes a repeated frame to the same
-        message), each member still vouched for: all are heard at `now`."""
+    def repeat(self, agent: str, now: float, sent: object) -> bool:
+        """`agent` sent again the very message it sent last (``codec.Recent`` decodes a repeated frame to the same
+        object, so its member list and columns are the ones kept), each member still vouched for: all are heard
+        at `now`. One identity test, before anything of the message is read."""
         batch = self._batches.get(agent)
-        if (batch is None or batch.listed is not listed or len(batch.vouched) != len(listed)
-                or not all(map(operator.is_, batch.columns, columns))):
+        if batch is None or batch.sent is not sent or len(batch.vouched) != len(batch.listed):
             return False
         batch.at = now
         self._agents.seen(agent, now)
         return True
 
-    def renew(self, agent: str, now: float, listed: list[str], columns: Columns) -> bool:
+    def renew(self, agent: str, now: float, listed: list[str], columns: Columns, sent: object) -> bool:
         """`agent` lists the same members as before, each still vouched for: all are heard at `now`, and `columns`
         are its newest (for settle; not compared with the last, which cost more than the copying it spared).
         False when the list is another (see cover)."""
         batch = self._batches.get(agent)
         if batch is None or batch.listed != listed or len(batch.vouched) != len(listed):
             return False
-        batch.at, batch.listed, batch.columns = now, listed, columns  # as sent: the next repeat is this object
+        batch.at, batch.listed, batch.columns, batch.sent = now, listed, columns, sent  # the next repeat is `sent`
         self._agents.seen(agent, now)
         self._unsettled[agent] = None
         return True
 
-    def cover(self, agent: str, now: float, listed: list[str], columns: Columns, vouched: frozenset[str]) -> None:
+    def cover(self, agent: str, now: float, listed: list[str], columns: Columns, vouched: frozenset[str],
+              sent: object) -> None:
         """A changed member list: members it no longer lists are dropped (heard last at its previous message)."""
         before = self._batches.get(agent)
         self._unsettled[agent] = None
@@ -82,7 +83,7 @@ class Coverage:
         for member in vouched:
             self._by_member[member] = agent
             self._dropped.pop(member, None)
-        self._batches[agent] = Batch(now, listed, columns, vouched)
+        self._batches[agent] = Batch(now, listed, columns, vouched, sent)
         self._agents.seen(agent, now)
 
     def take_unsettled(self) -> list[str]:

@@ -24,6 +24,7 @@ from deadpool.protocol import codec
 from deadpool.protocol.messages import Message, Relay
 
 RELAY_WITHIN = 2.0  # heartbeat intervals: an agent heard longer ago than this relays nothing
+MAX_KEPT = 65536  # frames kept by address for sends marked again (see encoded): one per agent
 
 
 def grace(heartbeat_interval: float) -> float:
@@ -132,17 +133,28 @@ class Fanout:
                 if self.heard(m, agents, now) is None]
 
 
-def encoded(sends: Iterable[Send], secret: bytes | None,
-            headers: dict[str, tuple[Relay, bytes]] | None = None) -> Iterator[tuple[Send, list[bytes]]]:
+def encoded(sends: Iterable[Send], secret: bytes | None, headers: dict[str, tuple[Relay, bytes]] | None = None,
+            kept: dict[str, tuple[Message, bytes]] | None = None) -> Iterator[tuple[Send, list[bytes]]]:
     """Each send with its frames: a broadcast's message encoded once (consecutive sends share it), a Relay
     header once per agent however many of a view's pieces it precedes. `headers` (agent's address -> its last
     header and frame), kept by the caller across calls, spares re-encoding a header equal to the one before it
-    (an agent's workers and the term rarely change between broadcasts)."""
+    (an agent's workers and the term rarely change between broadcasts). `kept` (address -> the last message
+    sent there with ``Send.again``, and its frame), likewise: an agent's hello, every second, is answered with
+    the very Welcome object of the time before while nothing in it changed; one entry per agent (bounded)."""
     last: tuple[Message | None, bytes] = (None, b"")
     headers = {} if headers is None else headers
     for send in sends:
-        if last[0] is not send.message:
-            last = (send.message, codec.encode(send.message, secret))
+        message = send.message
+        if last[0] is not message:
+            if send.again and kept is not None:
+                frame = kept.get(send.address)
+                if frame is None or frame[0] is not message:
+                    if len(kept) >= MAX_KEPT:  # agents, and the addresses strangers give: bounded
+                        kept.clear()
+                    frame = kept[send.address] = (message, codec.encode(message, secret))
+                last = frame
+            else:
+                last = (message, codec.encode(message, secret))
         if send.relay is None:
             yield send, [last[1]]
             continue

@@ -61,9 +61,9 @@ def speaks_for(c: Coordinator, agent: Agent, member: str) -> bool:
 def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> None:
     """Renew the agent's word for its members; keep its columns for their records (see :func:`settle`)."""
     agent = agent_of(c, message, now)
-    columns = (message.epochs, message.steps, message.snapshot_steps, message.confirmed_steps, message.stall_p99_s)
-    if agent is None or c.coverage.repeat(message.sender, now, message.members, columns):  # checked the first time
+    if agent is None or c.coverage.repeat(message.sender, now, message):  # checked the first time
         return
+    columns = (message.epochs, message.steps, message.snapshot_steps, message.confirmed_steps, message.stall_p99_s)
     if not (len(message.members) == len(message.control_addrs) == len(message.epochs) == len(message.steps)
             == len(message.snapshot_steps) == len(message.confirmed_steps) == len(message.stall_p99_s)):
         c.events.emit(Event.REJECTED, reason="bad_field", peer=message.sender,
@@ -72,7 +72,7 @@ def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> Non
     # The steady state: one comparison for the whole host (every member it lists is still vouched for; one that
     # is not, fenced or a stranger, takes the path below, which answers for it). The columns wait in the batch
     # for settle; a command armed for a step looks now.
-    if c.coverage.renew(message.sender, now, message.members, columns):
+    if c.coverage.renew(message.sender, now, message.members, columns, message):
         if c.chaos.armed:
             settle(c)
         return
@@ -90,7 +90,7 @@ def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> Non
             c.send(record.control_addr, Fenced(member, c.view.epoch if c.view else 0, c.fenced[member]))
             continue
         vouched.append(member)
-    c.coverage.cover(message.sender, now, message.members, columns, frozenset(vouched))
+    c.coverage.cover(message.sender, now, message.members, columns, frozenset(vouched), message)
 
 
 def settle(c: Coordinator) -> None:

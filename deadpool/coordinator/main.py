@@ -116,6 +116,7 @@ class Dispatch:
                  senders: asyncio.TaskGroup) -> None:
         self._transport, self._secret, self._timeout, self._senders = transport, secret, timeout, senders
         self._headers: dict[str, tuple[Relay, bytes]] = {}  # each agent's last Relay header, encoded
+        self._kept: dict[str, tuple[Message, bytes]] = {}  # each agent's last Welcome, encoded (Send.again)
         self._queued: dict[str, int] = {}  # peer -> its sends waiting in tasks
         self.pending: set[asyncio.Task[None]] = set()
 
@@ -123,7 +124,7 @@ class Dispatch:
         if not sends:  # most messages change state and answer nothing
             return
         queued, try_send = self._queued, self._transport.try_send
-        for send, frames in fanout.encoded(sends, self._secret, self._headers):  # a broadcast is encoded once
+        for send, frames in fanout.encoded(sends, self._secret, self._headers, self._kept):  # a broadcast: once
             address = send.address
             if address not in queued and try_send(address, frames):
                 continue

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deadpool.coordinator.decisions import Trigger
-from deadpool.protocol.messages import AgentHello, Message, Prepare, PrepareAck, Relay, Role, immutable
+from deadpool.protocol.messages import AgentHello, Message, Prepare, PrepareAck, Relay, Role, Welcome, immutable
 
 
 @immutable
@@ -21,9 +21,12 @@ class Send:
     address: str  # control address of the member or agent
     message: Message  # broadcasts repeat one object, so the caller can encode it once
     relay: Relay | None = None  # `address` is a host agent: send this header, then `message`, for it to pass on
+    # The coordinator sends this very message object to `address` again and again while it holds (an agent's
+    # Welcome, every second): the caller may keep its frame by address (``fanout.encoded``'s `kept`).
+    again: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class MemberRecord:
     """What the coordinator knows of one member."""
 
@@ -44,7 +47,7 @@ class MemberRecord:
     exited: bool = False  # its agent reported the process gone (no kill needed)
 
 
-@dataclass
+@dataclass(slots=True)
 class Round:
     """A view change in progress (between Prepare and Commit)."""
 
@@ -63,7 +66,7 @@ class Round:
     resend_at: float = float("inf")  # some of it went through agents (fanout.py): when to resend it directly
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingSwap:
     """A seat refilled by a spare, until that spare reports its first finished step (swap_completed)."""
 
@@ -74,7 +77,7 @@ class PendingSwap:
     epoch: int  # the view that seated the spare
 
 
-@dataclass
+@dataclass(slots=True)
 class Agent:
     """One host's `deadpool launch`: it reports exits, kills fenced members and batches heartbeats."""
 
@@ -84,3 +87,4 @@ class Agent:
     members: dict[str, int] = field(default_factory=dict)  # member -> pid, the processes it started
     seen: float = 0.0  # when its last hello arrived (the lease counts the hosts heard recently)
     hello: AgentHello | None = None  # its hello as registered: a repeat (every second) changes nothing
+    welcome: Welcome | None = None  # the answer to its hello, sent again as the same object while it holds

@@ -74,8 +74,9 @@ _LAST_SEEN = operator.attrgetter("last_seen")
 
 
 # Handled by kind (an agent's, an operator tool's, a coordinator's, a Join); any other message is a member's own.
-_NOT_A_MEMBERS_OWN = (HostHeartbeat, HeartbeatBatch, AckBatch, Join, AgentHello, StandbyHello, Coordinators,
-                      ChaosCommand, StatusRequest, ProcessExited)
+# A set of the exact classes (messages are final): one hash lookup per message, not ten isinstance tests.
+_NOT_A_MEMBERS_OWN = frozenset({HostHeartbeat, HeartbeatBatch, AckBatch, Join, AgentHello, StandbyHello, Coordinators,
+                                ChaosCommand, StatusRequest, ProcessExited})
 
 
 class Coordinator:
@@ -170,7 +171,7 @@ class Coordinator:
     # -- message handling ---------------------------------------------------------------------
 
     def _handle(self, now: float, message: Message) -> None:
-        if not isinstance(message, _NOT_A_MEMBERS_OWN):  # a member's own (or relayed): the most frequent, first
+        if type(message) not in _NOT_A_MEMBERS_OWN:  # a member's own (or relayed): the most frequent, first
             sender = getattr(message, "sender", None)
             if not isinstance(sender, str) or sender not in self.members:
                 self.events.emit(Event.REJECTED, reason="unknown_peer",
@@ -189,12 +190,6 @@ class Coordinator:
             self._on_member_message(message, sender, now)
         elif isinstance(message, HostHeartbeat):  # one host's beats (coverage.py)
             hostbeats.on_host_heartbeat(self, message, now)
-        elif isinstance(message, AckBatch):  # answers to a Prepare, in columns (answers.py)
-            answers.on_batch(self, message, now, self._handle)
-        elif isinstance(message, HeartbeatBatch):  # each as if its member had sent it
-            hostbeats.relay(self, message, now, self._handle)
-        elif isinstance(message, Join):
-            self._on_join(message, now)
         elif isinstance(message, AgentHello):
             # Agents repeat their hello every second, so a restarted coordinator re-learns who owns which pid;
             # the Welcome tells the agent this coordinator is alive (a standby asks agents how long it was silent).
@@ -202,11 +197,17 @@ class Coordinator:
             if agent is not None and (agent.hello is message or agent.hello == message):
                 agent.seen = now
             else:
-                self.agents[message.sender] = Agent(message.sender, message.host, message.control_addr,
-                                                    dict(message.members), now, message)
+                agent = self.agents[message.sender] = Agent(message.sender, message.host, message.control_addr,
+                                                            dict(message.members), now, message)
                 self.fanout.hello(message.sender, message.members)
-            self.send(message.control_addr, Welcome(self._epoch(), message.sender, self.world_size, self.terms.term,
-                                                     self.terms.standby))  # with its term: no copy to stamp one
+            if message.control_addr:
+                self._outbox.append(Send(message.control_addr, self._welcome(agent), None, True))
+        elif isinstance(message, Join):
+            self._on_join(message, now)
+        elif isinstance(message, AckBatch):  # answers to a Prepare, in columns (answers.py)
+            answers.on_batch(self, message, now, self._handle)
+        elif isinstance(message, HeartbeatBatch):  # each as if its member had sent it
+            hostbeats.relay(self, message, now, self._handle)
         elif isinstance(message, StandbyHello):
             if self.terms.standby_hello(now, message.sender):
                 self.events.emit(Event.STANDBY_JOINED, standby=message.sender, term=self.terms.term)
@@ -221,8 +222,16 @@ class Coordinator:
             self.chaos.command(self, message)
         elif isinstance(message, StatusRequest):
             self.send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status(now))))
-        else:
+        elif isinstance(message, ProcessExited):
             self._on_exit(message, now)
+
+    def _welcome(self, agent: Agent) -> Welcome:
+        """The answer to `agent`'s hello: the Welcome object sent last time while it says the same (its frame is
+        kept, see ``Send.again``), with the term it is sent with (no copy to stamp one)."""
+        welcome, epoch, term, standby = agent.welcome, self._epoch(), self.terms.term, self.terms.standby
+        if welcome is None or welcome.epoch != epoch or welcome.term != term or welcome.standby != standby:
+            welcome = agent.welcome = Welcome(epoch, agent.agent_id, self.world_size, term, standby)
+        return welcome
 
     def _on_exit(self, message: ProcessExited, now: float) -> None:
         if message.sender not in self.agents:
@@ -491,7 +500,8 @@ class Coordinator:
             from_disk = True
             why = f"{why}; every seat rolls back to the disk checkpoint of step {resume}"
             self.events.emit(Event.DISK_FALLBACK, resume_step=resume, reason=why)
-        spares = [s for s in [*view.spares, *rnd.joined] if s not in rnd.replacements.values() and s not in self.fenced]
+        seated = {*rnd.replacements.values(), *self.fenced}  # a set: a dict's values are searched one by one
+        spares = [s for s in [*view.spares, *rnd.joined] if s not in seated]
         new_view = decisions.next_view(view, rnd.epoch, rnd.replacements, spares, resume, self._addrs.host,
                                        self._addrs.bulk, rebuild=True, from_disk=from_disk, sources=sources,
                                        dirty_groups=[g for ack in rnd.acks.values() for g in ack.dirty_groups],

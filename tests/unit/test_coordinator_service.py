@@ -487,3 +487,18 @@ def test_a_resumed_job_starts_every_seat_from_the_newest_checkpoint_all_of_them_
     view = coordinator.view
     assert view is not None and view.resume_step == 5 and view.restores_from_disk(0) and view.restores_from_disk(1)
     assert "resuming from the disk checkpoint of step 5" in events.records[-1]["reason"]
+
+
+def test_an_agents_repeated_hello_is_answered_with_the_same_welcome_until_the_epoch_moves() -> None:
+    job = Job(seats=3, spares=1)
+    hello = job.coordinator.agents[AGENT].hello
+    assert hello is not None
+    first, again = (job.handle(hello)[0] for _ in range(2))
+    assert again.message is first.message and again.again and isinstance(first.message, Welcome)
+    assert first.message.epoch == job.epoch == 1 and first.message.member == AGENT
+    job.handle(ProcessExited(AGENT, "m1", -9))
+    job.handle(ack("m0", 2, [7, 8], {2: [7]}))
+    job.handle(ack("m2", 2, [7, 8], {1: [6, 7]}))
+    assert job.epoch == 2
+    later = job.handle(hello)[0].message
+    assert isinstance(later, Welcome) and later is not first.message and later.epoch == job.epoch

@@ -27,10 +27,12 @@ from deadpool.protocol.messages import (
     CommitView,
     Fenced,
     Heartbeat,
+    Message,
     Prepare,
     ProcessExited,
     Relay,
     ViewDelta,
+    Welcome,
 )
 from deadpool.protocol.transport import Frame, TransportError
 
@@ -295,3 +297,17 @@ def test_the_coordinators_sends_go_at_once_and_a_peer_that_waits_gets_the_rest_i
     peers = asyncio.run(run())
     assert [m.sender for to, m in peers.got if to == "tcp://slow"] == ["a", "c", "d"]  # type: ignore[attr-defined]
     assert peers.tasks == 2, "a task for the full peer's send, and for the one sent behind it"
+
+
+def test_a_message_sent_again_as_the_same_object_is_encoded_once_and_others_are_not_kept() -> None:
+    kept: dict[str, tuple[Message, bytes]] = {}
+    welcome = Welcome(3, "agent-h0", 8, 1, "")
+    first = [f for _, f in fanout.encoded([Send("tcp://agent", welcome, None, True)], None, None, kept)]
+    second = [f for _, f in fanout.encoded([Send("tcp://agent", welcome, None, True)], None, None, kept)]
+    assert second[0][0] is first[0][0] and codec.decode(first[0][0]) == welcome
+    newer = Welcome(4, "agent-h0", 8, 1, "")  # the next epoch: another object, encoded anew
+    third = [f for _, f in fanout.encoded([Send("tcp://agent", newer, None, True)], None, None, kept)]
+    assert codec.decode(third[0][0]) == newer and kept["tcp://agent"][0] is newer
+    joined = Welcome(4, "m0", 8, 1, "")  # a member's own Welcome, once: not kept
+    assert codec.decode([f for _, f in fanout.encoded([Send("tcp://m0", joined)], None, None, kept)][0][0]) == joined
+    assert list(kept) == ["tcp://agent"]

@@ -74,6 +74,7 @@ class Simulation:
         # The coordinator's encoded sends of this tick: (address, frame, the Relay header's frame when relayed).
         self._outbox: list[tuple[str, bytes, bytes]] = []
         self._headers: dict[str, tuple[Relay, bytes]] = {}  # the coordinator process's encoded Relay headers
+        self._kept: dict[str, tuple[Message, bytes]] = {}  # ... and its agents' Welcomes (Send.again)
         self._frozen = FreezeOnCommit()
         self._timers: list[tuple[int, int, Callable[[], None]]] = []
         self._seq = itertools.count()
@@ -479,7 +480,7 @@ class Simulation:
         """The coordinator process's share of a send: encoding, once per message object (a broadcast)."""
         if not sends:
             return
-        for send, frames in fanout.encoded(sends, None, self._headers):
+        for send, frames in fanout.encoded(sends, None, self._headers, self._kept):
             header = frames[0] if len(frames) == 2 else b""
             self._outbox.append((send.address, frames[-1], header))
             self.costs.bytes_out += len(frames[-1]) + len(header)
