@@ -65,7 +65,7 @@ def init() -> Runtime:
     if _RUNTIME is None:
         _RUNTIME = Runtime(os.environ)
         refuse_env_rendezvous()
-        own_groups(_RUNTIME.new_group)
+        own_groups(_RUNTIME._new_group)
     return _RUNTIME
 
 
@@ -242,7 +242,7 @@ class Runtime:
         self._progress.answers_early = False  # a mesh seat's PrepareAck lists the groups its step left dirty
         return mesh
 
-    def new_group(self, ranks: Sequence[int] | None = None, sort_ranks: bool = True) -> Any:
+    def _new_group(self, ranks: Sequence[int] | None = None, sort_ranks: bool = True) -> Any:
         """``dist.new_group(ranks)`` under ``deadpool launch``: a group over those seats (all of them for None; in
         the order given with ``sort_ranks=False``, as torch's) that DeadPool rebuilds at every swap that
         replaced one of them, as a mesh dimension's; torch's ``GroupMember.NON_GROUP_MEMBER`` on a seat outside
