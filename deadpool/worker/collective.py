@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from deadpool.actors.handoff import Handoff
 from deadpool.chaos import ChaosPoint
-from deadpool.errors import CollectiveAborted, WaitTimeout
+from deadpool.errors import CollectiveAborted, MisuseError, WaitTimeout
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CollectiveFailed
@@ -456,7 +456,16 @@ class GroupCollectives:
 
         None when the step is poisoned or the seat has no group: the caller completes the
         collective locally (the step is rolled back anyway).
+
+        Raises:
+            MisuseError: the seat has adopted no view yet (before the loop): the result would be this seat's alone.
         """
+        if self._state.view is None:
+            raise MisuseError(
+                "a collective on torch's default group before the loop over rt.steps(): its communicator is built "
+                "when the loop starts (a spare has no seat before it), so it would complete on this seat alone. "
+                "Do it inside the loop (its first step), take the value from rt (rank, world_size), or load a "
+                "torch.distributed.checkpoint with no_dist=True")
         if self._state.poison is not None or self.group is None:
             return None
         try:

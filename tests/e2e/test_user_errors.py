@@ -148,3 +148,29 @@ def test_a_seat_that_leaves_its_loop_early_is_the_scripts_error(tmp_path: Path, 
     failed = result.of("job_failed")
     assert len(failed) == 1 and failed[0]["reason"] == "user_error" and failed[0]["step"] == 3
     assert "rank 1 left the loop over rt.steps() in step 3, before its end" in failed[0]["traceback"]
+
+
+COLLECTIVE_BEFORE_THE_LOOP = """\
+import torch
+import torch.distributed as dist
+import deadpool
+rt = deadpool.init()
+dist.new_group([0, 1])  # installs torch's default group before the loop
+count = torch.tensor([1.0])
+dist.all_reduce(count)
+for step in rt.steps(4):
+    pass
+rt.finish()
+"""
+
+
+def test_a_collective_on_the_default_group_before_the_loop_is_refused_not_completed_alone(tmp_path: Path) -> None:
+    """Before the loop no seat has its communicator: an all-reduce there summed this seat's value alone (1.0 where
+    the failure-free answer is 2.0), silently, once the default group was installed early (by dist.new_group or
+    rt.device_mesh). It is the script's error now, named, and the job stops before its first step."""
+    script = tmp_path / "collective_before_the_loop.py"
+    script.write_text(COLLECTIVE_BEFORE_THE_LOOP)
+    result = launch(tmp_path, "--nproc", "2", "--spares", "1", "--no-progress", steps=4, script=script, timeout=120)
+    assert result.returncode == 1, result.output[-3000:]
+    assert "a collective on torch's default group before the loop over rt.steps()" in result.output
+    assert not result.of("training_finished")
