@@ -46,7 +46,7 @@ class Decisions:
         self._meshes: dict[tuple[str, ...], DeviceMesh] = {}  # the root and its slices, by dimension names
         self._recorded: dict[Any, Any] = {}  # OpSchema -> OutputSharding, made or used here
         self._taken: dict[Any, Any] = {}  # from a snapshot, not yet used here
-        self._encoded: list[bytes] = []  # self._recorded's entries, encoded, in order (None: unencodable)
+        self._encoded: list[bytes] = []  # self._recorded's entries, encoded, in order (those that encode)
         self._seen = 0  # entries of self._recorded looked at for encoding
         self.taken = 0  # decisions taken from snapshots in this process's life
         self._blob: torch.Tensor | None = None
