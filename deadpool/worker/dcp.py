@@ -11,7 +11,7 @@ matter). On the training thread, a save or load that begins in a lost step does 
 that raises after its step was lost inside returns as if it had done nothing; whatever files it
 wrote are written again by the replay (the same step, so the same path). A save that fails in a
 step that is not lost still raises, and one without collectives (``no_dist``: DeadPool's own disk
-checkpoints) is left alone.
+checkpoints) is left alone. ``dcp.async_save`` is refused with a ``MisuseError`` that says why.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import sys
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from deadpool.errors import MisuseError
 
 _SAVER = "torch.distributed.checkpoint.state_dict_saver"
 _LOADER = "torch.distributed.checkpoint.state_dict_loader"
@@ -40,7 +42,23 @@ def enable_once_imported(step_lost: Callable[[], bool]) -> bool:
         original = getattr(module, name)
         if not getattr(original, "deadpool_lost_step", False):
             setattr(module, name, _quiet_when_lost(original, step_lost, stand_in))
+    refused = _refuse_async_save(saver.async_save)
+    saver.async_save = refused  # type: ignore[attr-defined]
+    sys.modules["torch.distributed.checkpoint"].async_save = refused  # type: ignore[attr-defined]
     return True
+
+
+def _refuse_async_save(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``dcp.async_save`` raises a ``MisuseError`` that says why and what to use: torch's own refusal asks the
+    default group for a CPU backend ("try initializing process group with 'cpu:gloo,cuda:nccl'"), which misleads
+    here, and its planning would run on a thread beside the step's collectives."""
+    @functools.wraps(original)
+    def async_save(*args: Any, **kwargs: Any) -> Any:
+        raise MisuseError("torch.distributed.checkpoint.async_save() under deadpool launch is not supported (it plans "
+                          "on a thread beside the step's collectives): use dcp.save(), or DeadPool's own checkpoints "
+                          "written in the background (deadpool launch --checkpoint-dir DIR --checkpoint-every K)")
+
+    return async_save
 
 
 def _quiet_when_lost(original: Callable[..., Any], step_lost: Callable[[], bool],

@@ -64,3 +64,23 @@ def test_a_save_without_collectives_or_off_the_training_thread_is_left_alone() -
     thread.start()
     thread.join()
     assert results == ["metadata"] and save.calls == 2
+
+
+def test_async_save_is_refused_with_what_to_use_instead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's own refusal of DeadPool's default group asks for a CPU backend, which misleads: DeadPool's says why."""
+    import sys
+
+    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint.state_dict_loader as loader
+    import torch.distributed.checkpoint.state_dict_saver as saver
+
+    from deadpool.errors import MisuseError
+    from deadpool.worker.dcp import enable_once_imported
+
+    for module, name in ((saver, "_save_state_dict"), (loader, "_load_state_dict"), (saver, "async_save"),
+                         (dcp, "async_save")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
+    assert "torch.distributed.checkpoint.state_dict_saver" in sys.modules
+    assert enable_once_imported(lambda: False)
+    with pytest.raises(MisuseError, match="--checkpoint-dir"):
+        dcp.async_save({}, checkpoint_id="unused")
