@@ -176,15 +176,14 @@ class Rebuilt:
 
 
 class SeatGroups:
-    """This seat's groups that DeadPool rebuilds: the dimensions of ``rt.device_mesh`` (and the torch
-    ``DeviceMesh`` the script holds over them) and the script's own ``dist.new_group()`` groups."""
+    """This seat's groups that DeadPool rebuilds: the dimensions of ``rt.device_mesh`` and the script's own
+    ``dist.new_group()`` groups."""
 
     def __init__(self, rank: int, collectives: MeshCollectives) -> None:
         self._seat = rank
         self._collectives = collectives
         self.dims: list[MeshDim] = []
         self.groups: list[MeshGroup] = []
-        self.device_mesh: DeviceMesh | None = None
 
     def add(self, dim: MeshDim) -> MeshGroup:
         """A group of this seat's, registered in torch's registry under its stable name; built at the next rebuild."""
@@ -210,10 +209,9 @@ class SeatGroups:
             raise MisuseError(f"rt.device_mesh({shape}): the mesh has {math.prod(shape)} seats, "
                               f"the job has {world} (--nproc)")
         groups = [self.add(dim) for dim in mesh_dims(shape, names, self._seat)]
-        self.device_mesh = DeviceMesh.from_group(
+        return DeviceMesh.from_group(
             list[dist.ProcessGroup](groups), "cpu", mesh=torch.arange(world).view(*shape), mesh_dim_names=names,
         )
-        return self.device_mesh
 
     def dirty_groups(self) -> list[str]:
         """The groups with a collective this seat did not complete since their last build (the PrepareAck's), and
