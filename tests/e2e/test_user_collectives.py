@@ -32,13 +32,18 @@ def buffer_digests(result: LaunchResult) -> dict[int, tuple[str, str]]:
     return {int(seat): (sync, plain) for seat, sync, plain in BUFFERS.findall(result.output)}
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
-    result = run(tmp_path_factory.mktemp("reference"))
+def failure_free(tmp_path: Path, script_args: tuple[str, ...] = ()) -> LaunchResult:
+    """A run without failures, checked as one: it finished, with a digest, and nothing failed."""
+    result = run(tmp_path, script_args=script_args)
     assert result.returncode == 0, result.output[-3000:]
     assert result.digest, result.output[-3000:]
     assert not result.of("member_failed") and not result.of("collective_failed")
     return result
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
+    return failure_free(tmp_path_factory.mktemp("reference"))
 
 
 def test_the_default_group_all_reduces_and_every_seat_ends_with_the_same_buffers(reference: LaunchResult) -> None:
@@ -91,11 +96,7 @@ def test_a_kill_during_the_scripts_all_reduce_is_recovered_bit_identically(
 @pytest.fixture(scope="module")
 def exchanging(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
     """The fixture with --exchange: all_to_all_single, batch_isend_irecv, object collectives, reduce, gather."""
-    result = run(tmp_path_factory.mktemp("exchanging"), script_args=("--exchange",))
-    assert result.returncode == 0, result.output[-3000:]
-    assert result.digest, result.output[-3000:]
-    assert not result.of("member_failed") and not result.of("collective_failed")
-    return result
+    return failure_free(tmp_path_factory.mktemp("exchanging"), ("--exchange",))
 
 
 def test_all_to_all_point_to_point_and_object_collectives_carry_what_torch_does(exchanging: LaunchResult) -> None:
@@ -132,11 +133,7 @@ def test_a_kill_inside_an_all_to_all_is_recovered_bit_identically(tmp_path: Path
 def grouped(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
     """The fixture with --subgroups: its own groups [0, 1] and [1, 2] (dist.new_group), an all-reduce and a
     broadcast on each every step."""
-    result = run(tmp_path_factory.mktemp("grouped"), script_args=("--subgroups",))
-    assert result.returncode == 0, result.output[-3000:]
-    assert result.digest, result.output[-3000:]
-    assert not result.of("member_failed") and not result.of("collective_failed")
-    return result
+    return failure_free(tmp_path_factory.mktemp("grouped"), ("--subgroups",))
 
 
 def test_the_scripts_own_groups_reduce_and_broadcast_over_their_seats_only(grouped: LaunchResult) -> None:
