@@ -76,13 +76,9 @@ def _quiet_when_lost(original: Callable[..., Any], step_lost: Callable[[], bool]
             return stand_in()
         try:
             return original(*args, **kwargs)
-        except Exception:
+        except (Exception, CheckpointException):  # the latter a BaseException: every seat's errors, gathered
             if step_lost():  # its collectives completed locally: what it checked was made up
                 return stand_in()
-            raise
-        except BaseException as err:
-            if isinstance(err, CheckpointException) and step_lost():  # not an Exception: torch's own errors
-                return stand_in()  # from every seat, gathered
             raise
 
     wrapped.deadpool_lost_step = True  # type: ignore[attr-defined]
