@@ -350,10 +350,11 @@ def materialize(manifest: Manifest, arena: torch.Tensor, keep: Mapping[int, torc
                                          for i, spec in enumerate(manifest.tensors)])
 
 
-def same_layout(manifest: Manifest, tensors: Sequence[torch.Tensor]) -> bool:
-    """`tensors` (a flattened state) have the dtypes and shapes the manifest's tensors have, in order."""
+def same_layout(manifest: Manifest, tensors: Sequence[torch.Tensor], ignore: torch.Tensor | None = None) -> bool:
+    """`tensors` (a flattened state) have the dtypes and shapes the manifest's tensors have, in order, but for
+    `ignore`, one of them whose shape may differ."""
     return len(tensors) == len(manifest.tensors) and all(
-        str(t.dtype).removeprefix("torch.") == spec.dtype and tuple(t.shape) == spec.shape
+        t is ignore or (str(t.dtype).removeprefix("torch.") == spec.dtype and tuple(t.shape) == spec.shape)
         for t, spec in zip(tensors, manifest.tensors, strict=True))
 
 

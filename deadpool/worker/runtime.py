@@ -488,8 +488,10 @@ class Runtime:
         """The live tensors that only an optimizer's step() changes (and the replicated ones), by their index in
         `manifest`; None when the live state is not laid out as the manifest says.  After a lost step that
         skipped the optimizer, they hold what the snapshot of the step before holds (``Recovery`` checks that)."""
-        _, tensors = flatten(self._snapshot_state())
-        if not same_layout(manifest, tensors):
+        state = self._snapshot_state()
+        _, tensors = flatten(state)
+        # The sharding decisions only grow, a lost step's too: not training state, never kept, any size.
+        if not same_layout(manifest, tensors, ignore=state.get("__decisions__", {}).get("msgpack")):
             return None
         kept = self._background_pointers() | self._replicated_pointers()
         return {i: t for i, t in enumerate(tensors) if t.data_ptr() in kept}
