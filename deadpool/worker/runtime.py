@@ -481,7 +481,12 @@ class Runtime:
         dtensors.set_fsdp_switches(self._tracked.values(), state.pop("__fsdp__", []))
         rng = state.pop("__rng__")
         for name, obj in self._tracked.items():
-            obj.load_state_dict(dtensors.relayout(state[name], obj) if self._sharded else state[name])
+            value = dtensors.relayout(state[name], obj) if self._sharded else state[name]
+            if isinstance(obj, torch.nn.Module) and len(fresh := _without_live(value, obj.state_dict())) < len(value):
+                if fresh:
+                    obj.load_state_dict(fresh, strict=False)  # the rest are its live tensors already
+            else:
+                obj.load_state_dict(value)
         rng_mod.restore(rng)  # last: loading an object may draw from the RNGs (a loader's pass does)
 
     def _unchanged(self, manifest: Manifest) -> dict[int, torch.Tensor] | None:
@@ -629,3 +634,13 @@ class Runtime:
         self.events.close()
         _RUNTIME = None
         GUARD.finish()
+
+
+def _without_live(value: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+    """A module's state dict to load, `value`, without the entries that are its `live` tensors themselves: a
+    survivor's restore keeps the live tensors that hold the snapshot's values, and loading one copies it onto
+    itself (a DTensor's copy is far from free: a sharding decision per shape, the first time)."""
+    return {key: v for key, v in value.items() if not (
+        isinstance(v, torch.Tensor) and isinstance(mine := live.get(key), torch.Tensor)
+        and dtensors.local(v).data_ptr() == dtensors.local(mine).data_ptr()
+        and dtensors.local(v).shape == dtensors.local(mine).shape)}
