@@ -341,6 +341,15 @@ class Recovery:
             # back once they are built, as a preloaded spare's are.
             rng, nbytes = self._load_restored(*restored, kept), restored[0].nbytes
             restored = None
+        # The restored state is this seat's snapshot of resume_step under the new view, taken before the seat
+        # runs a step: the SnapshotActor streams it to the (possibly new) buddy at once, so the seat is
+        # protected before its next step changes anything.  Until then the old snapshots stay (a failure
+        # during this swap finds them, or the buddy's copy, again).  A state loaded whole already (RNG states
+        # included) is taken now, its copy made while the groups form; any other once it is loaded.
+        loaded = rng is not None and pending is None
+        if loaded:
+            self._snapshots.forget_all(keep=held)
+            self._capture(view.resume_step, view, seat)
         # The groups form while the peers' answers come in (the snapshot actor receives them).
         grouping = time.perf_counter()
         self._collectives.rebuild(view, seat)
@@ -363,12 +372,9 @@ class Recovery:
             # The initial state, on every seat of the view at once (a replacement seated before any snapshot
             # adopts "first" while the survivors do not): rt.ddp's replicas start as seat 0's, as under DDP.
             self._take_seat0_state(view.epoch)
-        # The restored state is this seat's snapshot of resume_step under the new view, taken before the seat
-        # runs a step: the SnapshotActor streams it to the (possibly new) buddy at once, so the seat is
-        # protected before its next step changes anything.  Until then the old snapshots stay (a failure
-        # during this swap finds them, or the buddy's copy, again).
-        self._snapshots.forget_all(keep=held)
-        self._capture(view.resume_step, view, seat)
+        if not loaded:
+            self._snapshots.forget_all(keep=held)
+            self._capture(view.resume_step, view, seat)
         restore_s = time.perf_counter() - started - group_s
         self.set_view(view)
         self._state.poison = None
