@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgpack
@@ -49,6 +49,7 @@ class Decisions:
         self._encoded: list[bytes] = []  # self._recorded's entries, encoded, in order (those that encode)
         self._seen = 0  # entries of self._recorded looked at for encoding
         self.taken = 0  # decisions taken from snapshots in this process's life
+        self._loads_made = False
         self._blob: torch.Tensor | None = None
         propagator = DTensor._op_dispatcher.sharding_propagator
         self._compute: Callable[[Any], Any] = propagator.propagate_op_sharding_non_cached
@@ -83,6 +84,24 @@ class Decisions:
         if self._blob is None:
             return None
         return {"torch": str(torch.__version__), "entries": len(self._encoded), "msgpack": self._blob}
+
+    def make_load_decisions(self, objects: Iterable[object]) -> None:
+        """Once: the decisions a restore's ``load_state_dict`` will ask of DTensor (a copy into each layout of the
+        modules' DTensors), made by copying one DTensor of each layout onto itself (its data untouched), so that a
+        spare's restore takes them with the rest instead of making them while the survivors wait for it."""
+        if self._loads_made:
+            return
+        self._loads_made = True
+        from torch.distributed.tensor import DTensor
+
+        layouts = set()
+        with torch.no_grad():
+            for obj in objects:
+                if isinstance(obj, torch.nn.Module):
+                    for value in obj.state_dict().values():
+                        if isinstance(value, DTensor) and value._spec not in layouts:
+                            layouts.add(value._spec)
+                            value.copy_(value)
 
     def take(self, entry: dict[str, Any] | None) -> int:
         """Take the decisions of a snapshot's entry that this process has not made; return how many."""

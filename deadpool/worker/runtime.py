@@ -468,8 +468,10 @@ class Runtime:
         """The live state, and DTensor's decisions with it: not training state (no digest covers them), but what
         a spare's first step would otherwise make cold."""
         state = self._live_state()
-        if (carried := self._collectives.decisions) is not None and (decisions := carried.snapshot_entry()) is not None:
-            state["__decisions__"] = decisions
+        if (carried := self._collectives.decisions) is not None:
+            carried.make_load_decisions(self._tracked.values())
+            if (decisions := carried.snapshot_entry()) is not None:
+                state["__decisions__"] = decisions
         return state
 
     def _load(self, state: dict[str, Any]) -> None:

@@ -36,14 +36,18 @@ STEP = textwrap.dedent("""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     taken = decisions.take(torch.load(source)) if source != "-" else 0
     before = len(computed)
+    model.load_state_dict(model.state_dict())  # what a restore does: a DTensor copy per parameter
+    loading = len(computed) - before
+    before = len(computed)
     model(torch.ones(4, 16)).sum().backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
+    decisions.make_load_decisions([model])  # as the runtime does before its first snapshot
     entry = decisions.snapshot_entry()
     torch.save(entry, target)
     garbage = dict(entry, entries=1000, msgpack=torch.tensor([0x92, 0xc4, 0x01], dtype=torch.uint8))
     other_torch = dict(entry, torch="2.0.0", entries=1000)
-    print(json.dumps({"taken": taken, "computed_in_step": len(computed) - before, "entries": entry["entries"],
+    print(json.dumps({"taken": taken, "computed_in_load": loading, "computed_in_step": len(computed) - before, "entries": entry["entries"],
                       "recorded": len(decisions._recorded), "retaken": decisions.take(entry),
                       "garbage": decisions.take(garbage), "other_torch": decisions.take(other_torch)}))
 """)
@@ -68,14 +72,18 @@ def test_a_cold_first_step_records_every_decision_and_the_entry_carries_them(
         seat3: tuple[dict[str, int], Path]) -> None:
     result, _ = seat3
     assert result["computed_in_step"] > 20  # the forward, backward, norm and optimizer ops of the model
+    assert result["computed_in_load"] > 0, "a load's copies are decided too"
+
     assert result["entries"] == result["recorded"], "each of this model's decisions encodes"
 
 
 def test_a_fresh_process_at_another_seat_takes_them_and_decides_nothing_in_its_first_step(
         seat3: tuple[dict[str, int], Path], tmp_path: Path) -> None:
-    """The decisions hold no seat's coordinates: seat 3's serve seat 0 (another row and column of the mesh)."""
+    """The decisions hold no seat's coordinates: seat 3's serve seat 0 (another row and column of the mesh), in its
+    restore's load and in its first step."""
     result = step(0, seat3[1], tmp_path / "seat0.pt")
     assert result["taken"] > 0
+    assert result["computed_in_load"] == 0, "the restore's copies were decided before any failure, and carried"
     assert result["computed_in_step"] == 0
 
 
