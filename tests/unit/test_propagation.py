@@ -47,8 +47,8 @@ STEP = textwrap.dedent("""
     torch.save(entry, target)
     garbage = dict(entry, entries=1000, msgpack=torch.tensor([0x92, 0xc4, 0x01], dtype=torch.uint8))
     other_torch = dict(entry, torch="2.0.0", entries=1000)
-    print(json.dumps({"taken": taken, "computed_in_load": loading, "computed_in_step": len(computed) - before, "entries": entry["entries"],
-                      "recorded": len(decisions._recorded), "retaken": decisions.take(entry),
+    print(json.dumps({"taken": taken, "computed_in_load": loading, "computed_in_step": len(computed) - before,
+                      "entries": entry["entries"], "recorded": len(decisions._recorded), "retaken": decisions.take(entry),
                       "garbage": decisions.take(garbage), "other_torch": decisions.take(other_torch)}))
 """)
 
@@ -73,7 +73,6 @@ def test_a_cold_first_step_records_every_decision_and_the_entry_carries_them(
     result, _ = seat3
     assert result["computed_in_step"] > 20  # the forward, backward, norm and optimizer ops of the model
     assert result["computed_in_load"] > 0, "a load's copies are decided too"
-
     assert result["entries"] == result["recorded"], "each of this model's decisions encodes"
 
 
