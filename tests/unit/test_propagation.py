@@ -48,8 +48,9 @@ STEP = textwrap.dedent("""
     garbage = dict(entry, entries=1000, msgpack=torch.tensor([0x92, 0xc4, 0x01], dtype=torch.uint8))
     other_torch = dict(entry, torch="2.0.0", entries=1000)
     print(json.dumps({"taken": taken, "computed_in_load": loading, "computed_in_step": len(computed) - before,
-                      "entries": entry["entries"], "recorded": len(decisions._recorded), "retaken": decisions.take(entry),
-                      "garbage": decisions.take(garbage), "other_torch": decisions.take(other_torch)}))
+                      "entries": entry["entries"], "recorded": len(decisions._recorded),
+                      "retaken": decisions.take(entry), "garbage": decisions.take(garbage),
+                      "other_torch": decisions.take(other_torch)}))
 """)
 
 
