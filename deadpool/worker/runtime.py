@@ -641,7 +641,10 @@ class Runtime:
 def _without_live(value: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
     """A module's state dict to load, `value`, without the entries that are its `live` tensors themselves: a
     survivor's restore keeps the live tensors that hold the snapshot's values, and loading one copies it onto
-    itself (a DTensor's copy is far from free: a sharding decision per shape, the first time)."""
+    itself (a DTensor's copy is far from free: a sharding decision per shape, the first time).  All of it where
+    the keys differ from the module's, so that the strict load names what is missing or unexpected."""
+    if value.keys() != live.keys():
+        return value
     return {key: v for key, v in value.items() if not (
         isinstance(v, torch.Tensor) and isinstance(mine := live.get(key), torch.Tensor)
         and dtensors.local(v).data_ptr() == dtensors.local(mine).data_ptr()
