@@ -299,6 +299,8 @@ class Launcher:
                 jobfile.remove(self.job_file)
             for signum in STOP_SIGNALS:
                 loop.remove_signal_handler(signum)
+                if self.stopped_by:  # the exit status is decided: a Ctrl-C pressed again now must not kill the launcher
+                    signal.signal(signum, signal.SIG_IGN)
 
     def _on_stop_signal(self, main: asyncio.Task[int], signum: int) -> None:
         """SIGTERM (SLURM, Kubernetes, kill) or SIGINT (Ctrl-C): stop every worker and the coordinator, remove
