@@ -646,6 +646,6 @@ def _without_live(value: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]
     if value.keys() != live.keys():
         return value
     return {key: v for key, v in value.items() if not (
-        isinstance(v, torch.Tensor) and isinstance(mine := live.get(key), torch.Tensor)
-        and dtensors.local(v).data_ptr() == dtensors.local(mine).data_ptr()
-        and dtensors.local(v).shape == dtensors.local(mine).shape)}
+        isinstance(v, torch.Tensor) and isinstance(live[key], torch.Tensor)
+        and dtensors.local(v).data_ptr() == dtensors.local(live[key]).data_ptr()
+        and dtensors.local(v).shape == dtensors.local(live[key]).shape)}
