@@ -26,7 +26,9 @@ Grammar: ``ACTION:KEY=VALUE[:KEY=VALUE...]`` with
 Each spec fires once, in the member it names, by the member signalling itself:
 a real SIGKILL or SIGSTOP from the kernel, at a precise point in the step.
 A spec names the member that *starts* in a seat, so the spare that takes the
-seat over does not fire it again when it replays the step.
+seat over does not fire it again when it replays the step.  Which points a
+step passes depends on the script's parallelism (``WHERE``); a spec that never
+fired makes a finished launch exit with ``NOT_FIRED_STATUS``.
 """
 
 from __future__ import annotations
@@ -62,7 +64,40 @@ class ChaosPoint(enum.StrEnum):
     FORWARD = "forward"  # another collective on a mesh group in forward (tensor parallel's all-reduce)
     P2P = "p2p"  # a send or recv on a mesh group (a pipeline stage's activations or gradients), in flight
     RECOVERY = "recovery"
+    # Start-up, before step 0 (a spec with one of these needs no step): a bad node found at start-up.
+    JOIN = "join"  # about to join (its script called deadpool.init()): the coordinator has not heard of it
+    GROUPS = "groups"  # seated in the first view, building its groups (the others wait for this seat in theirs)
+    SNAPSHOT = "snapshot"  # the first snapshot (of the initial state) taken, not yet confirmed by the buddy
 
+
+# Where each point is, as the worker's code passes it (``worker/ddp.py``, ``collective.py``, ``mesh.py``,
+# ``groups.py``): what a spec's ``at=`` means for the script's parallelism, in the warnings and closing lines.
+WHERE = {
+    ChaosPoint.BOUNDARY: "the start of the step",
+    ChaosPoint.BACKWARD: "rt.ddp's gradient hooks, or a mesh collective inside a backward other than an all-gather, "
+                         "reduce-scatter, send or recv (tensor parallel's all-reduce, expert parallel's all-to-all)",
+    ChaosPoint.ALLREDUCE: "rt.ddp's gradient all-reduce, at the end of the backward",
+    ChaosPoint.BROADCAST: "a broadcast on torch's default group (ZeroRedundancyOptimizer's parameters)",
+    ChaosPoint.USER_COLLECTIVE: "the script's own collective on torch's default group, or one other than an "
+                                "all-gather, reduce-scatter, send or recv on a dist.new_group() group",
+    ChaosPoint.ALLGATHER: "an all-gather on a mesh group or a dist.new_group() group (FSDP2's, DTensor's)",
+    ChaosPoint.REDUCESCATTER: "a reduce-scatter on a mesh group or a dist.new_group() group (FSDP2's gradients)",
+    ChaosPoint.FORWARD: "a mesh collective outside a backward other than an all-gather, reduce-scatter, send or "
+                        "recv (tensor parallel's forward all-reduce)",
+    ChaosPoint.P2P: "a send or recv on a mesh group (a pipeline stage's)",
+    ChaosPoint.RECOVERY: "the adoption of the view that repairs a failure another spec injected at that step",
+    ChaosPoint.JOIN: "start-up: in deadpool.init(), before the member joins (its seat is filled in the first view)",
+    ChaosPoint.GROUPS: "start-up: the first view's groups being built (rt.device_mesh's too, before the loop)",
+    ChaosPoint.SNAPSHOT: "start-up: the initial state's snapshot taken, before the buddy confirmed its copy",
+}
+# `deadpool launch`'s exit status when training finished but a spec for one of its host's members never fired: the
+# run tested no recovery, so it must not read as a pass (0 finished, 1 failed, 2 misuse, 128+N a signal).
+NOT_FIRED_STATUS = 4
+
+# Points every step passes (the boundary) or no step does (recovery, a view change): what a step's visit says
+# nothing about.
+STARTUP = frozenset({ChaosPoint.JOIN, ChaosPoint.GROUPS, ChaosPoint.SNAPSHOT})  # before step 0 (step -1)
+NOT_PER_STEP = frozenset({ChaosPoint.BOUNDARY, ChaosPoint.RECOVERY, *STARTUP})
 
 SIGNALS = {ChaosAction.KILL: signal.SIGKILL, ChaosAction.STOP: signal.SIGSTOP, ChaosAction.CONT: signal.SIGCONT}
 SPEC_ACTIONS = (ChaosAction.KILL, ChaosAction.STOP, ChaosAction.PARTITION)  # what a --chaos spec may declare
@@ -119,7 +154,9 @@ def parse(spec: str) -> ChaosSpec:
         raise MisuseError(f"chaos spec {spec!r}: rank, spare and step take integers, after takes seconds") from None
     if (parsed.rank >= 0) == (parsed.spare >= 0):
         raise MisuseError(f"chaos spec {spec!r}: name exactly one target, rank=R or spare=J ({example})")
-    if parsed.rank >= 0 and parsed.step < 0:
+    if parsed.at in STARTUP and parsed.step != -1:
+        raise MisuseError(f"chaos spec {spec!r}: at={parsed.at} is a start-up point, before step 0: leave out step=")
+    if parsed.rank >= 0 and parsed.step < 0 and parsed.at not in STARTUP:
         raise MisuseError(f"chaos spec {spec!r}: a rank's failure needs step=N ({example})")
     if parsed.spare >= 0 and parsed.after < 0:
         raise MisuseError(f"chaos spec {spec!r}: a spare's failure needs after=SECONDS ({example})")
@@ -144,7 +181,8 @@ def unreachable(spec: ChaosSpec, world: int | None, spares: int, steps: int | No
     if spec.rank >= 0 and steps is not None and spec.step >= steps:
         return "", (f"chaos spec {str(spec)!r} fires at step {spec.step}, but the script's arguments say --steps "
                     f"{steps} (steps 0..{steps - 1}): it will not fire if that is the step count (the launcher "
-                    "sees only the script's arguments, not its loop)")
+                    f"sees only the script's arguments, not its loop), and a run that finishes then exits "
+                    f"{NOT_FIRED_STATUS}")
     return "", ""
 
 
@@ -164,6 +202,17 @@ def host_specs(specs: list[str], first_rank: int, nproc: int, spares: int) -> li
     return [str(s) for s in parsed
             if any(applies(s, rank, -1) for rank in range(first_rank, first_rank + nproc))
             or any(applies(s, -1, index) for index in range(spares))]
+
+
+def unseen(specs: list[ChaosSpec], seen: set[ChaosPoint], step: int) -> list[ChaosSpec]:
+    """The rank specs still to fire at `step` or later whose point a finished step that passed `seen` did not pass.
+
+    A step of a script passes the same points as the next one, as a rule (a script's own collective every N
+    steps is the exception), so such a spec will likely never fire: an ``at=backward`` spec on an FSDP2 script,
+    whose backward holds only all-gathers and reduce-scatters, say.
+    """
+    return [spec for spec in specs
+            if spec.rank >= 0 and spec.step >= step and spec.at not in NOT_PER_STEP and spec.at not in seen]
 
 
 class ChaosPlan:
@@ -188,6 +237,10 @@ class ChaosPlan:
                 self._fired.add(spec)
                 return spec
         return None
+
+    def pending(self) -> list[ChaosSpec]:
+        """The specs for this process that have not fired."""
+        return [spec for spec in self._specs if spec not in self._fired]
 
     def declares(self, action: ChaosAction) -> bool:
         """Whether a spec for this process does `action` (a ``partition:`` one needs wrapped transports)."""

@@ -30,3 +30,17 @@ def gpt_reference(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
     assert result.digest, result.output[-3000:]
     assert not result.of("member_failed")
     return result
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--all-kill-points", action="store_true",
+                     help="run every kill point of the e2e matrices that the default suite samples (compiled blocks)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--all-kill-points"):
+        return
+    skip = pytest.mark.skip(reason="one of the full matrix's kill points: run with --all-kill-points")
+    for item in items:
+        if item.get_closest_marker("full_matrix") is not None:
+            item.add_marker(skip)

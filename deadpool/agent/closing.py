@@ -1,32 +1,49 @@
 """The closing lines a launcher prints: failures, refilled seats, restores, swaps, and the final digest.
 
-Read from this host's events file, so the host whose coordinator ran the job at its
-end (host 0, or the standby's host after a takeover) prints the ``final state digest``.
+Read from this host's events file, so the host whose coordinator ran the job at its end
+(host 0, or the standby's host after a takeover) prints the ``final state digest``, and
+the line saying when that final state is not guaranteed to be a failure-free run's.  What
+the exit status makes of them (a chaos spec that never fired, ``--strict``) is ``verdict.py``'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from deadpool.agent import verdict
 from deadpool.events import summary
 from deadpool.events.log import read_events
 
 
-def summarize(events_path: str, chaos: Sequence[str] = ()) -> list[str]:
-    """The closing lines: failures, refilled seats, buddy restores, swaps with their recovery time, the digest.
+@dataclass(frozen=True, slots=True)
+class Closing:
+    """What the end of one host's launch reports: the lines, and the findings its exit status depends on."""
 
-    `chaos`: the ``--chaos`` specs this host's workers were to fire (as ``str(ChaosSpec)`` writes them); one that
-    none of them fired gets a line saying so, since a fault test whose fault never came tested nothing.
+    lines: list[str]  # the closing lines, in order, the digest last
+    not_fired: list[summary.ChaosNotFired]  # this host's specs that never fired
+    untracked: summary.UntrackedRollback | None  # a restore left an untracked data loader where it was
+
+
+def read(events_path: str, chaos: Sequence[str] = (), targets: Mapping[str, str] | None = None) -> Closing:
+    """The closing lines and findings of a job from its events file.
+
+    `chaos`: the ``--chaos`` specs this host's workers were to fire (as ``str(ChaosSpec)`` writes them), and
+    `targets` the member each was for; one that none of them fired gets a line saying why (what its member
+    reached), since a fault test whose fault never came tested nothing.
     """
+    targets = targets or {}
     lines: list[str] = []
-    digest: str | None = None
-    fired: set[str] = set()
+    final: summary.JobFinished | None = None
+    trails = verdict.Trails({member: verdict.Trail() for member in targets.values() if member})
     records = read_events(events_path) if Path(events_path).exists() else iter(())
+    seats: dict[str, int] = {}
     for record in records:
-        match summary.parse(record):
-            case summary.ChaosInjection(spec=spec) if spec:
-                fired.add(spec)
+        summary.learn_seats(seats, record)
+        fact = summary.parse(record, seats)
+        trails.follow(fact)
+        match fact:
             case summary.Failure() as f:
                 lines.append(f"  failure: rank {-1 if f.rank is None else f.rank} ({f.member}) "
                              f"detected by {f.detected_by}: {f.reason}")
@@ -42,12 +59,20 @@ def summarize(events_path: str, chaos: Sequence[str] = ()) -> list[str]:
             case summary.JobFailed() as failed:
                 lines.extend(_failure_lines(failed))
             case summary.JobFinished() as finished:
-                digest = finished.digest
-    lines += [f"  chaos: {spec} never fired (its member did not reach that point of that step, or was not "
-              "running then)" for spec in chaos if spec not in fired]
-    if digest is not None:
-        lines.append(f"final state digest: {digest}")
-    return lines
+                final = finished
+    unfired = verdict.not_fired(chaos, targets, trails)
+    lines += [verdict.not_fired_line(finding) for finding in unfired]
+    untracked = final.untracked if final is not None else None
+    if untracked is not None:
+        lines.append(verdict.untracked_line(untracked))
+    if final is not None:
+        lines.append(f"final state digest: {final.digest}")
+    return Closing(lines, unfired, untracked)
+
+
+def summarize(events_path: str, chaos: Sequence[str] = ()) -> list[str]:
+    """The closing lines alone (``read``'s, with no member known for the specs)."""
+    return read(events_path, chaos).lines
 
 
 def _failure_lines(failed: summary.JobFailed) -> list[str]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deadpool.chaos import NOT_FIRED_STATUS
 from deadpool.errors import MisuseError
 from deadpool.events.catalogue import Event
 from deadpool.events.log import read_events
@@ -58,18 +59,24 @@ def digests_of(records: Iterable[Mapping[str, Any]]) -> tuple[Digests, int]:
 def compare(reference: Run, again: Run, killed: Run) -> tuple[bool, list[str]]:
     """Whether the three runs agree, and the lines that say so or name the first difference.
 
+    A kill run that ended with the launcher's ``NOT_FIRED_STATUS``, or finished without a failure, tested
+    nothing (``never_fired``): it is a failure of the check, named as such.
+
     Names are compared in order: the tracked objects (as tracked), then the RNGs.  An RNG that
     differs between the two failure-free runs is not seeded by the script (Python's ``random``
     is seeded from the OS unless the script seeds it); it is noted and left out.  A tracked
     object that differs between them makes the script irreproducible by itself, which no
     recovery can fix.
     """
-    for run in (reference, again, killed):
-        if run.returncode != 0 or not run.digests:
+    for run in (reference, again):
+        if not _finished(run):
             return False, [f"the run {run.label} did not finish (exit {run.returncode}): nothing to compare"]
-    if killed.failures == 0:
-        return False, ["the run with a kill saw no failure: the kill never fired (is its step beyond the "
-                       "script's last step?); give one that fires with --chaos kill:rank=R:step=S"]
+    if never_fired(killed):
+        return False, [f"the run {killed.label} saw no failure (exit {killed.returncode}): the kill never fired "
+                       "(its step beyond the script's last step, or its at= point not in this script's steps: "
+                       "the run's closing lines say which); give one that fires with --chaos kill:rank=R:step=S"]
+    if not _finished(killed):
+        return False, [f"the run {killed.label} did not finish (exit {killed.returncode}): nothing to compare"]
     if not set(reference.digests) == set(again.digests) == set(killed.digests):
         return False, [f"the runs finished with different seats: {sorted(reference.digests)}, "
                        f"{sorted(again.digests)}, {sorted(killed.digests)}"]
@@ -103,6 +110,15 @@ def compare(reference: Run, again: Run, killed: Run) -> tuple[bool, list[str]]:
                   f"{len(reference.digests)} seat(s), bit for bit"]
 
 
+def never_fired(killed: Run) -> bool:
+    """The kill run's kill never fired: its launch said so (``NOT_FIRED_STATUS``), or it finished with no failure."""
+    return killed.returncode == NOT_FIRED_STATUS or (killed.returncode == 0 and killed.failures == 0)
+
+
+def _finished(run: Run) -> bool:
+    return run.returncode == 0 and bool(run.digests)
+
+
 def _differing(left: Digests, right: Digests, name: str) -> list[int]:
     return [rank for rank in sorted(left) if left[rank].get(name) != right.get(rank, {}).get(name)]
 
@@ -118,7 +134,8 @@ def kill_spec(world: int, steps: int | None) -> str:
 
 
 def check(args: argparse.Namespace, steps: int | None, launch: Callable[[argparse.Namespace], tuple[int, str]]) -> int:
-    """Run the three launches with `launch` (returns exit status and events file); 0 when all agree, else 1.
+    """Run the three launches with `launch` (returns exit status and events file); 0 when all agree,
+    ``NOT_FIRED_STATUS`` when the kill never fired (as a launch whose spec never fired), else 1.
 
     Raises:
         MisuseError: the job cannot be checked this way (more than one host, or a world of one).
@@ -138,6 +155,7 @@ def check(args: argparse.Namespace, steps: int | None, launch: Callable[[argpars
     for i, (label, specs, spares) in enumerate(plan, 1):
         run_args = copy.copy(args)
         run_args.chaos, run_args.spares, run_args.check_determinism = specs, spares, False
+        run_args.strict = False  # the check compares the digests itself
         run_args.events = f"{args.events}.{i}" if args.events else str(folder / f"run{i}.jsonl")
         if args.checkpoint_dir:  # a folder each: a run must not meet an earlier run's checkpoints
             run_args.checkpoint_dir = str(Path(args.checkpoint_dir) / f"run{i}")
@@ -151,4 +169,6 @@ def check(args: argparse.Namespace, steps: int | None, launch: Callable[[argpars
     print(f"deadpool: --check-determinism {'PASSED' if ok else 'FAILED'}", file=out, flush=True)
     for line in lines:
         print(f"  {line}", file=out, flush=True)
-    return 0 if ok else 1
+    if ok:
+        return 0
+    return NOT_FIRED_STATUS if _finished(runs[0]) and _finished(runs[1]) and never_fired(runs[2]) else 1

@@ -32,13 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deadpool.agent import coordinators, determinism, exits, jobfile, progress, relay
+from deadpool.agent import closing, coordinators, determinism, exits, jobfile, progress, relay, verdict
 from deadpool.agent.checks import validate, visible_steps
-from deadpool.agent.closing import summarize
 from deadpool.agent.heapenv import worker_heap_env
 from deadpool.agent.relay import AckBatcher, BeatRelay
-from deadpool.chaos import SIGNALS, ChaosAction, host_specs
+from deadpool.agent.threadenv import omp_threads_env
+from deadpool.chaos import SIGNALS, ChaosAction, applies, host_specs
+from deadpool.chaos import parse as parse_chaos
 from deadpool.config import Config, raise_priority
+from deadpool.events import summary
+from deadpool.events.catalogue import Event
+from deadpool.events.log import EventLog
+from deadpool.events.summary import ChaosNotFired
 from deadpool.protocol import codec
 from deadpool.protocol.link import CoordinatorLink, StandDown
 from deadpool.protocol.messages import (
@@ -119,6 +124,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=-1,
                         help="the coordinator serves Prometheus metrics on 127.0.0.1:PORT (0: any free port)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line (steps, tokens/s, spares)")
+    parser.add_argument("--strict", action="store_true",
+                        help=f"exit {verdict.NOT_GUARANTEED_STATUS} instead of 0 when training finished but its final "
+                             "state is not guaranteed to be a failure-free run's (a restore left a data loader no "
+                             "snapshot holds where it was)")
     parser.add_argument("--check-determinism", action="store_true",
                         help="run the script failure-free twice and once with a kill (--chaos, or rank 1 killed "
                              "half-way through --steps), and report the first tracked object or RNG that differs")
@@ -132,12 +141,34 @@ def _normal_priority(pid: int) -> None:
         os.setpriority(os.PRIO_PROCESS, pid, 0)
 
 
-async def _forward(worker: Worker) -> None:
+async def _forward(worker: Worker, labels: SeatLabels) -> None:
     stream = worker.proc.stdout
     assert stream is not None
     while line := await stream.readline():
+        if worker.role == "spare":
+            labels.refresh()
         sys.stdout.write(f"[{worker.label}] {line.decode(errors='replace')}")
         sys.stdout.flush()
+
+
+class SeatLabels:
+    """A spare of this host that took a seat prints as that seat from then on (``[rank0 spare0]``): the restore
+    its process wrote to this host's events file, before any line of its first step, says which."""
+
+    def __init__(self, events_path: str, workers: list[Worker]) -> None:
+        self._spares = {w.member: w for w in workers if w.role == "spare"}
+        self._tail = progress.EventTail(events_path)
+
+    def refresh(self) -> None:
+        """Relabel the spares seated since the last call (reads only what was appended to the events file)."""
+        if not self._spares:
+            return
+        for record in self._tail.read():
+            match summary.parse(record):
+                case summary.Restore(member=member, rank=rank) if member in self._spares and rank is not None \
+                        and rank >= 0:
+                    worker = self._spares.pop(member)
+                    worker.label = f"rank{rank} {worker.label}"
 
 
 class DropLog:
@@ -230,6 +261,9 @@ class Launcher:
         self.events_path = events
         env = {**os.environ, **self._config_env()}
         self.env = env
+        threads, notice = omp_threads_env(os.environ, args.nproc + args.spares)
+        if notice:
+            print(f"deadpool: {notice}", file=sys.stderr, flush=True)
         stale = shm.sweep_stale(self.shm_dir)  # left by an agent that was itself killed
         if stale:
             print(f"deadpool: removed {len(stale)} snapshot slot file(s) of processes that no longer exist "
@@ -246,9 +280,9 @@ class Launcher:
         self.transport = open_transport(f"tcp://{bind}:0", AGENT_LIMITS)
         store_host, store_port = store.rsplit(":", 1)
         spec = ",".join(args.chaos)
-        base = {**env, **worker_heap_env(env), "DEADPOOL_COORDINATOR": self.link.active, "DEADPOOL_EVENTS": events,
-                "DEADPOOL_CHAOS": spec, "DEADPOOL_HOST": self.host, "DEADPOOL_BIND_HOST": bind,
-                "WORLD_SIZE": str(self.world if args.nproc else 0),
+        base = {**env, **worker_heap_env(env), **threads, "DEADPOOL_COORDINATOR": self.link.active,
+                "DEADPOOL_EVENTS": events, "DEADPOOL_CHAOS": spec, "DEADPOOL_HOST": self.host,
+                "DEADPOOL_BIND_HOST": bind, "WORLD_SIZE": str(self.world if args.nproc else 0),
                 "MASTER_ADDR": store_host, "MASTER_PORT": store_port,
                 "LOCAL_WORLD_SIZE": str(args.nproc), "PYTHONUNBUFFERED": "1",
                 "DEADPOOL_AGENT": self.transport.address, "DEADPOOL_AGENT_PID": str(os.getpid())}  # relay.py
@@ -327,7 +361,8 @@ class Launcher:
             if not getattr(self.args, "no_progress", False):
                 background.append(tasks.create_task(progress.follow(self.events_path, self.world,
                                                                     self.args.spares)))
-            forwards = [tasks.create_task(_forward(w)) for w in self.workers]
+            labels = SeatLabels(self.events_path, self.workers)
+            forwards = [tasks.create_task(_forward(w, labels)) for w in self.workers]
             watches = [tasks.create_task(self._watch(w)) for w in self.workers]
             self._outcome = asyncio.get_running_loop().create_future()
             background.append(tasks.create_task(self._stopped()))
@@ -528,6 +563,18 @@ class Launcher:
             print(f"deadpool: following the coordinator of term {message.term} at {message.active}",
                   file=sys.stderr, flush=True)
 
+    def targets(self, specs: list[str]) -> dict[str, str]:
+        """The member each of this host's `specs` (as ``str(ChaosSpec)`` writes them) was for: the one started in
+        that seat, or as that spare."""
+        found = {}
+        for text in specs:
+            spec = parse_chaos(text)
+            for local, worker in enumerate(self.workers):
+                spare = local - self.args.nproc if worker.role == "spare" else -1
+                if applies(spec, worker.seat_hint, spare):
+                    found[text] = worker.member
+        return found
+
     def _signal(self, member: str, action: str) -> None:
         """Operator chaos: a real signal to one of this host's workers."""
         try:
@@ -612,13 +659,35 @@ def launch_in_child(args: argparse.Namespace) -> tuple[int, str]:
 
 
 def launch_once(args: argparse.Namespace) -> tuple[int, str]:
-    """Run this host's part of one job to its end and print its summary; returns (exit code, events file)."""
+    """Run this host's part of one job to its end and print its summary; returns (exit status, events file).
+
+    The status is the job's (0 finished, 1 failed, 128+N stopped by signal N), unless a finished job's chaos
+    spec never fired (``verdict.NOT_FIRED_STATUS``) or, under ``--strict``, its final state is not guaranteed
+    to be a failure-free run's (``verdict.NOT_GUARANTEED_STATUS``).
+    """
     launcher = Launcher(args)
     code = asyncio.run(launcher.run())
-    summary = summarize(launcher.events_path, host_specs(args.chaos, args.node_rank * args.nproc, args.nproc,
-                                                         args.spares))
+    specs = host_specs(args.chaos, args.node_rank * args.nproc, args.nproc, args.spares)
+    end = closing.read(launcher.events_path, specs, launcher.targets(specs))
+    if end.not_fired:
+        _record_not_fired(launcher, end.not_fired)
+    status, why = verdict.exit_status(code, end.not_fired, end.untracked, getattr(args, "strict", False))
     print("deadpool: " + ("training finished" if code == 0 else "job FAILED") + f" (events: {launcher.events_path})",
           flush=True)
-    for line in summary:
+    for line in end.lines:
         print(line, flush=True)
-    return code, launcher.events_path
+    if why:
+        print(f"deadpool: {why}", file=sys.stderr, flush=True)
+    return status, launcher.events_path
+
+
+def _record_not_fired(launcher: Launcher, findings: list[ChaosNotFired]) -> None:
+    """A ``chaos_not_fired`` event per spec of this host that never fired, written by this launcher."""
+    events = EventLog(launcher.events_path, member=launcher.agent_id, source="agent")
+    try:
+        for finding in findings:
+            events.emit(Event.CHAOS_NOT_FIRED, spec=finding.spec, at=finding.at, target_member=finding.member,
+                        target_rank=finding.rank, last_step=finding.last_step, seen=list(finding.seen),
+                        ended=finding.ended, why=finding.why)
+    finally:
+        events.close()

@@ -89,7 +89,7 @@ class JobProgress:
         return sum(n for ts, n in window if ts > first) / span  # what was done after the window opened
 
     def line(self) -> str:
-        """One plain line, e.g. ``step 41 | 9,120 tok/s | spares 1 | epoch 3 | 1 swap (0.92 s)``."""
+        """One plain line, e.g. ``step 41 | 9,120 tok/s | spares 1 | view epoch 3 | 1 swap (0.92 s)``."""
         if self.outcome:
             head = self.outcome
         elif not self.started:
@@ -102,7 +102,7 @@ class JobProgress:
             parts.append(f"{rate:,.0f} tok/s")
         spares = self.spares_left if self.spares_left is not None else self.spares_started
         parts.append(f"spares {spares}")
-        parts.append(f"epoch {self.epoch}")
+        parts.append(f"view epoch {self.epoch}")  # the job's view number, not a pass over the data
         if self.failures:
             swaps = f"{self.swaps} swap{'s' if self.swaps != 1 else ''}"
             if self.last_recovery_s is not None:

@@ -52,6 +52,8 @@ class Coordinator(Protocol):
 
     def _fail_job(self, reason: str, cause: str = "", **fields: Any) -> None: ...
 
+    def seat_lost_before_start(self, seat: int, member: str, why: str) -> None: ...
+
     def _start_round(self, now: float, newly_failed: dict[int, str], reason: str, trigger: Trigger) -> None: ...
 
     def _commit(self, view: View, reason: str, failed: dict[int, str], trigger: Trigger) -> None: ...
@@ -70,8 +72,7 @@ def declare(c: Coordinator, now: float, found: Iterable[tuple[str, str]], detect
         if view is None:
             record = c.members.get(member)
             if record is not None and record.role == Role.ACTIVE:
-                c._fail_job(f"member {member} (rank {record.seat_hint}) failed before training started "
-                            f"({detail}); relaunch the job")
+                c.seat_lost_before_start(record.seat_hint, member, f"{detected_by}: {detail}")
             continue
         if rnd is not None and member in rnd.replacements.values():
             reasons.append(f"spare {member} chosen for the swap failed; choosing again")

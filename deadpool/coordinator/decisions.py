@@ -15,7 +15,15 @@ from typing import cast
 from deadpool.protocol.messages import PrepareAck
 from deadpool.protocol.transport import address_host
 from deadpool.protocol.view import DISK_SOURCE as DISK  # restore_from value: read the seat's state from disk
-from deadpool.protocol.view import View, crosses_at, crossing_offset, hosts_by_seat, place_buddies
+from deadpool.protocol.view import (
+    FIRST_EPOCH,
+    INITIAL_STEP,
+    View,
+    crosses_at,
+    crossing_offset,
+    hosts_by_seat,
+    place_buddies,
+)
 
 MAX_BLIND_REBUILDS = 3  # rebuilds that fix nothing, in a row, before the job is failed with a reason
 
@@ -179,9 +187,13 @@ def plan_restore(
     A survivor restores from its own snapshots; a failed seat, or a survivor that
     holds nothing yet (a spare whose adoption was interrupted by this failure),
     restores from the copy its buddy keeps, or one another surviving seat still
-    keeps (its buddy in an earlier view).  Returns the step (None when there is
-    none, with the reason naming the seat), the seats that must fetch from a
-    buddy (seat -> member), and the reason.
+    keeps (its buddy in an earlier view).  The initial state (step -1, before the
+    first step) is one more step a failed seat can always restore: its replacement
+    builds it as the script does (a survivor that has not begun a step reports it
+    among its own).  So a failure before every first snapshot is confirmed resumes
+    from the start.  Returns the step (None when there is none, with the reason
+    naming the seat), the seats that must fetch from a buddy (seat -> member), and
+    the reason.
 
     O(seats) with a small constant (a commit at 131,072 members): a survivor whose own snapshots hold
     every step still in question costs one comparison; only the others' holdings are listed.
@@ -203,6 +215,7 @@ def plan_restore(
     common: set[int] | None = None  # the steps every seat so far holds
     fetched: dict[int, dict[int, str | None]] = {}  # seat -> step -> source, for seats not covered locally
     covering: Sequence[int] = ()  # a survivor's own list of steps known to hold all of `common`
+    unheld: tuple[int, int] | None = None  # the first failed seat with no copy anywhere, and its buddy seat
     for seat, report in enumerate(answered):
         if report is not None and report.local_steps and common is not None:
             local = report.local_steps
@@ -216,11 +229,17 @@ def plan_restore(
             held[step] = seats[buddy_seat]  # the buddy's copy first
         for step in report.local_steps if report is not None else ():
             held[step] = None  # local beats a copy
+        if seat in failed:
+            if not held and unheld is None:
+                unheld = (seat, buddy_seat)  # named if the job cannot resume from the start either
+            held.setdefault(INITIAL_STEP, None)  # the replacement builds the initial state itself
         if not held:
             return None, {}, _nothing_held(seat, buddy_seat, failed)
         fetched[seat] = held
         common = set(held) if common is None else common.intersection(held)
     if not common:
+        if unheld is not None:
+            return None, {}, _nothing_held(*unheld, failed)
         return None, {}, "no snapshot step common to every seat"
     best = max(common)
     sources = {seat: source for seat, held in fetched.items() if (source := held[best]) is not None}
@@ -475,11 +494,11 @@ def first_view(
     members = [*seats, *spares]
     buddies, reason = place_buddies(seats, hosts)
     view = View(
-        epoch=1,
+        epoch=FIRST_EPOCH,
         seats=seats,
         spares=list(spares),
         resume_step=resume_step,
-        store_prefix="epoch-1",
+        store_prefix=f"epoch-{FIRST_EPOCH}",
         store_addr=store_addr,
         bulk_addrs=_entries_of(bulk_addrs, members),
         hosts=_entries_of(hosts, members),

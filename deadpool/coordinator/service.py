@@ -65,7 +65,7 @@ from deadpool.protocol.messages import (
     ViewRequest,
     Welcome,
 )
-from deadpool.protocol.view import View
+from deadpool.protocol.view import FIRST_EPOCH, View
 
 log = logging.getLogger("deadpool.coordinator.service")
 
@@ -110,6 +110,7 @@ class Coordinator:
         self._views = ViewSender()  # deltas for members that hold the previous view, the whole view for others
         self.fanout = fanout.Fanout(config.heartbeat_interval, config.relay_broadcasts)  # through host agents
         self._seats_joined: set[int] = set()  # seats an active member joined for (the first view needs them all)
+        self._lost_early: dict[int, tuple[str, str]] = {}  # seat -> (member, why): lost before the first view
         self._joining = JoiningSpares()  # spares that joined the running job, pooled by one view at a time
         self._survivors_cache = Survivors()
         self._spare_pool = SparePool(config.heartbeat_interval)  # the order spares are chosen in, kept briefly
@@ -243,10 +244,18 @@ class Coordinator:
         else:
             self._gone_unjoined.add(message.member)
         how = f"signal {-message.returncode}" if message.returncode < 0 else f"exit code {message.returncode}"
-        if record is None and message.returncode and message.seat_hint >= 0 and self.view is None:
-            # An active that never joined (its script failed before deadpool.init()): no first view can form.
+        if record is None and message.returncode > 0 and message.seat_hint >= 0 and self.view is None:
+            # An active whose script failed before deadpool.init(): the same script would fail in a spare too.
             self._fail_job(f"rank {message.seat_hint} ({message.member}) ended ({how}) before it joined the job, "
                            "so training cannot start (its output says why); relaunch the job")
+        elif record is None and message.returncode < 0 and message.seat_hint >= 0 and self.view is None:
+            # Killed before it joined (a bad node found at start-up): a spare takes its seat in the first view.
+            self.fenced[message.member] = f"exit: process ended ({how}) before it joined"
+            self.events.emit(Event.MEMBER_FAILED, member=message.member, failed_member=message.member,
+                             rank=message.seat_hint, failed_rank=message.seat_hint, detected_by="exit",
+                             reason=f"process ended ({how}) before it joined", epoch=0)
+            self._failure_wall[message.member] = self.wall()
+            self.seat_lost_before_start(message.seat_hint, message.member, f"exit: process ended ({how})")
         elif message.returncode and message.member in self.members and not self._seat_finished(message.member):
             self._declare_dead(now, message.member, "exit", f"process ended ({how})")
         # A clean exit ends a finished seat or a released spare; an unfinished one's silence is caught by heartbeats.
@@ -366,12 +375,32 @@ class Coordinator:
         for finished in self.handed_finished:  # seats that finished while the old term's coordinator was lost
             self._on_finished(finished)
 
+    def seat_lost_before_start(self, seat: int, member: str, why: str) -> None:
+        """`member`, started for `seat`, died before the first view: a spare takes the seat in it (from the
+        initial state, as every seat starts), or the job stops when none is left."""
+        self._lost_early[seat] = (member, why)
+        if not self._recovering:
+            self._maybe_first_view()
+
     def _maybe_first_view(self) -> None:
-        if len(self._seats_joined) < self.world_size:
+        if self.view is not None or self.outcome is not None or \
+                len(self._seats_joined | self._lost_early.keys()) < self.world_size:
             return  # seats cannot all be filled yet (building the view on every Join made startup O(members^2))
         seat_members = {r.seat_hint: r.member for r in self.members.values()
                         if r.role == Role.ACTIVE and r.member not in self.fenced}
         spares = [r.member for r in self.members.values() if r.role == Role.SPARE and r.member not in self.fenced]
+        refilled: dict[int, str] = {}
+        for seat in sorted(set(range(self.world_size)) - seat_members.keys()):
+            lost, why = self._lost_early.get(seat, ("?", "it left before the first view"))
+            if not spares:
+                if not self._starting():
+                    self._fail_job(f"rank {seat} ({lost}) failed before training started ({why}) and no spare is "
+                                   "left to take its seat; relaunch the job (with more --spares)")
+                return  # a spare still starting takes it once it joins
+            seat_members[seat] = refilled[seat] = spares.pop(0)
+        for seat, spare in refilled.items():
+            lost = self._lost_early[seat][0] if seat in self._lost_early else "?"
+            self._swaps.append(PendingSwap(seat, lost, spare, self._failure_wall.get(lost, self.wall()), FIRST_EPOCH))
         if len(seat_members) < self.world_size:
             return
         resume, said = decisions.first_resume(self._config.resume,
@@ -383,7 +412,12 @@ class Coordinator:
         view, reason = decisions.first_view(seat_members, self.world_size, spares, self._store_addr,
                                             self._addrs.host, self._addrs.bulk, resume)
         if view is not None:
-            self._commit(view, f"{reason}; {said}" if resume >= 0 else reason, failed={}, trigger=Trigger.FIRST_VIEW)
+            if refilled:
+                reason += "; " + ", ".join(f"seat {seat} taken by spare {spare} (its member failed before the first "
+                                           "view)" for seat, spare in refilled.items())
+            failed = {seat: self._lost_early[seat][0] for seat in refilled if seat in self._lost_early}
+            self._commit(view, f"{reason}; {said}" if resume >= 0 else reason, failed=failed,
+                         trigger=Trigger.FIRST_VIEW)
 
     def _add_spare(self, member: str, now: float) -> None:
         self._joining.waiting.append(member)
@@ -546,7 +580,8 @@ class Coordinator:
             self._fail_job(f"seats disagree on the final state digest: {sorted(digests)}")
             return
         digest = digests.pop()
-        self.events.emit(Event.TRAINING_FINISHED, step=message.step, state_digest=digest, epoch=self.view.epoch)
+        self.events.emit(Event.TRAINING_FINISHED, step=message.step, state_digest=digest, epoch=self.view.epoch,
+                         **_untracked_rollback(self._finished))
         self._end(True, f"training finished at step {message.step}; final state digest {digest}")
 
     def _seat_finished(self, member: str) -> bool:
@@ -691,3 +726,14 @@ class Coordinator:
         """The live state at `now` as a JSON-able document (``deadpool status``)."""
         hostbeats.settle(self)
         return status_document(self, now)
+
+
+def _untracked_rollback(finished: dict[int, Finished]) -> dict[str, Any]:
+    """``training_finished``'s ``untracked_rollback``, from the lowest seat whose restore left a data loader no
+    snapshot holds where it was (nothing when none did): the final state may differ from a failure-free run's."""
+    for seat in sorted(finished):
+        f = finished[seat]
+        if f.untracked_loader:
+            return {"untracked_rollback": {"loader": f.untracked_loader, "where": f.untracked_where,
+                                           "view": f.untracked_view, "rank": seat}}
+    return {}

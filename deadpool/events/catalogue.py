@@ -43,10 +43,14 @@ class Event(enum.StrEnum):
     SNAPSHOT_SHM_REFUSED = "snapshot_shm_refused"  # the buddy would not map the slot file; TCP instead
     STEP_FINISHED = "step_finished"  # loss, tokens and the user's rt.report fields
     SEAT_FINISHED = "seat_finished"  # a seat reached the last step
-    TRAINING_FINISHED = "training_finished"  # step, state_digest
+    # step, state_digest; untracked_rollback (only when a restore left an untracked data loader where it was, so the
+    # final state may differ from a failure-free run's): {loader, where, view, rank}
+    TRAINING_FINISHED = "training_finished"
     JOB_FAILED = "job_failed"  # reason, what to do next (reason user_error: detail, exception, step, traceback)
     USER_EXCEPTION = "user_exception"  # the coordinator heard a script's exception: exception, step, verdict
-    DATA_LOADER_UNTRACKED = "data_loader_untracked"  # loader: a data loader no snapshot holds is iterated (once)
+    # loader (its type), where (the script's line that iterates it, "" unknown): a data loader no snapshot holds is
+    # iterated (once per process)
+    DATA_LOADER_UNTRACKED = "data_loader_untracked"
     # Coordinator failover (terms).
     STANDBY_STARTED = "standby_started"  # a standby coordinator runs: address, store, active, term
     STANDBY_JOINED = "standby_joined"  # the active coordinator heard its standby: standby, term
@@ -56,3 +60,11 @@ class Event(enum.StrEnum):
     COORDINATOR_STOOD_DOWN = "coordinator_stood_down"  # an older term's coordinator stops acting: term, why
     COMMIT_WITHHELD = "commit_withheld"  # a view not committed: too few hosts heard (heard, hosts)
     TERM_FOLLOWED = "term_followed"  # a member or agent follows a newer term: term, active
+    # Chaos specs that will not, or did not, fire.
+    # spec, at, seen: a member armed with a --chaos spec passed no `at` point in its first finished step (`step`), so
+    # the spec, due at a later step, will likely never fire; seen lists the points it did pass (a warning)
+    CHAOS_POINT_UNSEEN = "chaos_point_unseen"
+    # spec, at, target_member, target_rank (-1: a spare), last_step (the member's last finished step, -1: none),
+    # seen (points it passed in its first step), ended (how the member's run ended), why: written by a launcher at
+    # the end for a spec of its host's workers that never fired (the launch then exits with status 4)
+    CHAOS_NOT_FIRED = "chaos_not_fired"

@@ -165,6 +165,17 @@ class Rejection:
 
 
 @dataclass(frozen=True, slots=True)
+class UntrackedRollback:
+    """A restore left a data loader no snapshot holds where it was: the final state may differ from a failure-free
+    run's (``training_finished``'s ``untracked_rollback``)."""
+
+    loader: str  # the loader's type (UNKNOWN when absent)
+    where: str  # the script's line that iterated it ("" unknown)
+    view: int | None  # the epoch of the view whose restore it was
+    rank: int | None  # the seat that reported it (the lowest of those that did)
+
+
+@dataclass(frozen=True, slots=True)
 class JobFinished:
     """Training finished (every rank may write one)."""
 
@@ -173,6 +184,35 @@ class JobFinished:
     rank: int | None  # the writer's rank (None or -1: the coordinator)
     step: int | None  # the last step
     digest: str  # the final state digest ("" when absent)
+    untracked: UntrackedRollback | None = None  # None: no restore left an untracked loader behind
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosPointUnseen:
+    """A member's first finished step passed no point of a spec it is to fire later: it will likely never fire."""
+
+    ts: float | None
+    member: str  # the member armed with the spec
+    rank: int | None  # its seat
+    step: int | None  # its first finished step
+    spec: str  # the spec, as ``str(ChaosSpec)`` writes it
+    at: str  # the spec's point (UNKNOWN when absent)
+    seen: tuple[str, ...]  # the points the step passed
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosNotFired:
+    """A launcher's closing finding: a ``--chaos`` spec for one of its host's members never fired."""
+
+    ts: float | None
+    spec: str  # the spec, as ``str(ChaosSpec)`` writes it
+    at: str  # its point
+    member: str  # the member it was for ("" unknown)
+    rank: int | None  # the seat that member started in (-1: a spare)
+    last_step: int | None  # the member's last finished step (-1 or None: none)
+    seen: tuple[str, ...]  # the points its first step passed (empty: unknown)
+    ended: str  # how the member's run ended, as the events tell it
+    why: str  # the sentence the closing summary prints
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +230,7 @@ class JobFailed:
 
 Fact = (
     CoordinatorStarted | MemberJoined | Failure | SpareLost | ViewCommit | Restore | Swap | StepDone
-    | ChaosInjection | Fenced | Rejection | JobFinished | JobFailed
+    | ChaosInjection | Fenced | Rejection | JobFinished | JobFailed | ChaosPointUnseen | ChaosNotFired
 )
 
 
@@ -283,8 +323,23 @@ def _rejected(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
 
 
 def _finished(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    caveat = r.get("untracked_rollback")
+    untracked = UntrackedRollback(as_str(caveat.get("loader")) or UNKNOWN, as_str(caveat.get("where")),
+                                  as_int(caveat.get("view")), as_int(caveat.get("rank"))) \
+        if isinstance(caveat, dict) else None
     return JobFinished(ts, as_str(r.get("member")), as_int(r.get("rank")), as_int(r.get("step")),
-                       as_str(r.get("state_digest")))
+                       as_str(r.get("state_digest")), untracked)
+
+
+def _point_unseen(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    return ChaosPointUnseen(ts, as_str(r.get("member")), as_int(r.get("rank")), as_int(r.get("step")),
+                            as_str(r.get("spec")), as_str(r.get("at")) or UNKNOWN, tuple(as_str_list(r.get("seen"))))
+
+
+def _not_fired(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
+    return ChaosNotFired(ts, as_str(r.get("spec")), as_str(r.get("at")) or UNKNOWN, as_str(r.get("target_member")),
+                         as_int(r.get("target_rank")), as_int(r.get("last_step")), tuple(as_str_list(r.get("seen"))),
+                         as_str(r.get("ended")), as_str(r.get("why")))
 
 
 def _job_failed(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
@@ -310,6 +365,8 @@ _PARSERS: dict[Event, Callable[[Record, float | None, Mapping[str, int]], Fact]]
     Event.CHAOS_INJECTED: _chaos,
     Event.SPARE_LOST: _spare_lost,
     Event.STEP_FINISHED: _step,
+    Event.CHAOS_POINT_UNSEEN: _point_unseen,
+    Event.CHAOS_NOT_FIRED: _not_fired,
 }
 
 
@@ -359,6 +416,9 @@ class Summary:
     rejections: tuple[tuple[str, int], ...] = ()  # (reason, count), by reason
     steps: tuple[StepDone, ...] = ()  # per (epoch, step) the lowest rank's record, in time order
     job_failed_ts: float | None = None  # when the job failed
+    chaos_unseen: tuple[ChaosPointUnseen, ...] = ()  # specs warned about at their member's first step
+    chaos_not_fired: tuple[ChaosNotFired, ...] = ()  # specs a launcher found never fired
+    untracked_rollback: UntrackedRollback | None = None  # from training_finished: the final state is not guaranteed
 
     @property
     def duration_s(self) -> float | None:
@@ -425,6 +485,8 @@ class SummaryBuilder:
         self._rejections: dict[str, int] = {}
         self._final: tuple[int, JobFinished] | None = None  # (rank order, fact) of training_finished
         self._job_failed: JobFailed | None = None
+        self._unseen: list[ChaosPointUnseen] = []
+        self._not_fired: list[ChaosNotFired] = []
         self._unknown: dict[str, None] = {}
 
     def feed(self, record: Record) -> Fact | None:
@@ -472,6 +534,10 @@ class SummaryBuilder:
             case JobFailed():
                 if self._job_failed is None:
                     self._job_failed = fact
+            case ChaosPointUnseen():
+                self._unseen.append(fact)
+            case ChaosNotFired():
+                self._not_fired.append(fact)
         return fact
 
     def _set_spares(self, ts: float | None, cause: str, member: str, spares: list[str]) -> None:
@@ -545,6 +611,9 @@ class SummaryBuilder:
             rejections=tuple(sorted(self._rejections.items())),
             steps=tuple(sorted(self._best.values(), key=lambda p: p.ts or 0.0)),
             job_failed_ts=self._job_failed.ts if self._job_failed else None,
+            chaos_unseen=tuple(self._unseen),
+            chaos_not_fired=tuple(self._not_fired),
+            untracked_rollback=final.untracked if final else None,
         )
 
 

@@ -175,6 +175,11 @@ class Finished:
     seat: int  # its seat
     step: int  # the last step it ran
     digest: str  # SHA-256 hex over every seat's final tracked state
+    # A data loader no snapshot holds that a restore on this seat left where it was (so the final state may differ
+    # from a failure-free run's); trailing defaults, so a Finished without them decodes as before:
+    untracked_loader: str = ""  # its type ("": no such loader, or no restore after training iterated it)
+    untracked_where: str = ""  # the script's line that iterated it ("" unknown)
+    untracked_view: int = 0  # the epoch of the view whose restore left it where it was
 
 
 @immutable

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 # A `restore_from` value that names no member: the seat reads its state from the disk checkpoint of
 # `resume_step` (the fallback when a seat and the buddy holding its copy are lost together).
 DISK_SOURCE = "@disk"
+# The step a view resumes from to start at the beginning: the initial state, which the script builds (no snapshot).
+INITIAL_STEP = -1
+FIRST_EPOCH = 1  # the job's first view
 # Ring offsets tried for a buddy placement that crosses hosts: hosts hold a handful of seats, so a crossing
 # offset is small where one exists; trying every offset of a 131,072-seat ring would cost O(seats^2).
 MAX_OFFSET = 256
@@ -28,7 +31,7 @@ class View:
     epoch: int  # strictly growing view number
     seats: list[str]  # seat (rank) -> member id
     spares: list[str]  # member ids waiting to be adopted, in adoption order
-    resume_step: int  # state to restore (-1: the initial state); training goes on at +1
+    resume_step: int  # state to restore (INITIAL_STEP: the initial state); training goes on at +1
     store_prefix: str  # TCPStore prefix of this view's process group
     store_addr: str  # host:port of the TCPStore that every process group rendezvouses on
     bulk_addrs: dict[str, str]  # member id -> address for snapshot traffic

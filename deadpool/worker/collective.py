@@ -11,6 +11,7 @@ one fails (the gloo facts behind this are in docs/architecture.md).
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +37,8 @@ from deadpool.worker.groups import install_default_group
 from deadpool.worker.mesh import MeshDim, MeshGroup, Rebuilt, SeatGroups, in_backward
 from deadpool.worker.propagation import Decisions
 from deadpool.worker.step import StepState
+
+log = logging.getLogger("deadpool")
 
 
 def connect_store(addr: str, timeout: float) -> TCPStore:
@@ -273,30 +276,34 @@ class GroupCollectives:
 
         Raises:
             MisuseError: the shape does not cover the view's seats.
-            CollectiveAborted: interrupted by a newer view, or a peer died meanwhile.
-            WaitTimeout: a group did not form in time.
         """
         subgroups = self._seat_subgroups(view, seat)
         mesh = subgroups.add_mesh(shape, names, view.world_size)
         self.decisions = Decisions(mesh)
         if first:
-            self.last_rebuild = subgroups.rebuild(view, self._builder(view))
+            self._first_build(subgroups, view)
         return mesh
 
     def seat_group(self, seats: Sequence[int], name: str, view: View, seat: int, first: bool) -> MeshGroup:
         """The script's own group over `seats` (``dist.new_group``), which holds `seat`: built now in the first
         view (its seats all make it at the same point of their scripts), at the adoption otherwise; rebuilt
-        like a mesh dimension's.
-
-        Raises:
-            CollectiveAborted: interrupted by a newer view, or a peer died meanwhile.
-            WaitTimeout: the group did not form in time.
-        """
+        like a mesh dimension's."""
         subgroups = self._seat_subgroups(view, seat)
         group = subgroups.add(MeshDim("group", name, tuple(seats), own=True))
         if first:
-            self.last_rebuild = subgroups.rebuild(view, self._builder(view))
+            self._first_build(subgroups, view)
         return group
+
+    def _first_build(self, subgroups: SeatGroups, view: View) -> None:
+        """Build the first view's groups for the script's wrapping; a failure meanwhile (a seat lost at start-up)
+        leaves them unbuilt: the wrapping completes locally, and ``rt.steps()`` adopts the view that repairs it,
+        from the initial state."""
+        self.fault_point(ChaosPoint.GROUPS)
+        try:
+            self.last_rebuild = subgroups.rebuild(view, self._builder(view))
+        except (CollectiveAborted, WaitTimeout) as err:
+            log.warning("the first view's mesh groups did not form (%s): the script's wrapping completes on this "
+                        "seat alone, and the seat starts from its initial state once the view is repaired", err)
 
     def _seat_subgroups(self, view: View, seat: int) -> SeatGroups:
         if self.subgroups is None:

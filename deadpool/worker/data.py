@@ -14,10 +14,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import torch
@@ -261,19 +264,28 @@ def _watched_iter_init(self: Any, loader: Any, *args: Any, **kwargs: Any) -> Non
         watch.started(self, loader)
 
 
+@dataclass(frozen=True, slots=True)
+class UntrackedLoader:
+    """A loader that training iterates and no snapshot holds: what the watch warned about."""
+
+    kind: str  # the loader's type ("DataLoader")
+    where: str  # the script's line that started its pass, "file.py:42" ("" when no frame of the script is found)
+
+
 class LoaderWatch:
     """Warns once per process about a torch loader that no snapshot holds and that training iterates.
 
     Every torch loader's pass starts in ``_BaseDataLoaderIter.__init__`` (a ``StatefulDataLoader``'s
     too); the watch hooks that, once per pass, so steps cost nothing.  A pass started inside a
     step warns at once; one started before the first step is checked at the end of the first step
-    (did it yield a batch?).
+    (did it yield a batch?).  The runtime keeps what it warned about: a restore after it cannot
+    roll that loader back, which the end of the run reports.
     """
 
-    def __init__(self, in_steps: Callable[[], bool], warn: Callable[[str, str], None]) -> None:
+    def __init__(self, in_steps: Callable[[], bool], warn: Callable[[str, UntrackedLoader], None]) -> None:
         self._in_steps = in_steps  # a step has begun on this worker
-        self._warn = warn  # (message, loader type): the runtime's warning and event
-        self._before: list[tuple[weakref.ref[Any], str]] = []  # untracked passes started before the first step
+        self._warn = warn  # (message, the loader): the runtime's warning and event
+        self._before: list[tuple[weakref.ref[Any], UntrackedLoader]] = []  # untracked passes started before step 0
         self._checked = False
         self.warned = False
 
@@ -298,32 +310,41 @@ class LoaderWatch:
         if self.warned or is_tracked_loader(loader):
             return
         if self._in_steps():
-            self._fire(type(loader).__name__)
+            self._fire(UntrackedLoader(type(loader).__name__, _where(_script_frame()[0])))
         elif len(self._before) < _REMEMBERED:
             with contextlib.suppress(TypeError):
-                self._before.append((weakref.ref(pass_), type(loader).__name__))
+                self._before.append((weakref.ref(pass_), UntrackedLoader(type(loader).__name__,
+                                                                        _where(_script_frame()[0]))))
 
     def first_step_done(self) -> None:
         """End of this worker's first step: warn if an untracked pass started before it yielded a batch."""
         if self._checked:
             return
         self._checked = True
-        for ref, kind in self._before:
+        for ref, loader in self._before:
             pass_ = ref()
             if pass_ is not None and getattr(pass_, "_num_yielded", 0) > 0 and not self.warned:
-                self._fire(kind)
+                self._fire(loader)
         self._before.clear()
 
-    def _fire(self, kind: str) -> None:
+    def _fire(self, loader: UntrackedLoader) -> None:
         self.warned = True
-        message = UNTRACKED_WARNING.format(kind=kind)
-        warnings.warn(message, RuntimeWarning, stacklevel=_script_level())
-        self._warn(message, kind)
+        message = UNTRACKED_WARNING.format(kind=loader.kind)
+        warnings.warn(message, RuntimeWarning, stacklevel=_script_frame()[1])
+        self._warn(message, loader)
 
 
-def _script_level() -> int:
-    """The ``stacklevel`` of the first frame outside DeadPool and torch: the script's line that iterates."""
-    frame, level = sys._getframe(1), 1  # the caller of this function: the one calling warnings.warn
+def _script_frame() -> tuple[FrameType, int]:
+    """The first frame outside DeadPool and torch (the script's line that iterates), and its ``stacklevel`` for
+    a ``warnings.warn`` in the caller of this function."""
+    frame, level = sys._getframe(1), 1  # the caller: the frame that warnings.warn's stacklevel 1 names
     while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _LIBRARIES:
         frame, level = frame.f_back, level + 1
-    return level
+    return frame, level
+
+
+def _where(frame: FrameType) -> str:
+    """``file.py:42`` of a frame of the script ("" when the walk ended inside a library)."""
+    if frame.f_globals.get("__name__", "").partition(".")[0] in _LIBRARIES:
+        return ""
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"

@@ -3,11 +3,15 @@
 The specs are data (``deadpool.chaos``); this is where the compute thread
 meets them.  Without a spec for this process every point returns at once, so
 a job without ``--chaos`` pays one attribute test per point and nothing more.
+An armed process also notes the points its first step passes: a spec whose
+point that step did not pass (``at=backward`` on an FSDP2 script) is warned
+about then (``chaos_point_unseen``), not only at the end of the run.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 from deadpool import chaos
@@ -43,6 +47,8 @@ class FaultInjector:
         self._handoff = handoff
         self._events = events
         self._partition = partition
+        # The points the steps passed until the end of this member's first finished one (None: not noting any more).
+        self._seen: set[ChaosPoint] | None = set() if self.armed else None
 
     @staticmethod
     def partitions(env: WorkerEnv) -> bool:
@@ -57,6 +63,8 @@ class FaultInjector:
         """
         if not self.armed:
             return
+        if self._seen is not None and self._state.step >= 0:  # a step's points, not start-up's
+            self._seen.add(point)
         state = self._state
         spec = self._plan.due(point, state.step if step is None else step)
         if spec is None:
@@ -71,6 +79,24 @@ class FaultInjector:
         self._events.emit(Event.CHAOS_INJECTED, action=spec.action, at=point, spec=str(spec),
                           epoch=state.epoch, rank=state.rank, step=state.step)
         chaos.inject(spec, self._partition)
+
+    def first_step_done(self, step: int) -> None:
+        """End of this member's first finished step: each spec still to fire whose point the step did not pass
+        gets a ``chaos_point_unseen`` event and a line on stderr, so the operator learns at the start of the run
+        that it will likely never fire (the launch would end with ``NOT_FIRED_STATUS``)."""
+        seen, self._seen = self._seen, None
+        if seen is None:
+            return
+        passed = [point for point in chaos.POINTS if point in seen]
+        for spec in chaos.unseen(self._plan.pending(), seen, step):
+            self._events.emit(Event.CHAOS_POINT_UNSEEN, spec=str(spec), at=spec.at, seen=passed,
+                              epoch=self._state.epoch, rank=self._state.rank, step=step)
+            # On stderr whatever the script's logging: the operator must see it while the run can still be stopped.
+            print(f"deadpool: warning: chaos spec {spec} will likely never fire: this member's first step (step "
+                  f"{step}) passed no {spec.at} point ({chaos.WHERE[spec.at]}); it passed "
+                  f"{', '.join(passed) or 'none'}. If it does not fire, the launch exits with status "
+                  f"{chaos.NOT_FIRED_STATUS}",
+                  file=sys.stderr, flush=True)
 
     def spare_point(self, elapsed: float, wait: float) -> float:
         """A spare waiting for a seat, `elapsed` seconds in: fire a spec now due; returns how long it may wait."""

@@ -131,7 +131,10 @@ def signature(tree: Any) -> Hashable | None:
 
 
 def _compiled(module: nn.Module) -> bool:
-    """`module` is torch.compile's wrapper (whose module is imported only once something was compiled)."""
+    """`module` is compiled: torch.compile's wrapper (whose module is imported only once something was compiled),
+    or compiled in place (``module.compile()``, which compiles its ``__call__``, hooks included)."""
+    if getattr(module, "_compiled_call_impl", None) is not None:
+        return True
     dynamo = sys.modules.get("torch._dynamo.eval_frame")
     return dynamo is not None and isinstance(module, dynamo.OptimizedModule)
 
@@ -155,13 +158,19 @@ class AbandonableForward:
         self._templates: dict[Hashable, tuple[list[TensorShape | Any], pytree.TreeSpec]] = {}
         self._module = module
         self._anchor = next((p for p in module.parameters() if p.requires_grad and p.numel()), None)
-        # A compiled module would trace the hook and guard on its flags (a recompile when a step is lost):
-        # its forward runs whole, as before.
+        # A module compiled already runs its lost forward whole (its hooks would be traced into it); one compiled
+        # later finds its hooks doing nothing under compilation (`_check`).
         self._hooked = not any(_compiled(sub) for sub in module.modules())
         for sub in module.modules() if self._hooked else ():
             sub.register_forward_pre_hook(self._check, prepend=True)  # before FSDP2's all-gather, TP's hooks
 
     def _check(self, module: nn.Module, args: Any) -> None:
+        # Traced into a compiled region (a submodule compiled after the hook was registered, or a function
+        # compiled around the module), the hook is nothing: dynamo would otherwise guard on the flags below and,
+        # in a lost step, trace the raise, give up on the frame and run it eagerly from then on (the survivors
+        # would then compute what the replacement, running the compiled code, does not).
+        if torch.compiler.is_compiling():
+            return
         if self._armed and self._lost():
             raise StepAbandoned
 

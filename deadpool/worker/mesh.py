@@ -136,6 +136,11 @@ class MeshGroup(SeatGroup):
         self._collectives.fault_point(chaos_point(op, dim.own))
         return work
 
+    def completes_locally(self) -> bool:
+        """A collective issued now completes on this seat alone: the group is not built (a spare, or a first
+        build a failure interrupted), a collective on it failed this step, or this seat stopped the lost step."""
+        return self.dim.broken or self.dim.inner is None or self._collectives.abandoned()
+
     def _await(self, work: dist.Work, op: Op) -> bool:
         try:
             self._collectives.wait_bounded(work, f"{op.value} on mesh group {self.dim.name}", self.dim.seats)
@@ -149,6 +154,41 @@ class MeshGroup(SeatGroup):
         self.dim.broken = True
         self.dim.dirty = True
         self._collectives.poison(err)
+
+
+class LocalScatter:
+    """DTensor's scatter of a tensor every seat holds whole (``distribute_tensor``, as ``parallelize_module``
+    shards a module) gives each seat its own chunk when the collective completes locally.
+
+    Every seat passes the chunks of its own copy, but torch hands them to the group on the source seat
+    only: completed locally, another seat's shard would stay uninitialized memory.  A seat wraps its model
+    on a group that completes locally when it will restore its state (a spare) or when a failure
+    interrupted the first view's groups; with the scatter taken from its own copy, the initial state it
+    then starts from is the one the scatter would have given (the script builds the same model on every
+    seat).  Installed once per process, on DTensor's placement module (what it calls by that name).
+    """
+
+    _original: Callable[..., Any] | None = None
+
+    @classmethod
+    def install(cls) -> None:
+        from torch.distributed.tensor import placement_types
+
+        if cls._original is not None:
+            return
+        original: Callable[..., Any] = placement_types.mesh_scatter  # type: ignore[attr-defined]
+        cls._original = original
+
+        def mesh_scatter(output: torch.Tensor, scatter_list: list[torch.Tensor], mesh: DeviceMesh,
+                         mesh_dim: int = 0, async_op: bool = False, *, group_src: int = 0) -> Any:
+            group = mesh.get_group(mesh_dim)
+            if isinstance(group, MeshGroup) and group.completes_locally() and scatter_list:
+                with torch.no_grad():
+                    output.copy_(scatter_list[mesh.get_local_rank(mesh_dim)])
+                return None
+            return original(output, scatter_list, mesh, mesh_dim, async_op, group_src=group_src)
+
+        placement_types.mesh_scatter = mesh_scatter  # type: ignore[attr-defined]
 
 
 def mesh_dims(shape: Sequence[int], names: Sequence[str], rank: int) -> list[MeshDim]:
@@ -209,6 +249,7 @@ class SeatGroups:
             raise MisuseError(f"rt.device_mesh({shape}): the mesh has {math.prod(shape)} seats, "
                               f"the job has {world} (--nproc)")
         groups = [self.add(dim) for dim in mesh_dims(shape, names, self._seat)]
+        LocalScatter.install()
         return DeviceMesh.from_group(
             list[dist.ProcessGroup](groups), "cpu", mesh=torch.arange(world).view(*shape), mesh_dim_names=names,
         )

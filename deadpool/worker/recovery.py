@@ -23,7 +23,7 @@ from deadpool.errors import CollectiveAborted, JobStopped, RestoreFailed, WaitTi
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CollectiveFailed, CommitView, Fenced, Prepare, Recovered, Role, Stop
-from deadpool.protocol.view import View
+from deadpool.protocol.view import FIRST_EPOCH, INITIAL_STEP, View
 from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
 from deadpool.snapshot.checkpoint import load as checkpoint_load
 from deadpool.snapshot.statetree import Manifest, materialize, replicated_slice
@@ -110,6 +110,7 @@ class Recovery:
         self._preloaded: Preloaded | None = None  # a reserved spare's prefetch, already loaded
         self._adopted_groups = (0, 0.0)  # (mesh groups rebuilt, seconds building groups) of the last adoption
         self._failure_step = -1  # the injected failure's step the Prepares of this pause named (-1: none)
+        self._initial_rng: dict[str, Any] | None = None  # the RNG states of the initial state (its first adoption)
 
     def set_view(self, view: View) -> None:
         """Sit in `view` without touching the group (a view that keeps the store prefix: spares changed)."""
@@ -256,10 +257,12 @@ class Recovery:
                 self._snapshots.wait_copy(self._config.copy_timeout)
                 world = state.view.world_size if state.view else self._env.world_size
                 disk = complete_steps(self._disk.root, world) if self._disk.enabled else []
+                local = self._snapshots.complete_steps()
+                if not local and state.step == INITIAL_STEP:
+                    local = [INITIAL_STEP]  # it began no step: its live state is the initial state
                 # The snapshot actor adds the ward copies it holds and sends the PrepareAck.
                 groups, view = self._collectives.subgroups, state.view
-                self._handoff.post(PrepareReady(command.epoch, self._progress.step, state.step,
-                                                self._snapshots.complete_steps(), disk,
+                self._handoff.post(PrepareReady(command.epoch, self._progress.step, state.step, local, disk,
                                                 groups.dirty_groups() if groups is not None else [],
                                                 groups.peers(view) if groups is not None and view is not None else [],
                                                 state.abandoned or state.forward_abandoned,
@@ -299,8 +302,14 @@ class Recovery:
         """
         seat = view.seat_of(self._env.member)
         assert seat is not None
-        first_view = self.is_first(view)
+        initial = self.is_first(view)  # from the initial state: no restore
+        first_view = initial and view.epoch == FIRST_EPOCH  # the job's first view (no failure came before it)
         started = time.perf_counter()
+        if self._initial_rng is None and initial:
+            # The RNG states the script left before its first group build: every seat that starts from the initial
+            # state (in the first view, or again after a failure before the first snapshots were confirmed)
+            # takes them back once its groups are built, however often it built them.
+            self._initial_rng = rng_mod.capture()
         if not first_view:
             # Keyed on the step the failure was injected at, as the Prepare said, the same in every
             # survivor; else on the first step this member has not finished (a survivor may pause at the
@@ -314,7 +323,7 @@ class Recovery:
         preloaded: Preloaded | None = None
         kept: dict[int, torch.Tensor] = {}  # live tensors that already hold the restored values
         held = None  # the local snapshot restored from: kept for peers asking for its slice
-        if first_view:
+        if initial:
             source = "initial"
         elif view.restores_from_disk(seat):
             source, restored = "disk", self._restore_from_disk(view.resume_step, seat)
@@ -352,12 +361,16 @@ class Recovery:
             self._capture(view.resume_step, view, seat)
         # The groups form while the peers' answers come in (the snapshot actor receives them).
         grouping = time.perf_counter()
+        if initial:
+            self._faults.point(ChaosPoint.GROUPS, INITIAL_STEP)
         self._collectives.rebuild(view, seat)
         group_s = time.perf_counter() - grouping
         if pending is not None:
             restored = pending()
         self._adopted_groups = (len(self._collectives.last_rebuild.rebuilt) if self._collectives.subgroups else 0,
                                 group_s)
+        if initial:
+            rng = self._initial_rng
         if rng is not None:
             rng_mod.restore(rng)  # what building the groups drew; the rest was loaded before they were built
         if restored is not None:
@@ -375,6 +388,8 @@ class Recovery:
         if not loaded:
             self._snapshots.forget_all(keep=held)
             self._capture(view.resume_step, view, seat)
+        if initial:
+            self._faults.point(ChaosPoint.SNAPSHOT, INITIAL_STEP)
         restore_s = time.perf_counter() - started - group_s
         self.set_view(view)
         self._state.poison = None
@@ -387,7 +402,7 @@ class Recovery:
         # some seats enter would meet the others' first all-reduce.
         ready = time.perf_counter()
         self._collectives.barrier(f"waiting for every seat to adopt view {view.epoch}", view.epoch)
-        if not first_view:
+        if not first_view or self._swap_unreported:
             # Who reports the first finished step (Recovered): a spare that has not yet (its swap completed),
             # and seat 0 (a rebuild that replaced nobody worked).  Not every seat: at 131,072 members that is
             # a message per member per view change, for what one of them says.

@@ -33,7 +33,7 @@ from deadpool.errors import MisuseError
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CommitView, Fenced, Finished, Join, Prepare, Role, Stop
-from deadpool.protocol.view import View
+from deadpool.protocol.view import INITIAL_STEP, View
 from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
 from deadpool.snapshot.statetree import Manifest, flatten, same_layout, state_digest
 from deadpool.snapshot.store import Slot, SnapshotStore
@@ -41,7 +41,7 @@ from deadpool.worker import dcp, dtensors
 from deadpool.worker import rng as rng_mod
 from deadpool.worker import zero as zero_mod
 from deadpool.worker.collective import GroupCollectives
-from deadpool.worker.data import DataSeats, LoaderWatch, TrackedLoader
+from deadpool.worker.data import DataSeats, LoaderWatch, TrackedLoader, UntrackedLoader
 from deadpool.worker.ddp import DEFAULT_BUCKET_MB, DataParallel
 from deadpool.worker.exit import GUARD, ExceptionReport
 from deadpool.worker.faults import FaultInjector
@@ -118,6 +118,9 @@ class Runtime:
         self._data_seats.seat_unseated(env.world_size, lambda: self.rank)
         self._loader_watch = LoaderWatch(lambda: self._state.step >= 0, self._untracked_loader)
         self._loader_watch.install()
+        self._untracked: UntrackedLoader | None = None  # the loader the watch warned about: no restore rolls it back
+        self._restored_untracked = False  # a restore ran after that warning; its view is named at the next step
+        self._untracked_view = 0  # the epoch of the first view whose restore left that loader where it was
         # A lost step's backward stops at DeadPool's next gradient hook (rt.ddp) or mesh collective; FSDP2 is reset.
         self._backward = AbandonableBackward(self._backward_abandoned)
         self._backward.install()
@@ -134,6 +137,8 @@ class Runtime:
         GUARD.arm(lambda: self._thread.stop(timeout=1.0), ExceptionReport(self._handoff, self.member, self._state),
                   self._left_early)
         disk = self.config.checkpoint_dir and self.role == Role.ACTIVE
+        if self.role == Role.ACTIVE:
+            self._faults.point(ChaosPoint.JOIN, INITIAL_STEP)
         self._handoff.post(Join(
             self.member, self.role, self.initial_rank, self._env_world_size, os.getpid(), self.host,
             self._thread.control_addr, self._thread.bulk_addr,
@@ -409,6 +414,8 @@ class Runtime:
         self._state.backward_issued = self._state.abandoned = self._state.forward_abandoned = False
         self._report = {}
         self._step_started = time.perf_counter()
+        if self._restored_untracked:
+            self._note_untracked_rollback()
         self._faults.point(ChaosPoint.BOUNDARY)
         if not self._dcp_wrapped:
             self._dcp_wrapped = dcp.enable_once_imported(self._collectives.step_lost)
@@ -420,6 +427,7 @@ class Runtime:
             self._capture(step)
         self._progress.step = step
         self._loader_watch.first_step_done()
+        self._faults.first_step_done(step)
         fields: dict[str, Any] = {"step_s": round(elapsed, 6)}
         fields.update(self._report)
         if "tokens" in self._report and elapsed > 0:
@@ -475,6 +483,7 @@ class Runtime:
         return state
 
     def _load(self, state: dict[str, Any]) -> None:
+        self._restored_untracked = self._restored_untracked or self._untracked is not None
         if (decisions := state.pop("__decisions__", None)) is not None and self._collectives.decisions is not None:
             self._collectives.decisions.take(decisions)
         # A lost step may have stopped an FSDP2 forward mid-way (a pipeline's set-up, a stand-in with no backward
@@ -533,9 +542,17 @@ class Runtime:
         if self.rank >= 0:
             self._disk.maybe_save(slot, self.rank)
 
-    def _untracked_loader(self, message: str, kind: str) -> None:
+    def _untracked_loader(self, message: str, loader: UntrackedLoader) -> None:
         """The loader watch saw training iterate a loader no snapshot holds (warned once)."""
-        self.events.emit(Event.DATA_LOADER_UNTRACKED, rank=self.rank, step=self._state.step, loader=kind)
+        self._untracked = loader
+        self.events.emit(Event.DATA_LOADER_UNTRACKED, rank=self.rank, step=self._state.step, loader=loader.kind,
+                         where=loader.where)
+
+    def _note_untracked_rollback(self) -> None:
+        """A restore ran after the loader watch warned: the view adopted now (the restore's) is the first whose
+        rollback left the untracked loader where it was, which this seat's Finished reports."""
+        self._restored_untracked = False
+        self._untracked_view = self._untracked_view or self._state.epoch
 
     def _on_snapshot_copied(self, slot: Slot) -> None:
         """Copy thread: hand the finished snapshot to the SnapshotActor for streaming."""
@@ -591,6 +608,8 @@ class Runtime:
         view = self._state.view
         assert view is not None and self._collectives.group is not None
         self._state.step = max_steps
+        if self._restored_untracked:  # restored, and no step since (the failure came as the seats finished)
+            self._note_untracked_rollback()
         state = self._live_state()
         rngs = {kind: state_digest(value) for kind, value in state["__rng__"].items()}  # --check-determinism
         # Python's `random` and numpy's are seeded from the OS unless the script seeds them: restored, not digested.
@@ -606,7 +625,10 @@ class Runtime:
             return False
         self.final_digest = hashlib.sha256(b"".join(bytes(t.tolist()) for t in gathered)).hexdigest()
         self._finished = True
-        self._handoff.post(Finished(self.member, view.epoch, self.rank, max_steps - 1, self.final_digest))
+        untracked = self._untracked if self._untracked_view else None
+        self._handoff.post(Finished(self.member, view.epoch, self.rank, max_steps - 1, self.final_digest,
+                                    untracked.kind if untracked else "", untracked.where if untracked else "",
+                                    self._untracked_view))
         self.events.emit(Event.SEAT_FINISHED, epoch=view.epoch, rank=self.rank, step=max_steps - 1,
                          state_digest=self.final_digest, seat_digest=seat_digest, parts=parts, rngs=rngs)
         stats = self.stats()

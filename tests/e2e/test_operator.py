@@ -291,7 +291,7 @@ def test_job_finishes_with_progress_and_plots(job: LiveJob, capsys: pytest.Captu
     assert result.returncode == 0, output[-3000:]
     assert result.digest and len(result.of("swap_completed")) == 2
     assert_no_survivors(result)
-    assert re.search(r"^deadpool: step \d+ \| [\d,]+ tok/s \| spares \d \| epoch \d+", output, re.MULTILINE), output
+    assert re.search(r"^deadpool: step \d+ \| [\d,]+ tok/s \| spares \d \| view epoch \d+", output, re.MULTILINE), output
     assert "Prometheus metrics at http://127.0.0.1:" in output
 
     assert job.watch is not None
@@ -434,12 +434,12 @@ def test_progress_line_follows_the_events(tmp_path: Path) -> None:
     for step in range(4):
         for rank in range(2):
             progress.feed({"event": "step_finished", "step": step, "rank": rank, "ts": 100.0 + step, "tokens": 512})
-    assert progress.line() == "step 3 | 1,024 tok/s | spares 1 | epoch 1"
+    assert progress.line() == "step 3 | 1,024 tok/s | spares 1 | view epoch 1"
     progress.feed({"event": "member_failed", "failed_rank": 1})
     assert progress.line().endswith("1 failure, 0 swaps | recovering")
     progress.feed({"event": "view_committed", "epoch": 2, "spares": []})
     progress.feed({"event": "swap_completed", "recovery_s": 0.93})
-    assert "spares 0 | epoch 2 | 1 failure, 1 swap (last 0.93 s)" in progress.line()
+    assert "spares 0 | view epoch 2 | 1 failure, 1 swap (last 0.93 s)" in progress.line()
     progress.feed({"event": "training_finished", "step": 3})
     assert progress.line().startswith("finished at step 3")
     progress.feed({"event": "step_finished", "step": "garbage", "ts": None})  # untrusted records are ignored

@@ -230,3 +230,44 @@ def test_a_compiled_model_on_the_mesh_survives_a_kill_bit_identically(
         compiled_baselines[parallel] = baseline
     result = run_compiled(tmp_path / "chaos", parallel, spec)
     assert_recovered(result, compiled_baselines[parallel], [int(spec.split("rank=")[1].split(":")[0])])
+
+
+BLOCKS = REPO / "tests" / "fixtures" / "compiled_blocks_train.py"  # FSDP2 x TP, bf16, checkpointed, compiled blocks
+BLOCK_KILLS = [  # (compile form, kill); the default suite runs one per form, --all-kill-points all of them
+    ("inplace", "kill:rank=1:step=3:at=allgather"),  # block.compile(): the survivors' lost forward is compiled code
+    ("wrap", "kill:rank=1:step=3:at=forward"),  # torch.compile(block): TP's forward all-reduce
+    *[pytest.param(form, spec, marks=pytest.mark.full_matrix) for form, spec in [
+        ("inplace", "kill:rank=1:step=3"),
+        ("inplace", "kill:rank=1:step=3:at=reducescatter"),
+        ("inplace", "kill:rank=1:step=3:at=forward"),
+        ("wrap", "kill:rank=1:step=3"),
+        ("wrap", "kill:rank=1:step=3:at=allgather"),
+        ("wrap", "kill:rank=1:step=3:at=reducescatter"),
+    ]],
+]
+
+
+@pytest.fixture(scope="module")
+def block_baselines() -> dict[str, LaunchResult]:
+    return {}
+
+
+@pytest.mark.parametrize(("form", "spec"), BLOCK_KILLS)
+def test_compiled_blocks_survive_a_kill_in_every_collective_bit_identically(
+        tmp_path: Path, block_baselines: dict[str, LaunchResult], form: str, spec: str) -> None:
+    """Each block compiled, in place or by the wrapper: a survivor's lost step never makes dynamo trace DeadPool's
+    forward guard (it would fall back to eager for good, and compute what the spare's compiled blocks do not)."""
+    def run(where: Path, *chaos: str) -> LaunchResult:
+        where.mkdir()
+        return launch(where, "--nproc", "4", "--spares", "1", *chaos, script=BLOCKS, steps=6,
+                      script_args=("--compile", form))
+
+    if form not in block_baselines:
+        baseline = run(tmp_path / "baseline")
+        assert baseline.returncode == 0 and baseline.digest, baseline.output[-3000:]
+        block_baselines[form] = baseline
+    result = run(tmp_path / "chaos", "--chaos", spec)
+    assert result.returncode == 0, result.output[-4000:]
+    assert [f["failed_rank"] for f in result.of("member_failed")] == [1]
+    assert result.digest == block_baselines[form].digest, "a compiled run with a failure must end bit-identical"
+    assert "falling back to eager" not in result.output

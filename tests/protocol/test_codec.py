@@ -35,6 +35,7 @@ from deadpool.protocol.messages import (
     TAGS,
     AckBatch,
     CommitView,
+    Finished,
     Heartbeat,
     HostHeartbeat,
     Message,
@@ -220,6 +221,13 @@ def test_trailing_defaulted_fields_may_be_omitted() -> None:
     assert isinstance(result, StepReport)
     assert (result.sender, result.epoch, result.step) == ("m", 2, 7)
     assert math.isnan(result.loss)
+
+
+def test_a_finished_without_the_untracked_loader_fields_decodes_as_none_was_left() -> None:
+    result = decode(frame([TAGS[Finished], ["m", 2, 1, 11, "ab" * 32]]))
+    assert result == Finished("m", 2, 1, 11, "ab" * 32, "", "", 0)
+    told = Finished("m", 2, 1, 11, "ab" * 32, "DataLoader", "train.py:40", 2)
+    assert decode(encode(told)) == told
 
 
 def test_int_is_accepted_for_float_and_becomes_float() -> None:

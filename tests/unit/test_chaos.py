@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -9,9 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from deadpool.actors.handoff import Handoff
 from deadpool.agent.closing import summarize
-from deadpool.chaos import ChaosPlan, host_specs, parse, parse_all
+from deadpool.chaos import ChaosPlan, ChaosPoint, host_specs, parse, parse_all, unseen
+from deadpool.config import WorkerEnv
 from deadpool.errors import MisuseError
+from deadpool.events.log import EventLog
+from deadpool.worker.faults import FaultInjector
+from deadpool.worker.step import StepState
 
 
 def test_parse_forms() -> None:
@@ -77,6 +83,51 @@ def test_the_closing_lines_name_a_spec_that_never_fired(tmp_path: Path) -> None:
     events.write_text("".join(json.dumps(record) + "\n" for record in (fired, operator)))
     lines = summarize(str(events), ["kill:rank=2:step=20", "kill:rank=1:step=11:at=recovery"])
     assert [line for line in lines if "chaos" in line] == [
-        "  chaos: kill:rank=1:step=11:at=recovery never fired (its member did not reach that point of that step, "
-        "or was not running then)"]
+        "  chaos: kill:rank=1:step=11:at=recovery never fired: its member did not reach that point of that step, "
+        "or was not running then"]
     assert not [line for line in summarize(str(events), ["kill:rank=2:step=20"]) if "chaos" in line]
+
+
+def test_a_spec_whose_point_the_first_step_did_not_pass_is_unseen() -> None:
+    specs = parse_all("kill:rank=1:step=3:at=reducescatter,kill:rank=1:step=4:at=backward,kill:rank=1:step=5,"
+                      "kill:rank=1:step=6:at=recovery,kill:rank=1:step=0:at=allgather,kill:spare=0:after=1")
+    seen = {ChaosPoint.BOUNDARY, ChaosPoint.BACKWARD, ChaosPoint.ALLREDUCE}  # an rt.ddp step
+    # The boundary is always passed and recovery is no step's point; a spec of an earlier step is past.
+    assert unseen(specs, seen, step=1) == [specs[0]]
+    assert unseen(specs, seen, step=0) == [specs[0], specs[4]]
+
+
+def injector(specs: str, rank: int = 1) -> tuple[FaultInjector, EventLog]:
+    env = dataclasses.replace(WorkerEnv.from_env({"DEADPOOL_COORDINATOR": "tcp://127.0.0.1:1",
+                                                  "DEADPOOL_MEMBER_ID": "m1", "RANK": str(rank)}),
+                              chaos=tuple(parse_all(specs)))
+    events = EventLog(None, member="m1", source="worker")
+    events.records = []
+    state = StepState(rank=rank, step=0)
+    return FaultInjector(env, state, Handoff(), events, partition=type("Switch", (), {"cut": False})()), events
+
+
+def test_the_first_finished_step_warns_of_a_spec_whose_point_it_did_not_pass(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    faults, events = injector("kill:rank=1:step=3:at=reducescatter,kill:rank=1:step=3:at=allreduce")
+    for point in (ChaosPoint.BOUNDARY, ChaosPoint.BACKWARD, ChaosPoint.ALLREDUCE):
+        faults.point(point)
+    faults.first_step_done(0)
+    assert events.records is not None
+    [record] = events.records
+    assert (record["event"], record["spec"], record["at"], record["seen"], record["step"]) == (
+        "chaos_point_unseen", "kill:rank=1:step=3:at=reducescatter", "reducescatter",
+        ["boundary", "backward", "allreduce"], 0)
+    err = capsys.readouterr().err
+    assert "chaos spec kill:rank=1:step=3:at=reducescatter will likely never fire" in err
+    assert "passed no reducescatter point" in err and "exits with status 4" in err
+    faults.first_step_done(1)  # once: later steps say nothing
+    assert len(events.records) == 1
+
+
+def test_an_unarmed_process_notes_nothing() -> None:
+    faults, events = injector("kill:rank=0:step=3:at=reducescatter", rank=1)  # another rank's spec
+    assert not faults.armed
+    faults.point(ChaosPoint.BOUNDARY)
+    faults.first_step_done(0)
+    assert events.records == []

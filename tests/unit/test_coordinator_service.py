@@ -502,3 +502,54 @@ def test_an_agents_repeated_hello_is_answered_with_the_same_welcome_until_the_ep
     assert job.epoch == 2
     later = job.handle(hello)[0].message
     assert isinstance(later, Welcome) and later is not first.message and later.epoch == job.epoch
+
+
+def test_an_active_killed_before_the_first_view_is_replaced_in_it() -> None:
+    """A bad node found at start-up: rank 1's process dies (joined or not) before every seat joined; the first
+    view seats a spare there, from the initial state like every seat, and its first step completes the swap."""
+    for joined in (False, True):
+        events = EventLog(None, clock=lambda: 0.0)
+        events.records = []
+        coordinator = Coordinator(Config(), 3, "store:1", events, started=0.0, wall_clock=lambda: 0.0)
+        coordinator.handle(0.0, AgentHello(AGENT, "h0", "inproc://agent", {"m0": 10, "m1": 11, "m2": 12, "s0": 13}))
+        coordinator.handle(0.0, join("s0", Role.SPARE, -1, 3))
+        coordinator.handle(0.0, join("m0", Role.ACTIVE, 0, 3))
+        if joined:
+            coordinator.handle(0.0, join("m1", Role.ACTIVE, 1, 3))
+        coordinator.handle(0.0, ProcessExited(AGENT, "m1", -9, seat_hint=1))
+        assert coordinator.view is None and coordinator.outcome is None
+        coordinator.handle(0.0, join("m2", Role.ACTIVE, 2, 3))
+        view = coordinator.view
+        assert view is not None and view.epoch == 1 and view.seats == ["m0", "s0", "m2"] and view.spares == []
+        assert view.resume_step == -1 and view.restore_from == {}
+        failed = [r for r in events.records if r["event"] == Event.MEMBER_FAILED]
+        assert [f["failed_member"] for f in failed] == ["m1"]
+        committed = [r for r in events.records if r["event"] == Event.VIEW_COMMITTED][0]
+        assert committed["failed_seats"] == [1] and "seat 1 taken by spare s0" in committed["reason"]
+
+
+def test_an_active_lost_before_the_first_view_with_no_spare_fails_the_job_naming_the_seat() -> None:
+    events = EventLog(None)
+    coordinator = Coordinator(Config(), 2, "store:1", events, started=0.0, wall_clock=lambda: 0.0)
+    coordinator.handle(0.0, AgentHello(AGENT, "h0", "inproc://agent", {"m0": 10, "m1": 11}))
+    coordinator.handle(0.0, join("m0", Role.ACTIVE, 0, 2))
+    coordinator.handle(0.0, ProcessExited(AGENT, "m1", -9, seat_hint=1))
+    assert coordinator.outcome is not None and not coordinator.outcome[0]
+    assert "rank 1 (m1) failed before training started" in coordinator.outcome[1]
+
+
+def test_training_finished_names_an_untracked_loader_a_restore_left_behind_from_the_lowest_seat() -> None:
+    from deadpool.protocol.messages import Finished
+
+    job = Job(seats=3, spares=1)
+    epoch = job.epoch
+    job.handle(Finished("m2", epoch, 2, 9, "d" * 64, "DataLoader", "train.py:52", 2))
+    job.handle(Finished("m0", epoch, 0, 9, "d" * 64))
+    job.handle(Finished("m1", epoch, 1, 9, "d" * 64, "DataLoader", "train.py:50", 3))
+    [finished] = job.of(Event.TRAINING_FINISHED)
+    assert finished["untracked_rollback"] == {"loader": "DataLoader", "where": "train.py:50", "view": 3, "rank": 1}
+    plain = Job(seats=2, spares=0)
+    for seat in (0, 1):
+        plain.handle(Finished(f"m{seat}", plain.epoch, seat, 9, "d" * 64))
+    [finished] = plain.of(Event.TRAINING_FINISHED)
+    assert "untracked_rollback" not in finished, "a run no restore left anything behind in says nothing"

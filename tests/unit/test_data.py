@@ -8,6 +8,7 @@ dropout mask would take.  Also: sampler seating, and the one-time warning about 
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from deadpool.errors import MisuseError
 from deadpool.snapshot.statetree import flatten, unflatten
 from deadpool.worker import rng
-from deadpool.worker.data import DataSeats, LoaderWatch, TrackedLoader, seat_sampler
+from deadpool.worker.data import DataSeats, LoaderWatch, TrackedLoader, UntrackedLoader, seat_sampler
 
 stateful = pytest.importorskip("torchdata.stateful_dataloader")
 
@@ -180,8 +181,13 @@ class Watched:
     def __init__(self) -> None:
         self.in_steps = False
         self.reports: list[str] = []
-        self.watch = LoaderWatch(lambda: self.in_steps, lambda message, kind: self.reports.append(kind))
+        self.where: list[str] = []
+        self.watch = LoaderWatch(lambda: self.in_steps, self._warned)
         self.watch.install()
+
+    def _warned(self, message: str, loader: UntrackedLoader) -> None:
+        self.reports.append(loader.kind)
+        self.where.append(loader.where)
 
 
 @pytest.fixture
@@ -194,6 +200,7 @@ def watched() -> Any:
 def test_an_untracked_loader_iterated_in_a_step_warns_once_naming_the_fix(watched: Watched) -> None:
     plain = DataLoader(TensorDataset(torch.arange(8)), batch_size=2)
     watched.in_steps = True
+    iterated_at = sys._getframe().f_lineno + 2  # the line of next(iter(plain)) below
     with pytest.warns(RuntimeWarning, match=r"StatefulDataLoader.*rt\.track\(data=loader\)"):
         next(iter(plain))
     with warnings.catch_warnings():
@@ -201,6 +208,7 @@ def test_an_untracked_loader_iterated_in_a_step_warns_once_naming_the_fix(watche
         next(iter(plain))  # once per process
         next(iter(DataLoader(TensorDataset(torch.arange(8)))))
     assert watched.reports == ["DataLoader"]
+    assert watched.where == [f"test_data.py:{iterated_at}"], "the script's line that iterates, for the closing line"
 
 
 def test_a_tracked_loader_does_not_warn(watched: Watched) -> None:
@@ -217,12 +225,14 @@ def test_a_tracked_loader_does_not_warn(watched: Watched) -> None:
 
 def test_a_pass_started_before_the_loop_warns_after_the_first_step_if_it_yielded(watched: Watched) -> None:
     unused = iter(DataLoader(TensorDataset(torch.arange(8))))  # started, never read: no warning
+    started_at = sys._getframe().f_lineno + 1  # the next line starts the pass
     used = iter(DataLoader(TensorDataset(torch.arange(8))))
     watched.in_steps = True
     next(used)
     with pytest.warns(RuntimeWarning, match="StatefulDataLoader"):
         watched.watch.first_step_done()
     assert watched.reports == ["DataLoader"]
+    assert watched.where == [f"test_data.py:{started_at}"], "where the pass started, not the runtime's step end"
     del unused
 
 

@@ -227,3 +227,24 @@ def test_the_first_view_resumes_from_the_newest_disk_checkpoint_every_seat_holds
     view, _ = decisions.first_view({0: "a", 1: "b"}, 2, ["s"], "h:1", {}, {}, resume_step=5)
     assert view is not None and view.resume_step == 5
     assert view.restores_from_disk(0) and view.restores_from_disk(1) and not view.restores_from_disk(2)
+
+
+def test_a_seat_lost_before_its_first_copy_resumes_everyone_from_the_initial_state() -> None:
+    """Killed before its buddy confirmed its first snapshot: its replacement builds the initial state itself,
+    the survivors that began no step report their live state as it (-1), and the job starts again."""
+    view = make_view()
+    reports = {"m0": held([-1], {}), "m2": held([], {}), "m3": held([-1], {})}
+    reports["m2"] = held([-1], {1: []})
+    step, sources, reason = decisions.plan_restore(view, [1], reports)
+    assert step == -1 and sources == {} and "-1" in reason
+    # Where the buddy holds the copy, it serves: the initial state as the lost seat had it.
+    reports["m2"] = held([-1], {1: [-1]})
+    assert decisions.plan_restore(view, [1], reports)[:2] == (-1, {1: "m2"})
+
+
+def test_the_initial_state_is_no_way_out_once_a_survivor_moved_past_it() -> None:
+    """A lost seat with no copy can only start again from the initial state: a survivor that no longer holds it
+    (its snapshots are of later steps) leaves no step common to every seat, and the reason names the lost seat."""
+    view = make_view()
+    step, reason = resume_step(view, [1], {"m0": held([4, 5], {}), "m2": held([4, 5], {}), "m3": held([4, 5], {})})
+    assert step is None and "seat 1" in reason

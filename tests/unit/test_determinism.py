@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from deadpool.agent.determinism import Run, compare, digests_of, kill_spec
+from deadpool.chaos import NOT_FIRED_STATUS
 from deadpool.errors import MisuseError
 
 
@@ -50,6 +51,28 @@ def test_a_kill_that_never_fired_or_a_failed_run_is_a_failure() -> None:
     assert not compare(run("a", seats()), run("b", seats()), run("k", seats()))[0]
     ok, lines = compare(run("a", seats()), run("b", {}, code=1), run("k", seats(), failures=1))
     assert not ok and "did not finish (exit 1)" in lines[0]
+
+
+def test_a_kill_run_whose_launch_says_its_spec_never_fired_fails_the_check_with_that_status(tmp_path: Path) -> None:
+    # The kill run's launcher exits NOT_FIRED_STATUS (4) when its spec never fired: named as such, not as a run
+    # that "did not finish", and the check itself exits with the same status.
+    ok, lines = compare(run("a", seats()), run("b", seats()), run("k", seats(), code=NOT_FIRED_STATUS))
+    assert not ok and "saw no failure (exit 4): the kill never fired" in lines[0]
+    import argparse
+
+    from deadpool.agent.determinism import check
+
+    args = argparse.Namespace(nnodes=1, coordinator="", nproc=2, spares=0, chaos=["kill:rank=1:step=3:at=allgather"],
+                              events="", resume=False, checkpoint_dir="", check_determinism=True, strict=True)
+    events = tmp_path / "run.jsonl"
+    events.write_text('{"event": "seat_finished", "rank": 0, "parts": {"model": "a"}}\n'
+                      '{"event": "seat_finished", "rank": 1, "parts": {"model": "a"}}\n')
+    codes = iter([0, 0, NOT_FIRED_STATUS])
+    stricts: list[bool] = []
+    assert check(args, 8, lambda run_args: (stricts.append(run_args.strict) or next(codes), str(events))) == 4
+    assert stricts == [False, False, False], "the runs of the check are not --strict: it compares digests itself"
+    codes = iter([0, 1, NOT_FIRED_STATUS])
+    assert check(args, 8, lambda run_args: (next(codes), str(events))) == 1, "a failed reference run comes first"
 
 
 def test_digests_come_from_the_seat_finished_events() -> None:

@@ -91,3 +91,27 @@ def test_the_job_fails_once_with_its_first_reason() -> None:
     builder.feed({"ts": T0 + 3, "event": "job_failed"})
     s = builder.summary()
     assert (s.outcome, s.job_failed, s.job_failed_ts) == ("failed", "no spare left", T0 + 1)
+
+
+def test_the_chaos_findings_and_a_final_state_not_guaranteed_are_typed_facts() -> None:
+    unseen = {"ts": T0 + 1, "event": "chaos_point_unseen", "member": "m1", "rank": 1, "step": 0,
+              "spec": "kill:rank=1:step=3:at=reducescatter", "at": "reducescatter",
+              "seen": ["boundary", "backward", "allreduce"]}
+    finished = {"ts": T0 + 2, "event": "training_finished", "member": "coordinator", "step": 9, "state_digest": "ab",
+                "untracked_rollback": {"loader": "DataLoader", "where": "train.py:40", "view": 2, "rank": 0}}
+    not_fired = {"ts": T0 + 3, "event": "chaos_not_fired", "member": "agent-h", "spec": unseen["spec"],
+                 "at": "reducescatter", "target_member": "m1", "target_rank": 1, "last_step": 9,
+                 "seen": unseen["seen"], "ended": "ran", "why": "rank 1's member finished step 3 ..."}
+    assert summary.parse(unseen) == summary.ChaosPointUnseen(
+        T0 + 1, "m1", 1, 0, unseen["spec"], "reducescatter", ("boundary", "backward", "allreduce"))
+    assert summary.parse(not_fired) == summary.ChaosNotFired(
+        T0 + 3, unseen["spec"], "reducescatter", "m1", 1, 9, ("boundary", "backward", "allreduce"), "ran",
+        "rank 1's member finished step 3 ...")
+    s = summary.summarize([unseen, finished, not_fired])
+    assert s.untracked_rollback == summary.UntrackedRollback("DataLoader", "train.py:40", 2, 0)
+    assert [f.spec for f in s.chaos_unseen] == [f.spec for f in s.chaos_not_fired] == [unseen["spec"]]
+    assert s.unknown_events == ()
+    odd = summary.parse({"event": "training_finished", "untracked_rollback": {"view": "x"}})
+    assert isinstance(odd, summary.JobFinished) and odd.untracked == summary.UntrackedRollback(
+        summary.UNKNOWN, "", None, None)
+    assert summary.summarize([{**finished, "untracked_rollback": "yes"}]).untracked_rollback is None

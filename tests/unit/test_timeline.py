@@ -340,3 +340,24 @@ def test_events_the_summary_leaves_out_are_not_called_unknown_when_the_catalogue
     lines = format_timeline(events).splitlines()
     assert [line.split()[-1] for line in lines if "other events" in line] == ["paused"]
     assert [line.split()[-1] for line in lines if "unknown events" in line] == ["disk_full"]
+
+
+def test_the_timeline_shows_chaos_that_never_fired_and_a_final_state_not_guaranteed() -> None:
+    spec = "kill:rank=1:step=3:at=reducescatter"
+    events: list[dict[str, Any]] = [
+        {"ts": T0 + 1, "event": "chaos_point_unseen", "member": "m1", "rank": 1, "step": 0, "spec": spec,
+         "at": "reducescatter", "seen": ["boundary", "backward", "allreduce"]},
+        {"ts": T0 + 2, "event": "training_finished", "member": "coordinator", "step": 9, "state_digest": "ab" * 32,
+         "untracked_rollback": {"loader": "DataLoader", "where": "train.py:40", "view": 2, "rank": 0}},
+        {"ts": T0 + 3, "event": "chaos_not_fired", "member": "agent-h", "spec": spec, "at": "reducescatter",
+         "target_member": "m1", "target_rank": 1, "last_step": 9, "seen": [], "ended": "ran",
+         "why": "rank 1's member finished step 3 (and steps up to 9) without passing a reducescatter point"},
+    ]
+    text = format_timeline(events)
+    assert "chaos_point_unseen" in text and "seen=boundary,backward,allreduce" in text
+    assert f"chaos not fired  {spec}: rank 1's member finished step 3" in text
+    assert "chaos unseen     kill:rank=1:step=3:at=reducescatter: rank 1 (m1)'s first step (step 0) passed no " \
+        "reducescatter point (it passed boundary, backward, allreduce)" in text
+    assert "not guaranteed   the final state may differ from a failure-free run's: an untracked DataLoader " \
+        "(train.py:40) was not rolled back at the swap of view 2" in text
+    assert "other events" not in text and "unknown events" not in text

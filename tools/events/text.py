@@ -15,6 +15,8 @@ from deadpool.events.catalogue import Event
 from deadpool.events.summary import (
     UNKNOWN,
     ChaosInjection,
+    ChaosNotFired,
+    ChaosPointUnseen,
     CoordinatorStarted,
     Fact,
     Failure,
@@ -42,7 +44,8 @@ from deadpool.events.summary import (
 _IDENTITY = frozenset({"ts", "event", "epoch", "member", "rank", "step", "source_process"})
 
 # Before these events the timeline shows the last finished step, so a reader sees where it broke.
-_SHOW_STEP_BEFORE = frozenset({Event.CHAOS_INJECTED, Event.MEMBER_FAILED, Event.JOB_FAILED, Event.TRAINING_FINISHED})
+_SHOW_STEP_BEFORE = frozenset({Event.CHAOS_INJECTED, Event.MEMBER_FAILED, Event.JOB_FAILED, Event.TRAINING_FINISHED,
+                               Event.CHAOS_NOT_FIRED})
 
 
 def format_timeline(events: Sequence[Record], progress_every: int | None = None) -> str:
@@ -142,6 +145,11 @@ def format_summary(summary: Summary) -> str:
         row("spare pool", " -> ".join(str(c.spares) for c in summary.spare_changes))
     if summary.chaos:
         row("chaos injected", ", ".join(f"{c.action} {who(c.rank, c.member)}" for c in summary.chaos))
+    for unseen in summary.chaos_unseen:
+        row("chaos unseen", f"{unseen.spec}: {who(unseen.rank, unseen.member)}'s first step (step "
+            f"{opt(unseen.step)}) passed no {unseen.at} point (it passed {', '.join(unseen.seen) or 'none'})")
+    for finding in summary.chaos_not_fired:
+        row("chaos not fired", f"{finding.spec}: {finding.why or '(no reason given)'}")
     if summary.fenced or summary.rejected:
         row("fenced/rejected", f"{summary.fenced}/{summary.rejected}")
     catalogued = {str(kind) for kind in Event}
@@ -155,7 +163,16 @@ def format_summary(summary: Summary) -> str:
     else:
         row("outcome", summary.outcome + (f" at step {summary.final_step}" if summary.final_step is not None else ""))
     row("final digest", summary.final_digest or "(none)")
+    if summary.untracked_rollback is not None:
+        row("not guaranteed", _untracked(summary.untracked_rollback.loader, summary.untracked_rollback.where,
+                                         summary.untracked_rollback.view))
     return "\n".join(out)
+
+
+def _untracked(loader: str, where: str, view: int | None) -> str:
+    at = f" ({where})" if where else ""
+    return (f"the final state may differ from a failure-free run's: an untracked {loader}{at} was not rolled back "
+            f"at the swap of view {opt(view)}")
 
 
 def _line(ts: float | None, t0: float | None, label: str, text: str) -> str:
@@ -209,7 +226,15 @@ def _describe(fact: Fact | None, r: Record) -> str:
             return who(fact.rank, fact.member) + (f" reason={fact.reason!r}" if fact.reason else "")
         case JobFinished():
             text = f"{who(fact.rank, fact.member)} step {opt(fact.step)}"
-            return text + (f" digest={fact.digest}" if fact.digest else "")
+            text += f" digest={fact.digest}" if fact.digest else ""
+            if fact.untracked is not None:
+                text += "; " + _untracked(fact.untracked.loader, fact.untracked.where, fact.untracked.view)
+            return text
+        case ChaosPointUnseen():
+            return (f"{who(fact.rank, fact.member)} spec={fact.spec} at={fact.at} "
+                    f"seen={','.join(fact.seen) or '-'}")
+        case ChaosNotFired():
+            return f"spec={fact.spec} {who(fact.rank, fact.member)}: {fact.why}"
         case ChaosInjection():
             return f"action={fact.action} {who(fact.rank, fact.member)}" + _extras(
                 r, {"action", "target_member", "target_rank"}
