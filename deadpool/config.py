@@ -9,6 +9,7 @@ computed here, once.
 
 from __future__ import annotations
 
+import enum
 import gc
 import os
 import socket
@@ -121,6 +122,14 @@ class Config:
         return replace(defaults, **values).validate()
 
 
+class Backend(enum.StrEnum):
+    """What carries a job's CUDA tensors (``deadpool launch --backend``); CPU tensors always go to gloo."""
+
+    AUTO = "auto"  # NCCL where CUDA and NCCL are available, else gloo
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerEnv:
     """What ``deadpool launch`` tells a worker process through its environment."""
@@ -136,6 +145,10 @@ class WorkerEnv:
     events_path: str | None  # DEADPOOL_EVENTS: the event log file (None: no log)
     chaos: tuple[ChaosSpec, ...]  # DEADPOOL_CHAOS: the declared failures of the whole job
     config: Config  # the job's bounds and intervals (the other DEADPOOL_* variables)
+    local_rank: int = 0  # LOCAL_RANK: this process's index on its host (its GPU, modulo the GPUs it sees)
+    backend: Backend = Backend.AUTO  # DEADPOOL_BACKEND: ``deadpool launch --backend``
+    nccl_standin: bool = False  # DEADPOOL_NCCL_STANDIN=1: gloo with NCCL's failure semantics (a test aid)
+    standin_aborts: bool = True  # DEADPOOL_NCCL_STANDIN_ABORT=0: the stand-in's aborts do nothing (the hang's test)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> WorkerEnv:
@@ -154,6 +167,9 @@ class WorkerEnv:
         role = environ.get("DEADPOOL_ROLE", Role.ACTIVE)
         if role not in tuple(Role):
             raise MisuseError(f"DEADPOOL_ROLE must be 'active' or 'spare', got {role!r}")
+        backend = environ.get("DEADPOOL_BACKEND") or Backend.AUTO
+        if backend not in tuple(Backend):
+            raise MisuseError(f"DEADPOOL_BACKEND must be one of {', '.join(Backend)}, got {backend!r}")
         return cls(
             coordinator=coordinator,
             member=environ.get("DEADPOOL_MEMBER_ID") or f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}",
@@ -166,6 +182,10 @@ class WorkerEnv:
             events_path=environ.get("DEADPOOL_EVENTS") or None,
             chaos=tuple(parse_all(environ.get("DEADPOOL_CHAOS", ""))),
             config=Config.from_env(dict(environ)),
+            local_rank=_int(environ, "LOCAL_RANK", 0),
+            backend=Backend(backend),
+            nccl_standin=environ.get("DEADPOOL_NCCL_STANDIN") == "1",
+            standin_aborts=environ.get("DEADPOOL_NCCL_STANDIN_ABORT") != "0",
         )
 
 

@@ -14,7 +14,8 @@ all-reduce); with none of them the model trains on ``rt.ddp``.  The mesh comes f
 ``torch.distributed.checkpoint`` of the model and optimizer every N steps, as torchtitan does (a
 failure during a save is recovered like one anywhere in the step).  Deterministic for a seed: batches
 depend only on (seed, step, data-parallel coordinate), so a run with failures ends with the same
-final state digest as a run without them.
+final state digest as a run without them.  `--device cuda` trains on GPU ``LOCAL_RANK % device count``
+with deterministic kernels (``demos/gpt.py``'s ``pick_device``), the mesh's tensors on CUDA.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch.distributed as dist
+from gpt import pick_device
 from llama import (
     SIZES,
     Stage,
@@ -64,9 +66,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per worker")
     parser.add_argument("--save-every", type=int, default=0, help="a torch.distributed.checkpoint every N steps")
     parser.add_argument("--save-dir", default="checkpoints", help="where --save-every writes (a folder per step)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the model trains; cuda: GPU LOCAL_RANK %% device count, deterministic kernels")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
+    device = pick_device(args.device)  # before any CUDA work: it turns on deterministic kernels
     # DTensor warns, once per process, that the clipping norm over the 2-D mesh takes two all-reduces.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     rt = deadpool.init()
@@ -74,13 +79,13 @@ def main() -> None:
         raise SystemExit(f"--tp {args.tp} x --pp {args.pp} does not divide the job's {rt.world_size} seats")
     dp = rt.world_size // (args.tp * args.pp)
     corpus = load_corpus()
-    model = build_model(args.size, seed=args.seed)
+    model = build_model(args.size, seed=args.seed).to(device)  # on the device before it is sharded
     params = count_parameters(model)
     sharded = args.fsdp or args.tp > 1 or args.pp > 1
     schedule: Any = None  # a torch.distributed.pipelining schedule with --pp
     if sharded:  # a spare waits in rt.device_mesh for its seat
-        mesh = rt.device_mesh((args.pp, dp, args.tp), ("pp", "dp", "tp")) if args.pp > 1 else \
-            rt.device_mesh((dp, args.tp), ("dp", "tp"))
+        mesh = rt.device_mesh((args.pp, dp, args.tp), ("pp", "dp", "tp"), device_type=device.type) if args.pp > 1 \
+            else rt.device_mesh((dp, args.tp), ("dp", "tp"), device_type=device.type)
         if args.pp > 1:
             stage_index = mesh["pp"].get_local_rank()
             model = Stage(model, stage_index, args.pp)  # this seat's stage: the rest of the model is dropped
@@ -89,8 +94,7 @@ def main() -> None:
             from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe  # about a second
 
             shapes = stage_shapes(stage_index, args.pp, args.batch // args.microbatches, args.block, SIZES[args.size])
-            stage = PipelineStage(model, stage_index, args.pp, torch.device("cpu"), group=mesh["pp"].get_group(),
-                                  **shapes)
+            stage = PipelineStage(model, stage_index, args.pp, device, group=mesh["pp"].get_group(), **shapes)
             kind = Schedule1F1B if args.schedule == "1f1b" else ScheduleGPipe
             schedule = kind(stage, n_microbatches=args.microbatches, loss_fn=lm_loss)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
@@ -108,7 +112,7 @@ def main() -> None:
     last = time.perf_counter()
     for step in rt.steps(args.steps):
         dp_rank = mesh["dp"].get_local_rank() if sharded else rt.rank
-        inputs, targets = get_batch(corpus, step, dp_rank, args.batch, args.block, args.seed)
+        inputs, targets = (t.to(device) for t in get_batch(corpus, step, dp_rank, args.batch, args.block, args.seed))
         if schedule is not None:
             loss = pipeline_step(schedule, model, inputs, targets, mesh, average=dp > 1 and not args.fsdp)
         else:

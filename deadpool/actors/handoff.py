@@ -110,6 +110,7 @@ class Handoff:
         self._terminal: Stop | Fenced | None = None  # a command after which nothing else matters
         self._confirmed: set[tuple[str, int]] = set()  # (generation, step) copies confirmed by the buddy
         self._post: Callable[[Any], None] | None = None
+        self._on_loss: Callable[[frozenset[int]], None] | None = None  # told a Prepare's failed seats at once
         self.dropped_commands = 0
 
     # -- runtime side -------------------------------------------------------------------------
@@ -119,8 +120,16 @@ class Handoff:
         runtime thread has ended, so that later posts fail at once instead of waiting for nobody."""
         self._post = post
 
+    def on_loss(self, callback: Callable[[frozenset[int]], None]) -> None:
+        """Have `callback` told, on the runtime thread as each Prepare arrives, the seats it declares lost (none:
+        any may be), before the compute thread sees it: the communicators holding them are aborted then, since
+        a compute thread stuck behind a hung NCCL collective would see it only once they are."""
+        self._on_loss = callback
+
     def deliver(self, command: Command) -> None:
         """Queue a command for the compute thread and wake it wherever it waits."""
+        if isinstance(command, Prepare) and self._on_loss is not None:
+            self._on_loss(frozenset(command.failed_seats))
         with self.condition:
             if isinstance(command, (Stop, Fenced)):
                 self._terminal = command

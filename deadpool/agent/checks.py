@@ -14,7 +14,7 @@ from pathlib import Path
 from deadpool.agent import coordinators
 from deadpool.chaos import ChaosSpec, unreachable
 from deadpool.chaos import parse as parse_chaos
-from deadpool.config import is_loopback
+from deadpool.config import Backend, is_loopback
 from deadpool.errors import MisuseError
 
 
@@ -59,6 +59,10 @@ def validate(args: argparse.Namespace) -> None:
         raise MisuseError(f"training script {args.script!r} does not exist")
     if args.events and (Path(args.events).is_dir() or not Path(args.events).parent.is_dir()):
         raise MisuseError(f"--events {args.events!r} must name a file in a folder that exists")
+    if getattr(args, "backend", Backend.AUTO) == Backend.NCCL:
+        why = nccl_missing()
+        if why:
+            raise MisuseError(f"--backend nccl: {why} on this machine (use --backend gloo, or auto)")
     if getattr(args, "resume", False) and not args.checkpoint_dir:
         raise MisuseError("--resume needs --checkpoint-dir DIR: the folder of the disk checkpoints to continue from")
     refusals, warnings = check_launch(args.nnodes * args.nproc if args.nproc else None, args.spares,
@@ -68,6 +72,19 @@ def validate(args: argparse.Namespace) -> None:
         raise MisuseError("; ".join(refusals))
     for warning in warnings:
         print(f"deadpool launch: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def nccl_missing() -> str:
+    """Why NCCL cannot carry this machine's tensors ("" where it can): no CUDA device, or a torch without NCCL.
+    Imports torch (only for ``--backend nccl``)."""
+    import torch
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if not dist.is_nccl_available():
+        return "this torch has no NCCL"
+    return ""
 
 
 def visible_steps(script_args: list[str]) -> int | None:

@@ -39,7 +39,7 @@ from deadpool.agent.relay import AckBatcher, BeatRelay
 from deadpool.agent.threadenv import omp_threads_env
 from deadpool.chaos import SIGNALS, ChaosAction, applies, host_specs
 from deadpool.chaos import parse as parse_chaos
-from deadpool.config import Config, raise_priority
+from deadpool.config import Backend, Config, raise_priority
 from deadpool.events import summary
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
@@ -124,6 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=-1,
                         help="the coordinator serves Prometheus metrics on 127.0.0.1:PORT (0: any free port)")
     parser.add_argument("--no-progress", action="store_true", help="no progress line (steps, tokens/s, spares)")
+    parser.add_argument("--backend", choices=tuple(Backend), default=Backend.AUTO,
+                        help="what carries CUDA tensors: nccl, gloo, or auto (NCCL where the workers have CUDA and "
+                             "NCCL); CPU tensors always go to gloo")
     parser.add_argument("--strict", action="store_true",
                         help=f"exit {verdict.NOT_GUARANTEED_STATUS} instead of 0 when training finished but its final "
                              "state is not guaranteed to be a failure-free run's (a restore left a data loader no "
@@ -282,6 +285,7 @@ class Launcher:
         spec = ",".join(args.chaos)
         base = {**env, **worker_heap_env(env), **threads, "DEADPOOL_COORDINATOR": self.link.active,
                 "DEADPOOL_EVENTS": events, "DEADPOOL_CHAOS": spec, "DEADPOOL_HOST": self.host,
+                "DEADPOOL_BACKEND": getattr(args, "backend", Backend.AUTO),
                 "DEADPOOL_BIND_HOST": bind, "WORLD_SIZE": str(self.world if args.nproc else 0),
                 "MASTER_ADDR": store_host, "MASTER_PORT": store_port,
                 "LOCAL_WORLD_SIZE": str(args.nproc), "PYTHONUNBUFFERED": "1",

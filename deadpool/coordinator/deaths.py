@@ -9,7 +9,7 @@ Spares lost while no round runs leave the pool in one view.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from deadpool.config import Config
@@ -59,20 +59,25 @@ class Coordinator(Protocol):
     def _commit(self, view: View, reason: str, failed: dict[int, str], trigger: Trigger) -> None: ...
 
 
-def declare(c: Coordinator, now: float, found: Iterable[tuple[str, str]], detected_by: str) -> None:
-    """Fence each (member, why) of `found` forever; start or extend one view change for all of them."""
+def declare(c: Coordinator, now: float, found: Iterable[tuple[str, str]], detected_by: str,
+            hints: Mapping[str, int] | None = None) -> None:
+    """Fence each (member, why) of `found` forever; start or extend one view change for all of them.
+
+    Before the first view a lost active's seat goes to a spare in it; `hints` gives the seat of a member that
+    died before it joined (the RANK its agent started it with)."""
     lost: dict[int, str] = {}
     reasons: list[str] = []
     spares_lost: list[str] = []
     for member, detail in found:
         if member in c.fenced or c.outcome is not None:
             continue
-        seat = _fence(c, member, detected_by, detail)
+        record = c.members.get(member)
+        hint = (hints or {}).get(member, record.seat_hint if record is not None and record.role == Role.ACTIVE else -1)
+        seat = _fence(c, member, detected_by, detail, hint)
         view, rnd = c.view, c.round
         if view is None:
-            record = c.members.get(member)
-            if record is not None and record.role == Role.ACTIVE:
-                c.seat_lost_before_start(record.seat_hint, member, f"{detected_by}: {detail}")
+            if hint >= 0:
+                c.seat_lost_before_start(hint, member, f"{detected_by}: {detail}")
             continue
         if rnd is not None and member in rnd.replacements.values():
             reasons.append(f"spare {member} chosen for the swap failed; choosing again")
@@ -96,11 +101,12 @@ def declare(c: Coordinator, now: float, found: Iterable[tuple[str, str]], detect
         c._commit(new_view, f"spare {', '.join(spares_lost)} lost", failed={}, trigger=Trigger.SPARE_LOST)
 
 
-def _fence(c: Coordinator, member: str, detected_by: str, detail: str) -> int | None:
-    """Record `member` as dead, report it, tell it it is out and kill it through its agent; its seat, if any."""
+def _fence(c: Coordinator, member: str, detected_by: str, detail: str, hint: int = -1) -> int | None:
+    """Record `member` as dead, report it, tell it it is out and kill it through its agent; its seat, if any
+    (before the first view: `hint`, the seat it was started for, -1 for a spare)."""
     c.fenced[member] = f"{detected_by}: {detail}"
     c.coverage.forget(member)
-    seat = c._views.seat_of(c.view, member) if c.view else None
+    seat = c._views.seat_of(c.view, member) if c.view else (hint if hint >= 0 else None)
     injected, wall = c.chaos.injected_at.get(member), c.wall()  # detection time is known only for injected failures
     c._failure_wall[member] = wall if injected is None else min(wall, injected)
     epoch = c._epoch()

@@ -23,6 +23,8 @@ from deadpool.config import Config
 from deadpool.coordinator import answers, deaths, decisions, fanout, hostbeats, raised
 from deadpool.coordinator.coverage import Coverage
 from deadpool.coordinator.decisions import NoSpare, RaisedError, Suspicion, Trigger
+from deadpool.coordinator.finishes import Finishes
+from deadpool.coordinator.first_view import FirstSeats, Outcome
 from deadpool.coordinator.liveness import Liveness
 from deadpool.coordinator.operator_chaos import OperatorChaos
 from deadpool.coordinator.pools import Addresses, JoiningSpares, RejoinAsks, SparePool, Survivors
@@ -65,7 +67,7 @@ from deadpool.protocol.messages import (
     ViewRequest,
     Welcome,
 )
-from deadpool.protocol.view import FIRST_EPOCH, View
+from deadpool.protocol.view import View
 
 log = logging.getLogger("deadpool.coordinator.service")
 
@@ -101,7 +103,7 @@ class Coordinator:
         self._failure_wall: dict[str, float] = {}
         self._suspect_since: float | None = None
         self._groups_epoch = 0  # the view that built the groups in use: an older collective report is stale
-        self._finished: dict[int, Finished] = {}
+        self._finished = Finishes()  # the seats' Finished reports
         self.chaos = OperatorChaos()
         self.outcome: tuple[bool, str] | None = None  # (ok, reason) once the job ended
         self._rate = RateLimit(events)
@@ -109,8 +111,7 @@ class Coordinator:
         self.coverage = Coverage()  # members their host agent vouches for (HostHeartbeat)
         self._views = ViewSender()  # deltas for members that hold the previous view, the whole view for others
         self.fanout = fanout.Fanout(config.heartbeat_interval, config.relay_broadcasts)  # through host agents
-        self._seats_joined: set[int] = set()  # seats an active member joined for (the first view needs them all)
-        self._lost_early: dict[int, tuple[str, str]] = {}  # seat -> (member, why): lost before the first view
+        self._first = FirstSeats()  # the seats before the first view: joined, or lost
         self._joining = JoiningSpares()  # spares that joined the running job, pooled by one view at a time
         self._survivors_cache = Survivors()
         self._spare_pool = SparePool(config.heartbeat_interval)  # the order spares are chosen in, kept briefly
@@ -118,7 +119,6 @@ class Coordinator:
         self._rejoins = RejoinAsks()  # when we last sent each unreachable member a Rejoin
         self._raised: list[RaisedError] = []  # the scripts' exceptions reported so far (one per member at most)
         self._gone_unjoined: set[str] = set()  # processes a launcher started that exited before they joined
-        self._disk_steps: dict[str, list[int]] = {}  # active -> the disk checkpoints it saw at its Join
         self._recovering = recovering  # restarted: the highest view members report, or a first view after the deadline
         self.terms = terms or Terms(1, "", store_addr, 0, config.failure_timeout)
         self.stood_down: StandDown | None = None  # it stopped acting: a newer term runs the job, or it is cut off
@@ -244,19 +244,14 @@ class Coordinator:
         else:
             self._gone_unjoined.add(message.member)
         how = f"signal {-message.returncode}" if message.returncode < 0 else f"exit code {message.returncode}"
-        if record is None and message.returncode > 0 and message.seat_hint >= 0 and self.view is None:
-            # An active whose script failed before deadpool.init(): the same script would fail in a spare too.
+        unjoined_active = record is None and message.seat_hint >= 0 and self.view is None
+        if unjoined_active and message.returncode > 0:  # its script failed before deadpool.init(): a spare's would
             self._fail_job(f"rank {message.seat_hint} ({message.member}) ended ({how}) before it joined the job, "
                            "so training cannot start (its output says why); relaunch the job")
-        elif record is None and message.returncode < 0 and message.seat_hint >= 0 and self.view is None:
-            # Killed before it joined (a bad node found at start-up): a spare takes its seat in the first view.
-            self.fenced[message.member] = f"exit: process ended ({how}) before it joined"
-            self.events.emit(Event.MEMBER_FAILED, member=message.member, failed_member=message.member,
-                             rank=message.seat_hint, failed_rank=message.seat_hint, detected_by="exit",
-                             reason=f"process ended ({how}) before it joined", epoch=0)
-            self._failure_wall[message.member] = self.wall()
-            self.seat_lost_before_start(message.seat_hint, message.member, f"exit: process ended ({how})")
-        elif message.returncode and message.member in self.members and not self._seat_finished(message.member):
+        elif unjoined_active and message.returncode < 0:  # killed (a bad node found at start-up): a spare takes it
+            deaths.declare(self, now, [(message.member, f"process ended ({how}) before it joined")], "exit",
+                           {message.member: message.seat_hint})
+        elif message.returncode and message.member in self.members and not self._finished.by(message.member):
             self._declare_dead(now, message.member, "exit", f"process ended ({how})")
         # A clean exit ends a finished seat or a released spare; an unfinished one's silence is caught by heartbeats.
 
@@ -314,9 +309,7 @@ class Coordinator:
                                                     join.bulk_addr, join.seat_hint, now, now))
         self._live.seen(join.sender, now)
         if join.role == Role.ACTIVE:
-            self._seats_joined.add(join.seat_hint)
-            if self.view is None:  # what the first view resumes from (--resume)
-                self._disk_steps[join.sender] = join.disk_steps
+            self._first.joined(join.seat_hint, join.sender, join.disk_steps if self.view is None else [])
         self.send(join.control_addr, Welcome(self._epoch(), join.sender, self.world_size, self.terms.term,
                                               self.terms.standby))  # with its term: no copy to stamp one
         rnd, view = self.round, self.view
@@ -376,48 +369,28 @@ class Coordinator:
             self._on_finished(finished)
 
     def seat_lost_before_start(self, seat: int, member: str, why: str) -> None:
-        """`member`, started for `seat`, died before the first view: a spare takes the seat in it (from the
-        initial state, as every seat starts), or the job stops when none is left."""
-        self._lost_early[seat] = (member, why)
+        """`member`, started for `seat`, died before the first view: a spare takes the seat in it."""
+        self._first.lost(seat, member, why)
         if not self._recovering:
             self._maybe_first_view()
 
     def _maybe_first_view(self) -> None:
-        if self.view is not None or self.outcome is not None or \
-                len(self._seats_joined | self._lost_early.keys()) < self.world_size:
-            return  # seats cannot all be filled yet (building the view on every Join made startup O(members^2))
-        seat_members = {r.seat_hint: r.member for r in self.members.values()
-                        if r.role == Role.ACTIVE and r.member not in self.fenced}
+        if self.view is not None or self.outcome is not None or not self._first.complete(self.world_size):
+            return
+        actives = {r.seat_hint: r.member for r in self.members.values()
+                   if r.role == Role.ACTIVE and r.member not in self.fenced}
         spares = [r.member for r in self.members.values() if r.role == Role.SPARE and r.member not in self.fenced]
-        refilled: dict[int, str] = {}
-        for seat in sorted(set(range(self.world_size)) - seat_members.keys()):
-            lost, why = self._lost_early.get(seat, ("?", "it left before the first view"))
-            if not spares:
-                if not self._starting():
-                    self._fail_job(f"rank {seat} ({lost}) failed before training started ({why}) and no spare is "
-                                   "left to take its seat; relaunch the job (with more --spares)")
-                return  # a spare still starting takes it once it joins
-            seat_members[seat] = refilled[seat] = spares.pop(0)
-        for seat, spare in refilled.items():
-            lost = self._lost_early[seat][0] if seat in self._lost_early else "?"
-            self._swaps.append(PendingSwap(seat, lost, spare, self._failure_wall.get(lost, self.wall()), FIRST_EPOCH))
-        if len(seat_members) < self.world_size:
-            return
-        resume, said = decisions.first_resume(self._config.resume,
-                                              [self._disk_steps.get(member, []) for member in seat_members.values()])
-        self._disk_steps.clear()
-        if resume is None:
-            self._fail_job(said)
-            return
-        view, reason = decisions.first_view(seat_members, self.world_size, spares, self._store_addr,
-                                            self._addrs.host, self._addrs.bulk, resume)
-        if view is not None:
-            if refilled:
-                reason += "; " + ", ".join(f"seat {seat} taken by spare {spare} (its member failed before the first "
-                                           "view)" for seat, spare in refilled.items())
-            failed = {seat: self._lost_early[seat][0] for seat in refilled if seat in self._lost_early}
-            self._commit(view, f"{reason}; {said}" if resume >= 0 else reason, failed=failed,
-                         trigger=Trigger.FIRST_VIEW)
+        plan = self._first.plan(self.world_size, actives, spares, self._starting(), self._config.resume,
+                                self._store_addr, self._addrs.host, self._addrs.bulk)
+        if plan.view is None:
+            if plan.outcome is Outcome.FAIL:
+                self._fail_job(plan.reason)
+            return  # WAIT: a spare still starting takes the lost seat once it joins
+        for seat, (lost, spare) in plan.refilled.items():
+            failed_at = self._failure_wall.get(lost, self.wall())
+            self._swaps.append(PendingSwap(seat, lost, spare, failed_at, plan.view.epoch))
+        self._commit(plan.view, plan.reason, failed={seat: lost for seat, (lost, _) in plan.refilled.items()},
+                     trigger=Trigger.FIRST_VIEW)
 
     def _add_spare(self, member: str, now: float) -> None:
         self._joining.waiting.append(member)
@@ -572,20 +545,16 @@ class Coordinator:
     def _on_finished(self, message: Finished) -> None:
         if self.view is None or self._views.seat_of(self.view, message.sender) != message.seat:
             return
-        self._finished[message.seat] = message
-        if len(self._finished) < self.world_size:
+        self._finished.record(message)
+        if not self._finished.complete(self.world_size):
             return
-        digests = {f.digest for f in self._finished.values()}
-        if len(digests) != 1:
-            self._fail_job(f"seats disagree on the final state digest: {sorted(digests)}")
+        digest, why = self._finished.digest()
+        if digest is None:
+            self._fail_job(why)
             return
-        digest = digests.pop()
         self.events.emit(Event.TRAINING_FINISHED, step=message.step, state_digest=digest, epoch=self.view.epoch,
-                         **_untracked_rollback(self._finished))
+                         **self._finished.untracked_rollback())
         self._end(True, f"training finished at step {message.step}; final state digest {digest}")
-
-    def _seat_finished(self, member: str) -> bool:
-        return any(f.sender == member for f in self._finished.values())
 
     def _fail_job(self, reason: str, cause: str = "", **fields: Any) -> None:
         """End the job as failed; `reason` is the prose, `cause` (if any) the machine field (``user_error``).
@@ -609,7 +578,7 @@ class Coordinator:
         if self.outcome is not None:
             return
         self.outcome = (ok, reason)
-        live = [m for m in self.members if m not in self.fenced and not self._seat_finished(m)]
+        live = [m for m in self.members if m not in self.fenced and not self._finished.by(m)]
         self._broadcast(live, Stop(ok, reason), relay=False)  # not through agents: their own Stop ends them
         for agent in self.agents.values():
             self.send(agent.control_addr, Stop(ok, reason))
@@ -686,7 +655,7 @@ class Coordinator:
             self._maybe_first_view()
         silent = self.coverage.silent(now, self._config.failure_timeout, self._live,
                                      lambda m: self.members[m].last_seen if m in self.members else float("-inf"))
-        for member in [m for m in silent if m in self.fenced or self._seat_finished(m)]:
+        for member in [m for m in silent if m in self.fenced or self._finished.by(m)]:
             self._live.forget(member)  # no longer watched
             self.coverage.forget(member)
             del silent[member]
@@ -727,13 +696,3 @@ class Coordinator:
         hostbeats.settle(self)
         return status_document(self, now)
 
-
-def _untracked_rollback(finished: dict[int, Finished]) -> dict[str, Any]:
-    """``training_finished``'s ``untracked_rollback``, from the lowest seat whose restore left a data loader no
-    snapshot holds where it was (nothing when none did): the final state may differ from a failure-free run's."""
-    for seat in sorted(finished):
-        f = finished[seat]
-        if f.untracked_loader:
-            return {"untracked_rollback": {"loader": f.untracked_loader, "where": f.untracked_where,
-                                           "view": f.untracked_view, "rank": seat}}
-    return {}

@@ -68,3 +68,6 @@ class Event(enum.StrEnum):
     # seen (points it passed in its first step), ended (how the member's run ended), why: written by a launcher at
     # the end for a spec of its host's workers that never fired (the launch then exits with status 4)
     CHAOS_NOT_FIRED = "chaos_not_fired"
+    # groups (the store prefixes of the communicators), reason, s (the batch's seconds), late and failed (those that
+    # did not return within the bound, or raised): a worker aborted communicators together (NCCL, the stand-in)
+    GROUPS_ABORTED = "groups_aborted"

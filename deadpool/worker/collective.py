@@ -11,6 +11,7 @@ one fails (the gloo facts behind this are in docs/architecture.md).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -30,12 +31,14 @@ from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CollectiveFailed
 from deadpool.protocol.view import View
-from deadpool.worker import dtensors, pipelining
+from deadpool.worker import dtensors, nccl, pipelining
+from deadpool.worker.communicators import Communicators, Kind
 from deadpool.worker.exit import GUARD
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.groups import install_default_group
 from deadpool.worker.mesh import MeshDim, MeshGroup, Rebuilt, SeatGroups, in_backward
 from deadpool.worker.propagation import Decisions
+from deadpool.worker.standin import StandInGroup
 from deadpool.worker.step import StepState
 
 log = logging.getLogger("deadpool")
@@ -56,7 +59,8 @@ def create_group(
     interrupted: Callable[[], bool],
     connect_timeout: float,
     hostname: str = "127.0.0.1",
-) -> ProcessGroupGloo:
+    wrap: Callable[[ProcessGroupGloo], Any] | None = None,
+) -> Any:
     """Build a gloo group under `prefix`, abandoning the attempt when interrupted.
 
     The constructor's full-mesh connect cannot be cancelled, so it runs in a
@@ -66,7 +70,8 @@ def create_group(
     `hostname` is the address gloo listens on and tells its peers: the
     worker's bind address (``WorkerEnv.bind_host``, set from ``deadpool launch
     --bind-host``), so that peers on other hosts can connect (127.0.0.1 only
-    works on one machine).
+    works on one machine).  `wrap` makes the communicator of the gloo group, in the same helper thread
+    (NCCL's beside it, or the stand-in around it: ``communicators.py``); None: the gloo group itself.
 
     Raises:
         CollectiveAborted: interrupted, or the constructor failed (a peer died meanwhile).
@@ -75,13 +80,14 @@ def create_group(
     options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     options._timeout = timedelta(seconds=timeout)
     options._devices = [ProcessGroupGloo.create_device(hostname=hostname)]
-    result: list[ProcessGroupGloo] = []
+    result: list[Any] = []
     failure: list[BaseException] = []
     done = threading.Event()
 
     def build() -> None:
         try:
-            result.append(ProcessGroupGloo(PrefixStore(prefix, store), rank, world_size, options))
+            gloo = ProcessGroupGloo(PrefixStore(prefix, store), rank, world_size, options)
+            result.append(gloo if wrap is None else wrap(gloo))
         except Exception as err:
             failure.append(err)
         finally:
@@ -223,8 +229,12 @@ class GroupCollectives:
         gate: Callable[[], bool],
         timeout: float,
         bind_host: str,
+        communicators: Communicators,
+        kind: Kind = Kind.GLOO,
+        device: torch.device | None = None,
+        standin_aborts: bool = True,
     ) -> None:
-        self.group: Any = None  # the current view's ProcessGroupGloo (None: retired, or not seated yet)
+        self.group: Any = None  # the current view's communicator (None: retired, or not seated yet)
         self._member = member
         self._state = state
         self._handoff = handoff
@@ -233,6 +243,10 @@ class GroupCollectives:
         self._gate = gate
         self._timeout = timeout
         self._bind_host = bind_host
+        self.communicators = communicators
+        self._kind = kind
+        self._device = device  # NCCL's CUDA device
+        self._standin_aborts = standin_aborts
         self._waiter = Waiter(handoff.condition, lambda: handoff.interrupted(state.epoch))
         self.subgroups: SeatGroups | None = None  # rt.device_mesh's groups and the script's own, once it made one
         self.decisions: Decisions | None = None  # DTensor's sharding decisions over rt.device_mesh
@@ -266,7 +280,7 @@ class GroupCollectives:
         pipelining.rebuilt(self)
 
     def seat_mesh(self, shape: Sequence[int], names: Sequence[str], view: View, seat: int,
-                  first: bool) -> DeviceMesh:
+                  first: bool, device_type: str = "cpu") -> DeviceMesh:
         """This seat's mesh in `view`, with torch's default group (a DeviceMesh needs one) installed.
 
         `first`: the job's first view, which the seat takes without a restore: its groups are built
@@ -278,7 +292,7 @@ class GroupCollectives:
             MisuseError: the shape does not cover the view's seats.
         """
         subgroups = self._seat_subgroups(view, seat)
-        mesh = subgroups.add_mesh(shape, names, view.world_size)
+        mesh = subgroups.add_mesh(shape, names, view.world_size, device_type)
         self.decisions = Decisions(mesh)
         if first:
             self._first_build(subgroups, view)
@@ -323,26 +337,52 @@ class GroupCollectives:
         GUARD.retire(store)
         return store
 
-    def _builder(self, view: View) -> Callable[..., ProcessGroupGloo]:
-        """`build(prefix, rank, size, store=None)`: one gloo group of `view`, given up on when a newer view comes.
+    def _builder(self, view: View) -> Callable[..., Any]:
+        """`build(prefix, rank, size, store=None, seats=None)`: one communicator of `view` over `seats` (every seat
+        for None), of this worker's kind, registered with the communicators; given up on when a newer view comes.
 
         Without `store`, the build has a store connection of its own: a TCPStore client runs one call
         at a time, so groups forming at once on one connection would wait behind each other's store
         waits, across processes too (a deadlock until the connect timeout).
         """
 
-        def build(prefix: str, rank: int, size: int, store: Store | None = None) -> ProcessGroupGloo:
-            return create_group(store if store is not None else self._connect(view), prefix, rank, size, self._timeout,
-                                lambda: self._handoff.interrupted(view.epoch),
-                                connect_timeout=self._timeout, hostname=self._bind_host)
+        def build(prefix: str, rank: int, size: int, store: Store | None = None,
+                  seats: Sequence[int] | None = None) -> Any:
+            connection = store if store is not None else self._connect(view)
+            wrap, abort = self._communicator(connection, prefix, rank, size)
+            group = create_group(connection, prefix, rank, size, self._timeout,
+                                 lambda: self._handoff.interrupted(view.epoch),
+                                 connect_timeout=self._timeout, hostname=self._bind_host, wrap=wrap)
+            self.communicators.add(prefix, range(view.world_size) if seats is None else seats, group,
+                                   None if abort is None else functools.partial(abort, group))
+            return group
 
         return build
+
+    def _communicator(self, store: Store, prefix: str, rank: int,
+                      size: int) -> tuple[Callable[[Any], Any] | None, Callable[[Any], None] | None]:
+        """How this worker's kind makes a communicator of a gloo group, and how it aborts one (None: it cannot)."""
+        if self._kind is Kind.STANDIN:
+            aborts = self._standin_aborts
+            return (lambda gloo: StandInGroup(gloo, self._timeout, prefix, aborts)), StandInGroup.abort
+        if self._kind is Kind.NCCL:
+            device = self._device
+            assert device is not None
+            return (lambda gloo: nccl.create(store, prefix, rank, size, self._timeout, gloo, device)), nccl.abort
+        return None, None
+
+    def usable(self, communicator: Any) -> bool:
+        return self.communicators.usable(communicator)
+
+    def retired(self, communicator: Any) -> None:
+        self.communicators.retire(communicator)
 
     def retire(self) -> None:
         """Set the current group aside without destroying it: destroying a group with an op in flight
         blocks until the op times out, and gloo aborts the process if it is destructed later."""
         if self.group is not None:
             GUARD.retire(self.group)
+            self.communicators.retire(self.group)
         self.group = None
 
     def poison(self, err: BaseException) -> None:

@@ -56,6 +56,14 @@ class MeshCollectives(Protocol):
         locally."""
         ...
 
+    def usable(self, communicator: Any) -> bool:
+        """`communicator` was not aborted: collectives may still be issued on it."""
+        ...
+
+    def retired(self, communicator: Any) -> None:
+        """A rebuild replaced `communicator`: it is set aside (and aborted where the backend can)."""
+        ...
+
     def wait_bounded(self, work: dist.Work, what: str, seats: Sequence[int]) -> None:
         """Wait for `work` until it completes, the group timeout, or a Prepare that declares one of `seats` dead.
 
@@ -124,7 +132,7 @@ class MeshGroup(SeatGroup):
         dim.p2p = dim.p2p or op in POINT_TO_POINT
         if self._collectives.abandoned():  # this seat stopped the step: it issues nothing more (a peer left
             return None  # waiting on it ends that wait at its pause notice, PeerPaused)
-        if dim.broken or dim.inner is None:
+        if dim.broken or dim.inner is None or not self._collectives.usable(dim.inner):
             dim.dirty = dim.dirty or dim.inner is not None
             return None
         try:
@@ -139,7 +147,8 @@ class MeshGroup(SeatGroup):
     def completes_locally(self) -> bool:
         """A collective issued now completes on this seat alone: the group is not built (a spare, or a first
         build a failure interrupted), a collective on it failed this step, or this seat stopped the lost step."""
-        return self.dim.broken or self.dim.inner is None or self._collectives.abandoned()
+        return self.dim.broken or self.dim.inner is None or self._collectives.abandoned() or \
+            not self._collectives.usable(self.dim.inner)
 
     def _await(self, work: dist.Work, op: Op) -> bool:
         try:
@@ -234,7 +243,7 @@ class SeatGroups:
         self.groups.append(group)
         return group
 
-    def add_mesh(self, shape: Sequence[int], names: Sequence[str], world: int) -> DeviceMesh:
+    def add_mesh(self, shape: Sequence[int], names: Sequence[str], world: int, device_type: str = "cpu") -> DeviceMesh:
         """The script's mesh of `shape` over the job's `world` seats (row-major): a group per dimension.
 
         Raises:
@@ -251,7 +260,7 @@ class SeatGroups:
         groups = [self.add(dim) for dim in mesh_dims(shape, names, self._seat)]
         LocalScatter.install()
         return DeviceMesh.from_group(
-            list[dist.ProcessGroup](groups), "cpu", mesh=torch.arange(world).view(*shape), mesh_dim_names=names,
+            list[dist.ProcessGroup](groups), device_type, mesh=torch.arange(world).view(*shape), mesh_dim_names=names,
         )
 
     def dirty_groups(self) -> list[str]:
@@ -264,10 +273,10 @@ class SeatGroups:
         """The members this seat shares a mesh group with in `view` (told where it paused for a Prepare)."""
         return sorted({view.seats[seat] for dim in self.dims for seat in dim.seats if seat != self._seat})
 
-    def rebuild(self, view: View, build: Callable[[str, int, int], Any]) -> Rebuilt:
-        """Give the groups that need it a new gloo group under `view`'s prefix, in parallel; keep the others.
+    def rebuild(self, view: View, build: Callable[..., Any]) -> Rebuilt:
+        """Give the groups that need it a new communicator under `view`'s prefix, in parallel; keep the others.
 
-        `build(prefix, group_rank, group_size)` builds one (on a store connection of its own).
+        `build(prefix, group_rank, group_size, seats=...)` builds one (on a store connection of its own).
 
         Raises:
             CollectiveAborted: interrupted by a newer view, or a peer died meanwhile.
@@ -286,7 +295,8 @@ class SeatGroups:
             try:
                 with concurrent.futures.ThreadPoolExecutor(len(todo), thread_name_prefix="deadpool-mesh") as pool:
                     futures = {dim.name: pool.submit(build, f"{view.store_prefix}/mesh/{dim.name}",
-                                                     self.groups[self.dims.index(dim)].rank(), len(dim.seats))
+                                                     self.groups[self.dims.index(dim)].rank(), len(dim.seats),
+                                                     seats=dim.seats)
                                for dim in todo}
                     built = {name: future.result() for name, future in futures.items()}
             except BaseException:
@@ -298,6 +308,7 @@ class SeatGroups:
             for dim in todo:
                 if dim.inner is not None:
                     GUARD.retire(dim.inner)
+                    self._collectives.retired(dim.inner)
                 dim.inner = built[dim.name]
                 dim.members = tuple(view.seats[seat] for seat in dim.seats)
                 dim.dirty = dim.p2p = False

@@ -41,6 +41,7 @@ from deadpool.worker import dcp, dtensors
 from deadpool.worker import rng as rng_mod
 from deadpool.worker import zero as zero_mod
 from deadpool.worker.collective import GroupCollectives
+from deadpool.worker.communicators import Communicators, communicator_kind
 from deadpool.worker.data import DataSeats, LoaderWatch, TrackedLoader, UntrackedLoader
 from deadpool.worker.ddp import DEFAULT_BUCKET_MB, DataParallel
 from deadpool.worker.exit import GUARD, ExceptionReport
@@ -96,9 +97,12 @@ class Runtime:
         self._thread.role_and_host = (self.role, self.host)
         self._thread.start()
         self._faults = FaultInjector(env, self._state, self._handoff, self.events, self._thread.partition)
+        communicators = Communicators(self.events)
+        self._handoff.on_loss(lambda seats: communicators.abort_holding(seats, "a Prepare declared seats lost"))
+        kind, device = communicator_kind(env, self.config.pg_timeout)
         self._collectives = GroupCollectives(
             self.member, self._state, self._handoff, self.events, self._faults, self._gate,
-            self.config.pg_timeout, env.bind_host,
+            self.config.pg_timeout, env.bind_host, communicators, kind, device, env.standin_aborts,
         )
         self._disk = DiskCheckpointer(self.config.checkpoint_dir, self.config.checkpoint_every)
         self._snapshots = SnapshotStore(
@@ -221,7 +225,7 @@ class Runtime:
         self._data_seats.add(sampler)
         return sampler
 
-    def device_mesh(self, shape: Sequence[int], names: Sequence[str]) -> DeviceMesh:
+    def device_mesh(self, shape: Sequence[int], names: Sequence[str], device_type: str = "cpu") -> DeviceMesh:
         """A torch ``DeviceMesh`` of the job's seats (row-major), for ``fully_shard`` and ``parallelize_module``.
 
         Its groups keep their identity across swaps while DeadPool replaces the gloo groups behind
@@ -229,7 +233,8 @@ class Runtime:
         a seat (its seat decides which shards it holds; the Prepare of the swap says, so it wraps its
         model while the survivors finish their step), so that it wraps its model exactly as the
         seat's old member did; its state is restored when it reaches ``rt.steps()``.  A spare released
-        before it was needed exits here (status 0).
+        before it was needed exits here (status 0).  `device_type`: where the mesh's tensors live ("cuda":
+        their collectives go to NCCL where ``deadpool launch --backend`` allows).
 
         Raises:
             MisuseError: called twice or after the first step, or the shape does not cover the seats.
@@ -242,7 +247,8 @@ class Runtime:
         # for a seat, not while the survivors wait for it to wrap its model.
         importlib.import_module("torch._dynamo")
         seating = self._seating()
-        mesh = self._collectives.seat_mesh(shape, names, seating.view, seating.seat, first=seating.first)
+        mesh = self._collectives.seat_mesh(shape, names, seating.view, seating.seat, first=seating.first,
+                                           device_type=device_type)
         self._sharded = True
         self._progress.answers_early = False  # a mesh seat's PrepareAck lists the groups its step left dirty
         return mesh

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import References
 from launch_util import REPO, LaunchResult, launch
 
 pytestmark = pytest.mark.e2e
@@ -29,11 +30,8 @@ def run(tmp_path: Path, *chaos: str) -> LaunchResult:
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
-    result = run(tmp_path_factory.mktemp("experts"))
-    assert result.returncode == 0 and result.digest, result.output[-3000:]
-    assert not result.of("member_failed")
-    return result
+def baseline(references: References) -> LaunchResult:
+    return references.get(SCRIPT, ("--nproc", "4", "--spares", "1"), (), STEPS)
 
 
 def test_every_token_reaches_one_expert_of_its_group(baseline: LaunchResult) -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch_util import REFERENCE_STEPS, LaunchResult, launch
+from conftest import References
+from launch_util import DEMO, REFERENCE_STEPS, LaunchResult, launch
 
 from deadpool.snapshot import shm
 
@@ -116,12 +117,8 @@ def test_no_spare_left_stops_with_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def zero_baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
-    result = launch(tmp_path_factory.mktemp("zero"), "--nproc", "4", "--spares", "1", steps=STEPS,
-                    script_args=("--zero",))
-    assert result.returncode == 0, result.output[-3000:]
-    assert result.digest, result.output[-3000:]
-    return result
+def zero_baseline(references: References) -> LaunchResult:
+    return references.get(DEMO, ("--nproc", "4", "--spares", "1"), ("--zero",), STEPS)
 
 
 @pytest.mark.parametrize("chaos", ["kill:rank=2:step=8", "kill:rank=1:step=8:at=broadcast"])

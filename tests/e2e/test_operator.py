@@ -291,7 +291,8 @@ def test_job_finishes_with_progress_and_plots(job: LiveJob, capsys: pytest.Captu
     assert result.returncode == 0, output[-3000:]
     assert result.digest and len(result.of("swap_completed")) == 2
     assert_no_survivors(result)
-    assert re.search(r"^deadpool: step \d+ \| [\d,]+ tok/s \| spares \d \| view epoch \d+", output, re.MULTILINE), output
+    progress_line = r"^deadpool: step \d+ \| [\d,]+ tok/s \| spares \d \| view epoch \d+"
+    assert re.search(progress_line, output, re.MULTILINE), output
     assert "Prometheus metrics at http://127.0.0.1:" in output
 
     assert job.watch is not None

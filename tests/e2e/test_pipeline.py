@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import References
 from launch_util import REPO, LaunchResult, launch
 
 pytestmark = pytest.mark.e2e
@@ -32,11 +33,8 @@ def run(tmp_path: Path, *chaos: str) -> LaunchResult:
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
-    result = run(tmp_path_factory.mktemp("pipeline"))
-    assert result.returncode == 0 and result.digest, result.output[-3000:]
-    assert not result.of("member_failed")
-    return result
+def baseline(references: References) -> LaunchResult:
+    return references.get(LLAMA, ("--nproc", "4", "--spares", "1"), PIPELINE, STEPS)
 
 
 def test_the_last_stage_reports_the_loss_of_every_step(baseline: LaunchResult) -> None:

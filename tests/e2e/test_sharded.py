@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import References
 from launch_util import REPO, LaunchResult, launch
 
 pytestmark = pytest.mark.e2e
@@ -50,10 +51,8 @@ def mesh_baseline(tmp_path_factory: pytest.TempPathFactory, mesh_saves: Path) ->
 
 
 @pytest.fixture(scope="module")
-def fsdp_baseline(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
-    result = run(tmp_path_factory.mktemp("fsdp"), FSDP_4)
-    assert result.returncode == 0 and result.digest, result.output[-3000:]
-    return result
+def fsdp_baseline(references: References) -> LaunchResult:
+    return references.get(LLAMA, ("--nproc", "4", "--spares", "1"), FSDP_4, STEPS)
 
 
 def assert_recovered(result: LaunchResult, baseline: LaunchResult, seats: list[int]) -> None:

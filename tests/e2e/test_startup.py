@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import References
+from deadpool.tools import request
 from launch_util import REPO, LaunchResult, assert_no_survivors, launch, read_events
 
 from deadpool.agent import jobfile
-from deadpool.tools import request
 
 pytestmark = pytest.mark.e2e
 
@@ -26,22 +27,18 @@ TINY = REPO / "tests" / "fixtures" / "tiny_train.py"
 LLAMA = REPO / "demos" / "train_llama.py"
 DDP_JOB = ("--nproc", "3", "--spares", "1")
 MESH_JOB = ("--nproc", "4", "--spares", "1")
-MESH_ARGS = ("--fsdp", "--tp", "2", "--size", "tiny")
+MESH_ARGS = ("--size", "tiny", "--fsdp", "--tp", "2")
 STEPS = 6
 
 
 @pytest.fixture(scope="module")
-def ddp_reference(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
-    result = launch(tmp_path_factory.mktemp("ddp-ref"), *DDP_JOB, script=TINY, steps=STEPS)
-    assert result.returncode == 0 and result.digest, result.output[-3000:]
-    return result
+def ddp_reference(references: References) -> LaunchResult:
+    return references.get(TINY, DDP_JOB, (), STEPS)
 
 
 @pytest.fixture(scope="module")
-def mesh_reference(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
-    result = launch(tmp_path_factory.mktemp("mesh-ref"), *MESH_JOB, script=LLAMA, steps=STEPS, script_args=MESH_ARGS)
-    assert result.returncode == 0 and result.digest, result.output[-3000:]
-    return result
+def mesh_reference(references: References) -> LaunchResult:
+    return references.get(LLAMA, MESH_JOB, MESH_ARGS, STEPS)
 
 
 def assert_started_again(result: LaunchResult, reference: LaunchResult, seat: int) -> None:

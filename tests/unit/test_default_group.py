@@ -28,6 +28,7 @@ from deadpool.protocol.messages import CollectiveFailed
 from deadpool.protocol.view import View
 from deadpool.worker import groups
 from deadpool.worker.collective import GroupCollectives
+from deadpool.worker.communicators import Communicators
 from deadpool.worker.exit import ExitGuard
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.groups import DefaultGroup, install_default_group
@@ -291,7 +292,7 @@ def seat(chaos: tuple[ChaosSpec, ...] = ()) -> tuple[GroupCollectives, StepState
     events = EventLog(None, member="m0", source="worker")
     injector = FaultInjector(env, state, handoff, events, partition=type("Switch", (), {"cut": False})())
     collectives = GroupCollectives("m0", state, handoff, events, injector, lambda: True, timeout=0.05,
-                                   bind_host="127.0.0.1")
+                                   bind_host="127.0.0.1", communicators=Communicators(events))
     return collectives, state, recorder
 
 

@@ -43,7 +43,7 @@ def test_a_rebuild_that_fails_leaves_every_group_it_was_building_dirty() -> None
     mesh.dims = mesh_dims((2, 2), ("dp", "tp"), 0)
     mesh.groups = [MeshGroup(dim, Runtime(), 0) for dim in mesh.dims]
 
-    def build(prefix: str, rank: int, size: int) -> object:
+    def build(prefix: str, rank: int, size: int, seats: object = None) -> object:
         if "tp" in prefix:
             raise CollectiveAborted(f"building group {prefix}", "interrupted by a newer view", interrupted=True)
         return Sums()
@@ -75,6 +75,12 @@ class Runtime:
 
     def abandoned(self) -> bool:
         return False
+
+    def usable(self, communicator: Any) -> bool:
+        return True
+
+    def retired(self, communicator: Any) -> None:
+        pass
 
 
 class Done:

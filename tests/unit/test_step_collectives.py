@@ -26,6 +26,7 @@ from deadpool.events.log import EventLog
 from deadpool.protocol.messages import ChaosInjected, CollectiveFailed, Prepare
 from deadpool.protocol.view import DISK_SOURCE, View
 from deadpool.worker.collective import GroupCollectives, Waiter
+from deadpool.worker.communicators import Communicators
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.lost_step import AbandonableBackward
 from deadpool.worker.mesh import MeshDim, MeshGroup
@@ -82,7 +83,7 @@ def make(chaos: tuple[ChaosSpec, ...] = (), gate: bool = True) -> tuple[GroupCol
     events = EventLog(None, member="m0", source="worker")
     injector = FaultInjector(env, state, handoff, events, partition=type("Switch", (), {"cut": False})())
     collectives = GroupCollectives("m0", state, handoff, events, injector, lambda: gate, timeout=5.0,
-                                   bind_host="127.0.0.1")
+                                   bind_host="127.0.0.1", communicators=Communicators(events))
     return collectives, state, handoff, recorder
 
 
