@@ -112,6 +112,7 @@ def test_an_operators_kill_as_status_first_lists_the_seats_is_repaired(tmp_path:
     assert_started_again(result, ddp_reference, 1)
 
 
+@pytest.mark.full_matrix
 def test_an_operators_kill_of_a_mesh_seat_as_status_first_lists_the_seats_is_repaired(
         tmp_path: Path, mesh_reference: LaunchResult) -> None:
     result = kill_when_status_lists_the_seats(tmp_path, MESH_JOB, LLAMA, MESH_ARGS)
