@@ -94,13 +94,12 @@ def communicator_kind(env: WorkerEnv, collective_timeout: float) -> tuple[Kind, 
 
 @dataclass
 class Communicator:
-    """One built communicator: the group it serves, the seats it holds, and whether it was aborted."""
+    """One built communicator: the group it serves and the seats it holds."""
 
     name: str  # the store prefix it was built under
     seats: frozenset[int]  # the job's seats it connects
     backend: Any  # what collectives are issued on (a torch ProcessGroup, or the stand-in)
     abort: Callable[[], None] | None  # None: the backend cannot abort (gloo)
-    aborted: bool = False
 
 
 class Communicators:
@@ -137,7 +136,7 @@ class Communicators:
         """Set `backend` aside: no longer live; aborted where it can be."""
         with self._lock:
             communicator = self._live.pop(id(backend), None)
-        if communicator is not None and communicator.abort is not None and not communicator.aborted:
+        if communicator is not None and communicator.abort is not None:
             self._submit([communicator], "set aside")
 
     def abort_holding(self, seats: Iterable[int], why: str) -> None:
@@ -145,8 +144,7 @@ class Communicators:
         Returns at once; the aborts run on the aborter thread."""
         lost = frozenset(seats)
         with self._lock:
-            batch = [c for c in self._live.values()
-                     if c.abort is not None and not c.aborted and (not lost or c.seats & lost)]
+            batch = [c for c in self._live.values() if c.abort is not None and (not lost or c.seats & lost)]
         if batch:
             self._submit(batch, why)
 
@@ -155,10 +153,13 @@ class Communicators:
         return self._idle.wait(timeout)
 
     def _submit(self, batch: list[Communicator], why: str) -> None:
+        """Queue the aborts of those of `batch` not aborted yet (asked for once: a rebuild may set aside one that a
+        Prepare had aborted already, on another thread)."""
         with self._lock:
-            for communicator in batch:
-                communicator.aborted = True  # from now on nothing is issued on it
-                self._aborted.add(id(communicator.backend))
+            batch = [c for c in batch if id(c.backend) not in self._aborted]
+            if not batch:
+                return
+            self._aborted.update(id(c.backend) for c in batch)  # from now on nothing is issued on them
             self._pending += 1
             self._idle.clear()
             if self._thread is None:
@@ -170,9 +171,12 @@ class Communicators:
         while (item := self._aborts.get()) is not None:
             batch, why = item
             started = time.perf_counter()
-            with concurrent.futures.ThreadPoolExecutor(len(batch), thread_name_prefix="deadpool-abort") as pool:
-                futures = {pool.submit(c.abort): c for c in batch if c.abort is not None}
-                done, late = concurrent.futures.wait(futures, ABORT_BOUND_S)
+            by_name = {c.name: c for c in batch}
+            pool = concurrent.futures.ThreadPoolExecutor(len(batch), thread_name_prefix="deadpool-abort")
+            ordered = [by_name[name] for name in nccl.abort_order(list(by_name))]  # started in one order everywhere
+            futures = {pool.submit(c.abort): c for c in ordered if c.abort is not None}
+            done, late = concurrent.futures.wait(futures, ABORT_BOUND_S)
+            pool.shutdown(wait=False)  # an abort that did not return within the bound is left behind, not joined
             failed = [futures[f].name for f in done if f.exception() is not None]
             seconds = time.perf_counter() - started
             if late or failed:
