@@ -484,6 +484,9 @@ class GroupCollectives:
         this step's forward, after abandoning this step's backward (``abandons_backward``). A Prepare for other
         seats does not cut it short: the group's seats all issue it, so it completes (a seat of the dead
         one's group may wait on it without a direct connection, so gloo would not fail it before its timeout).
+        Before the first step (the script's wrapping) any newer Prepare cuts it short: a peer whose first groups
+        did not form completes its wrapping alone and never issues it, and every seat starts again from the
+        initial state anyway.
 
         Raises:
             CollectiveAborted: it failed, timed out, or lost a seat.
@@ -493,7 +496,8 @@ class GroupCollectives:
         members = [state.view.seats[seat] for seat in seats] if state.view is not None else []
         past_forward = state.backward_issued or in_backward()  # a collective no seat that abandoned this step issues
         waiter = Waiter(handoff.condition, lambda: handoff.lost_any(epoch, seats) or
-                        handoff.peer_stopped_before(epoch, members, step, past_forward))
+                        handoff.peer_stopped_before(epoch, members, step, past_forward) or
+                        (step < 0 and handoff.interrupted(epoch)))
         waiter.wait(work, f"{what} (step {self._state.step})", self._timeout)
 
     # -- the script's own collectives (torch's default group, groups.py) ------------------------
