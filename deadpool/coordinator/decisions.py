@@ -240,10 +240,32 @@ def plan_restore(
     if not common:
         if unheld is not None:
             return None, {}, _nothing_held(*unheld, failed)
-        return None, {}, "no snapshot step common to every seat"
+        holdings = [set(fetched[seat]) if seat in fetched else set(report.local_steps if report else ())
+                    for seat, report in enumerate(answered)]
+        return None, {}, _no_common_step(holdings, buddies, failed)
     best = max(common)
     sources = {seat: source for seat, held in fetched.items() if (source := held[best]) is not None}
     return best, sources, f"step {best} is the newest held by every seat"
+
+
+def _no_common_step(holdings: Sequence[set[int]], buddies: Sequence[int], failed: set[int]) -> str:
+    """Why no step is held for every seat: the step held for the most seats (the newest of those), and
+    the seats it is missing for, with where their copy was."""
+    counts: dict[int, int] = {}
+    for held in holdings:
+        for step in held:
+            counts[step] = counts.get(step, 0) + 1
+    best = max(counts, key=lambda step: (counts[step], step))
+    short = [seat for seat, held in enumerate(holdings) if best not in held]
+    reason = f"no snapshot step common to every seat: step {best} is held for every seat but seat(s) {short}"
+    seat = short[0]
+    buddy_seat = buddies[seat]
+    if buddy_seat in failed and buddy_seat != seat:
+        reason += (f"; seat {seat}'s copy of it was on seat {buddy_seat}, which was lost: "
+                   f"no copy of its state survives in memory at step {best}")
+    else:
+        reason += f"; seat {seat} holds steps {sorted(holdings[seat])} only"
+    return reason
 
 
 def _nothing_held(seat: int, buddy_seat: int, failed: set[int]) -> str:

@@ -99,6 +99,19 @@ def test_resume_step_falls_back_when_buddy_lags() -> None:
     assert step is None and "no snapshot step common" in reason
 
 
+def test_no_common_step_names_the_seat_whose_copy_was_lost() -> None:
+    # Seat 2's replacement holds step 4 only; its copy of step 6 was on seat 3, lost in this round.
+    view = make_view()
+    reports = {
+        "m0": held([5, 6], {3: [5, 6]}),
+        "m1": held([5, 6], {0: [5, 6]}),
+        "m2": held([4], {1: [5, 6]}),
+    }
+    step, reason = resume_step(view, [3], reports)
+    assert step is None and "seat 2" in reason and "seat 3, which was lost" in reason
+    assert "step 6" in reason and "no copy of its state survives" in reason
+
+
 def test_interrupted_adoption_restores_from_the_buddy_again() -> None:
     # Seat 2's spare was adopted, but a second failure interrupted it before it restored anything.
     view = make_view()
