@@ -59,7 +59,7 @@ class ChaosPoint(enum.StrEnum):
     ALLREDUCE = "allreduce"
     BROADCAST = "broadcast"
     USER_COLLECTIVE = "usercollective"  # the script's own collective on the default group or its own group
-    ALLGATHER = "allgather"  # an all-gather on a mesh group (FSDP2's, DTensor's), in flight (worker/mesh.py)
+    ALLGATHER = "allgather"  # an all-gather on a mesh group (FSDP2's, DTensor's), in flight (worker/groups/mesh.py)
     REDUCESCATTER = "reducescatter"  # a reduce-scatter on a mesh group (FSDP2's gradients), in flight
     FORWARD = "forward"  # another collective on a mesh group in forward (tensor parallel's all-reduce)
     P2P = "p2p"  # a send or recv on a mesh group (a pipeline stage's activations or gradients), in flight
@@ -70,8 +70,8 @@ class ChaosPoint(enum.StrEnum):
     SNAPSHOT = "snapshot"  # the first snapshot (of the initial state) taken, not yet confirmed by the buddy
 
 
-# Where each point is, as the worker's code passes it (``worker/ddp.py``, ``collective.py``, ``mesh.py``,
-# ``groups.py``): what a spec's ``at=`` means for the script's parallelism, in the warnings and closing lines.
+# Where each point is, as the worker's code passes it (``worker/ddp.py``, ``groups/hub.py``, ``groups/mesh.py``,
+# ``groups/default.py``): what a spec's ``at=`` means for the script's parallelism, in the warnings and closing lines.
 WHERE = {
     ChaosPoint.BOUNDARY: "the start of the step",
     ChaosPoint.BACKWARD: "rt.ddp's gradient hooks, or a mesh collective inside a backward other than an all-gather, "

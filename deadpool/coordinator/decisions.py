@@ -264,7 +264,7 @@ def _no_common_step(holdings: Sequence[set[int]], buddies: Sequence[int], failed
         reason += (f"; seat {seat}'s copy of it was on seat {buddy_seat}, which was lost: "
                    f"no copy of its state survives in memory at step {best}")
     else:
-        reason += f"; seat {seat} holds steps {sorted(holdings[seat])} only"
+        reason += f"; seat {seat}'s state survives in memory at steps {sorted(holdings[seat])} only"
     return reason
 
 

@@ -1,7 +1,7 @@
 """The script's own ``torch.distributed.checkpoint`` saves and loads in a lost step.
 
 A distributed save is planned with collectives on the default group (each seat's plan gathered,
-a global plan checked and scattered back). In a lost step those complete locally (groups.py,
+a global plan checked and scattered back). In a lost step those complete locally (groups/default.py,
 objects.py): the coordinator seat would check a global plan made of its own plan in every place,
 fail, and raise ``CheckpointException`` in the script, a second failure the job may not survive
 (the seat and its buddy's dead peer lost together). The step is replayed from the restore, save

@@ -25,7 +25,7 @@ from deadpool.worker.lost_step import AbandonableForward, StepAbandoned
 if TYPE_CHECKING:
     from torch.distributed import Work
 
-    from deadpool.worker.collective import StepCollectives
+    from deadpool.worker.groups.hub import StepCollectives
 
 DEFAULT_BUCKET_MB = 25.0  # torch DDP's bucket_cap_mb: the demo's 13 MB of gradients are one bucket
 # Buffers broadcast from seat 0 (DDP's broadcast_buffers): floating and integer ones.

@@ -12,7 +12,7 @@ of a lost backward is abandoned: DeadPool's gradient hooks raise
 installed around ``torch.autograd.backward`` swallows, so ``loss.backward()``
 returns at once instead of computing gradients nobody will use.  On a mesh
 (``rt.device_mesh``) the backward stops at its first collective when the step
-is already lost by then (``mesh.py``).  A lost step's forward under ``rt.ddp``,
+is already lost by then (``groups/mesh.py``).  A lost step's forward under ``rt.ddp``,
 or of a mesh seat's tracked model, stops too, at the next submodule, and hands
 the script stand-ins shaped like the module's last output for inputs of the
 same shapes (``AbandonableForward``).

@@ -2,7 +2,7 @@
 
 Each is two or three tensor collectives: the pickled sizes, then the bytes. When the step is lost
 between them, the sizes may have come and the bytes not (a collective of a lost step completes
-locally, groups.py), and torch would unpickle bytes that never came: a traceback in the script,
+locally, groups/default.py), and torch would unpickle bytes that never came: a traceback in the script,
 or made-up objects. ``enable()`` (called when DeadPool's default group is installed) wraps them:
 a collective of DeadPool's groups that completes locally inside one ends it (``lost_locally``),
 and the call leaves the script's objects as a local collective leaves tensors: as they were, or

@@ -29,10 +29,10 @@ from deadpool.snapshot.checkpoint import load as checkpoint_load
 from deadpool.snapshot.statetree import Manifest, materialize, replicated_slice
 from deadpool.snapshot.store import SnapshotStore
 from deadpool.worker import rng as rng_mod
-from deadpool.worker.collective import GroupCollectives
 from deadpool.worker.exit import exit_fenced
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.fetch import Asked, PeerFetch, Restored
+from deadpool.worker.groups.hub import GroupCollectives
 from deadpool.worker.step import StepState
 
 SPARE_WAIT_S = 7 * 24 * 3600.0  # a spare may wait this long for a seat (the job's life, in practice)
@@ -363,7 +363,7 @@ class Recovery:
         grouping = time.perf_counter()
         if initial:
             self._faults.point(ChaosPoint.GROUPS, INITIAL_STEP)
-        self._collectives.rebuild(view, seat)
+        self._collectives.configure(view, seat)
         group_s = time.perf_counter() - grouping
         if pending is not None:
             restored = pending()

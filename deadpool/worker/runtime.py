@@ -3,7 +3,7 @@
 The training loop stays the user's; ``rt.steps()`` is where the runtime gets
 control between steps.  This module holds the public API, the step loop, what
 a snapshot captures and when, and the pre-step gate; taking a seat is
-``recovery.py``'s, the step's collectives are ``collective.py``'s, and the end
+``recovery.py``'s, the step's collectives are ``groups/hub.py``'s, and the end
 of the process is ``exit.py``'s.
 """
 
@@ -40,13 +40,14 @@ from deadpool.snapshot.store import Slot, SnapshotStore
 from deadpool.worker import dcp, dtensors
 from deadpool.worker import rng as rng_mod
 from deadpool.worker import zero as zero_mod
-from deadpool.worker.collective import GroupCollectives
-from deadpool.worker.communicators import Communicators, communicator_kind
 from deadpool.worker.data import DataSeats, LoaderWatch, TrackedLoader, UntrackedLoader
 from deadpool.worker.ddp import DEFAULT_BUCKET_MB, DataParallel
 from deadpool.worker.exit import GUARD, ExceptionReport
 from deadpool.worker.faults import FaultInjector
-from deadpool.worker.groups import DefaultGroup, own_groups, refuse_env_rendezvous
+from deadpool.worker.groups.communicators import Communicators, communicator_kind
+from deadpool.worker.groups.default import DefaultGroup, refuse_env_rendezvous
+from deadpool.worker.groups.hub import GroupCollectives
+from deadpool.worker.groups.own import OwnGroups, patch_new_group
 from deadpool.worker.lost_step import AbandonableBackward, AbandonableForward, fill_missing_grads, skip_when_lost
 from deadpool.worker.recovery import Recovery, Seating
 from deadpool.worker.step import StepState
@@ -66,7 +67,7 @@ def init() -> Runtime:
     if _RUNTIME is None:
         _RUNTIME = Runtime(os.environ)
         refuse_env_rendezvous()
-        own_groups(_RUNTIME._new_group)
+        patch_new_group(_RUNTIME._new_group)
     return _RUNTIME
 
 
@@ -113,7 +114,7 @@ class Runtime:
         )
         self._tracked: dict[str, Any] = {}
         self._sharded = False  # the script has a mesh (rt.device_mesh): tracked state may hold DTensors
-        self._own_groups: dict[str, int] = {}  # the script's dist.new_group() calls, by their seats
+        self._own_groups = OwnGroups()  # the script's dist.new_group() groups
         self._dcp_wrapped = False  # torch.distributed.checkpoint's save and load quiet in a lost step (dcp.py)
         self._snapshots_on = True  # rt.set_snapshots
         self._optimizers: list[torch.optim.Optimizer] = []
@@ -269,16 +270,9 @@ class Runtime:
                               "over rt.steps() (a spare makes them before it takes its seat, and replays from a "
                               "step after the one that made them)")
         seating = self._seating()
-        world = seating.view.world_size
-        seats = [int(r) for r in ranks] if ranks is not None else list(range(world))
-        seats = sorted(seats) if sort_ranks else seats
-        if len(set(seats)) != len(seats) or not all(0 <= r < world for r in seats):
-            raise ValueError(f"dist.new_group({list(ranks or [])}): ranks must be distinct seats in 0..{world - 1}")
-        key = "-".join(map(str, seats))
-        self._own_groups[key] = made = self._own_groups.get(key, 0) + 1  # the same names on every seat
-        if seating.seat not in seats:
+        name, seats = self._own_groups.name(ranks, sort_ranks, seating.view.world_size, seating.seat)
+        if name is None:
             return dist.GroupMember.NON_GROUP_MEMBER
-        name = f"deadpool:group:{key}" + (f":{made}" if made > 1 else "")
         group = self._collectives.seat_group(seats, name, seating.view, seating.seat, first=seating.first)
         self._progress.answers_early = False  # its PrepareAck lists the groups its step left dirty
         return group

@@ -5,6 +5,7 @@ a dead coordinator, partitions and spares joining late.  Real processes, real si
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -89,7 +90,12 @@ def test_rank_and_its_buddy_lost_stops_with_error_naming_the_seat(tmp_path: Path
     assert result.returncode != 0
     failed = result.of("job_failed")
     assert len(failed) == 1
-    assert "seat 2" in failed[0]["reason"] and "no copy of its state survives" in failed[0]["reason"]
+    # Usually no copy of seat 2's state survives anywhere. Where a view committed between the deaths refilled one of
+    # them, the seats' copies can share no step: the reason names the step held for the most seats and a seat
+    # it is missing for.
+    reason = failed[0]["reason"]
+    assert "seat 2" in reason and "no copy of its state survives" in reason or (
+        "no snapshot step common" in reason and re.search(r"but seat\(s\) \[[23]", reason)), reason
     assert "job FAILED" in result.output
 
 

@@ -1,7 +1,7 @@
 """The abort path, on the NCCL stand-in: a collective whose peer died hangs until its communicator is aborted.
 
 With ``DEADPOOL_NCCL_STANDIN=1`` every group runs on gloo with NCCL's failure semantics
-(``deadpool/worker/standin.py``): nothing raises when a peer dies, so every repair below goes through
+(``deadpool/worker/groups/standin.py``): nothing raises when a peer dies, so every repair below goes through
 the abort of the communicators that held the lost seat, as on NCCL.  One kill inside a collective per
 parallelism, each ending with the digest of the failure-free run on plain gloo; and the proof that the
 stand-in hangs: with its aborts switched off, the survivors wait out the collective timeout.

@@ -21,7 +21,7 @@ from torch import nn
 from torch._C._distributed_c10d import HashStore, ProcessGroupGloo
 
 from deadpool.worker import syncbn
-from deadpool.worker.groups import DefaultGroup
+from deadpool.worker.groups.default import DefaultGroup
 
 SIZES = (3, 5)  # unequal batches: the all-gathered counts must weigh each seat's statistics
 

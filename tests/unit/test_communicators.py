@@ -15,8 +15,8 @@ from deadpool.config import Backend
 from deadpool.errors import MisuseError
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
-from deadpool.worker import nccl, standin
-from deadpool.worker.communicators import Communicators, Kind, choose
+from deadpool.worker.groups import nccl, standin
+from deadpool.worker.groups.communicators import Communicators, Kind, choose
 
 
 def test_the_kind_follows_the_backend_and_what_the_machine_has() -> None:

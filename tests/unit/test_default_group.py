@@ -26,12 +26,12 @@ from deadpool.errors import MisuseError
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CollectiveFailed
 from deadpool.protocol.view import View
-from deadpool.worker import groups
-from deadpool.worker.collective import GroupCollectives
-from deadpool.worker.communicators import Communicators
 from deadpool.worker.exit import ExitGuard
 from deadpool.worker.faults import FaultInjector
-from deadpool.worker.groups import DefaultGroup, install_default_group
+from deadpool.worker.groups import default, own
+from deadpool.worker.groups.communicators import Communicators
+from deadpool.worker.groups.default import DefaultGroup
+from deadpool.worker.groups.hub import GroupCollectives
 from deadpool.worker.step import StepState
 
 WORLD = 3
@@ -160,12 +160,12 @@ def torch_syncbn(monkeypatch: pytest.MonkeyPatch) -> None:
 def runtime() -> Iterator[Runtime]:
     assert not dist.is_initialized()
     rt = Runtime()
-    group = install_default_group(rt, 1, WORLD, HashStore())
+    group = default.configure(rt, 1, WORLD, HashStore())
     assert group is not None
     try:
         yield rt
     finally:
-        groups._unregister(group)
+        default._unregister(group)
     assert not dist.is_initialized()
 
 
@@ -174,8 +174,8 @@ def test_once_seated_torch_sees_a_default_group(runtime: Runtime) -> None:
     assert isinstance(group, DefaultGroup) and dist.group.WORLD is group
     assert dist.is_initialized() and dist.get_rank() == 1 and dist.get_world_size() == WORLD
     assert dist.get_backend() == "gloo"
-    assert c10d._resolve_process_group(groups.GROUP_NAME) is group
-    assert install_default_group(runtime, 1, WORLD, HashStore()) is group, "kept across views"
+    assert c10d._resolve_process_group(default.GROUP_NAME) is group
+    assert default.configure(runtime, 1, WORLD, HashStore()) is group, "kept across views"
 
 
 def test_collectives_run_on_the_runtimes_group(runtime: Runtime) -> None:
@@ -233,7 +233,7 @@ def test_a_failed_collective_never_writes_into_the_scripts_tensor_even_later(run
 def test_a_default_group_of_the_scripts_own_is_left_alone() -> None:
     dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
     try:
-        assert install_default_group(Runtime(), 0, 1, HashStore()) is None
+        assert default.configure(Runtime(), 0, 1, HashStore()) is None
         assert not isinstance(c10d._get_default_group(), DefaultGroup)
     finally:
         dist.destroy_process_group()
@@ -241,18 +241,18 @@ def test_a_default_group_of_the_scripts_own_is_left_alone() -> None:
 
 def test_a_changed_seat_gets_a_new_group_and_the_old_one_is_retired(monkeypatch: pytest.MonkeyPatch) -> None:
     guard = ExitGuard()  # not the process's own: a retired object makes that one end the process at exit
-    monkeypatch.setattr(groups, "GUARD", guard)
+    monkeypatch.setattr(default, "GUARD", guard)
     rt = Runtime()
-    first = install_default_group(rt, 0, 2, HashStore())
-    second = install_default_group(rt, 1, 2, HashStore())
+    first = default.configure(rt, 0, 2, HashStore())
+    second = default.configure(rt, 1, 2, HashStore())
     try:
         assert first is not None and second is not None and first is not second
-        assert dist.get_rank() == 1 and c10d._resolve_process_group(groups.GROUP_NAME) is second
+        assert dist.get_rank() == 1 and c10d._resolve_process_group(default.GROUP_NAME) is second
         assert first not in c10d._world.pg_map
         assert any(obj is first for obj in guard._retired), "never destroyed: kept until exit"
     finally:
         assert second is not None
-        groups._unregister(second)
+        default._unregister(second)
 
 
 # -- the runtime's side: GroupCollectives.issue_user / await_user --------------------------------
@@ -399,7 +399,7 @@ def test_reduce_gather_all_to_all_and_point_to_point_run_and_complete_locally_wh
 
 def test_a_gather_at_its_root_completes_locally_with_this_seats_tensor_everywhere() -> None:
     rt = Runtime()
-    group = install_default_group(rt, 0, WORLD, HashStore())
+    group = default.configure(rt, 0, WORLD, HashStore())
     assert group is not None
     try:
         gathered = [torch.zeros(2) for _ in range(WORLD)]
@@ -413,7 +413,7 @@ def test_a_gather_at_its_root_completes_locally_with_this_seats_tensor_everywher
         dist.gather_object({"seat": 0}, objects, dst=0)
         assert objects == [{"seat": 0}] * WORLD
     finally:
-        groups._unregister(group)
+        default._unregister(group)
 
 
 def test_an_object_collective_lost_halfway_leaves_the_scripts_objects_as_if_local(runtime: Runtime) -> None:
@@ -463,8 +463,8 @@ def test_the_scripts_own_groups_and_torchs_helpers_that_make_groups_are_the_runt
     made: list[tuple[Any, bool]] = []
     monkeypatch.setattr(c10d, "new_group", c10d.new_group)  # both restored after the test
     monkeypatch.setattr(dist, "new_group", dist.new_group)
-    groups.own_groups(lambda ranks, sort_ranks: made.append((ranks, sort_ranks)) or "group")
-    groups.own_groups(lambda ranks, sort_ranks: "a second patch")  # once per process
+    own.patch_new_group(lambda ranks, sort_ranks: made.append((ranks, sort_ranks)) or "group")
+    own.patch_new_group(lambda ranks, sort_ranks: "a second patch")  # once per process
     assert dist.new_group([0, 1], backend="gloo", timeout=None, group_desc="mine") == "group"
     assert dist.new_group([2, 1], sort_ranks=False) == "group"
     monkeypatch.setattr(c10d, "get_rank", lambda group=None: 3)

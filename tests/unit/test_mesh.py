@@ -11,8 +11,8 @@ import torch
 from deadpool.chaos import ChaosPoint
 from deadpool.errors import CollectiveAborted
 from deadpool.protocol.view import View
-from deadpool.worker.groups import Op
-from deadpool.worker.mesh import MeshDim, MeshGroup, SeatGroups, chaos_point, mesh_dims
+from deadpool.worker.groups.mesh import MeshDim, MeshGroup, SeatGroups, chaos_point, mesh_dims
+from deadpool.worker.groups.seat_group import Op
 
 
 def view(seats: list[str], rebuild: list[str] | None = None) -> View:
@@ -49,7 +49,7 @@ def test_a_rebuild_that_fails_leaves_every_group_it_was_building_dirty() -> None
         return Sums()
 
     with pytest.raises(CollectiveAborted):
-        mesh.rebuild(view(["a", "b", "c", "d"]), build)
+        mesh.configure(view(["a", "b", "c", "d"]), build)
     assert sorted(mesh.dirty_groups()) == ["deadpool:dp:0", "deadpool:tp:0"]
     assert all(dim.inner is None for dim in mesh.dims)
 

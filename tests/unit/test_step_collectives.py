@@ -25,11 +25,12 @@ from deadpool.errors import CollectiveAborted
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import ChaosInjected, CollectiveFailed, Prepare
 from deadpool.protocol.view import DISK_SOURCE, View
-from deadpool.worker.collective import GroupCollectives, Waiter
-from deadpool.worker.communicators import Communicators
 from deadpool.worker.faults import FaultInjector
+from deadpool.worker.groups.communicators import Communicators
+from deadpool.worker.groups.hub import GroupCollectives
+from deadpool.worker.groups.mesh import MeshDim, MeshGroup
+from deadpool.worker.groups.waits import Waiter
 from deadpool.worker.lost_step import AbandonableBackward
-from deadpool.worker.mesh import MeshDim, MeshGroup
 from deadpool.worker.step import StepState
 
 

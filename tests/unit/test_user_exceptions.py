@@ -200,7 +200,7 @@ def test_init_process_group_and_init_device_mesh_on_torchruns_environment_are_re
     import torch.distributed.device_mesh as device_mesh
     from torch.distributed import HashStore
 
-    from deadpool.worker.groups import refuse_env_rendezvous
+    from deadpool.worker.groups.default import refuse_env_rendezvous
 
     monkeypatch.setattr(dist, "init_process_group", dist.init_process_group)  # restored after the test
     monkeypatch.setattr(device_mesh, "init_process_group", device_mesh.init_process_group)

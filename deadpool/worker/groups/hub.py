@@ -4,24 +4,20 @@ gloo cannot cancel a collective or a group's connect, so every wait here is on
 a condition that completion or an interrupt (a Prepare) wakes, and a group is
 never destroyed, only retired; ``GroupCollectives`` holds the seat's current
 group, runs a step's collectives on it (``rt.ddp``'s, ZeRO's, and the script's
-own through torch's default group, ``groups.py``), and poisons the step when
+own through torch's default group, ``default.py``), and poisons the step when
 one fails (the gloo facts behind this are in docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import logging
-import threading
-import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import BroadcastOptions, PrefixStore, ProcessGroupGloo, Store, TCPStore
+from torch._C._distributed_c10d import BroadcastOptions, PrefixStore
 from torch.distributed.device_mesh import DeviceMesh
 
 from deadpool.actors.handoff import Handoff
@@ -31,156 +27,17 @@ from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CollectiveFailed
 from deadpool.protocol.view import View
-from deadpool.worker import dtensors, nccl, pipelining
-from deadpool.worker.communicators import Communicators, Kind
+from deadpool.worker import dtensors, pipelining
 from deadpool.worker.exit import GUARD
 from deadpool.worker.faults import FaultInjector
-from deadpool.worker.groups import install_default_group
-from deadpool.worker.mesh import MeshDim, MeshGroup, Rebuilt, SeatGroups, in_backward
+from deadpool.worker.groups import default
+from deadpool.worker.groups.communicators import Builder, Communicators, Kind
+from deadpool.worker.groups.mesh import MeshDim, MeshGroup, Rebuilt, SeatGroups, in_backward
+from deadpool.worker.groups.waits import Waiter
 from deadpool.worker.propagation import Decisions
-from deadpool.worker.standin import StandInGroup
 from deadpool.worker.step import StepState
 
-log = logging.getLogger("deadpool")
-
-
-def connect_store(addr: str, timeout: float) -> TCPStore:
-    """Client connection to the coordinator's TCPStore at ``host:port``."""
-    host, port = addr.rsplit(":", 1)
-    return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout), wait_for_workers=False)
-
-
-def create_group(
-    store: Store,
-    prefix: str,
-    rank: int,
-    world_size: int,
-    timeout: float,
-    interrupted: Callable[[], bool],
-    connect_timeout: float,
-    hostname: str = "127.0.0.1",
-    wrap: Callable[[ProcessGroupGloo], Any] | None = None,
-) -> Any:
-    """Build a gloo group under `prefix`, abandoning the attempt when interrupted.
-
-    The constructor's full-mesh connect cannot be cancelled, so it runs in a
-    helper thread; if the caller is interrupted (a newer view is being
-    prepared) or the bound expires, the attempt is left behind.
-
-    `hostname` is the address gloo listens on and tells its peers: the
-    worker's bind address (``WorkerEnv.bind_host``, set from ``deadpool launch
-    --bind-host``), so that peers on other hosts can connect (127.0.0.1 only
-    works on one machine).  `wrap` makes the communicator of the gloo group, in the same helper thread
-    (NCCL's beside it, or the stand-in around it: ``communicators.py``); None: the gloo group itself.
-
-    Raises:
-        CollectiveAborted: interrupted, or the constructor failed (a peer died meanwhile).
-        WaitTimeout: the group did not form within `connect_timeout`.
-    """
-    options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-    options._timeout = timedelta(seconds=timeout)
-    options._devices = [ProcessGroupGloo.create_device(hostname=hostname)]
-    result: list[Any] = []
-    failure: list[BaseException] = []
-    done = threading.Event()
-
-    def build() -> None:
-        try:
-            gloo = ProcessGroupGloo(PrefixStore(prefix, store), rank, world_size, options)
-            result.append(gloo if wrap is None else wrap(gloo))
-        except Exception as err:
-            failure.append(err)
-        finally:
-            done.set()
-
-    threading.Thread(target=build, name=f"deadpool-pg-{prefix}", daemon=True).start()
-    deadline = time.monotonic() + connect_timeout
-    while not done.wait(0.005):
-        if interrupted():
-            raise CollectiveAborted(f"building group {prefix}", "interrupted by a newer view", interrupted=True)
-        if time.monotonic() > deadline:
-            raise WaitTimeout(
-                f"process group {prefix} (rank {rank} of {world_size}) did not form within {connect_timeout:.0f}s; "
-                "a peer may have died during the rebuild"
-            )
-    if failure:
-        raise CollectiveAborted(f"building group {prefix}", str(failure[0]))
-    return result[0]
-
-
-POLL_FIRST_S = 0.0002  # a future-less work's completion is polled from this interval ...
-POLL_MAX_S = 0.005  # ... doubling up to this one
-FIRST_WAIT = timedelta(milliseconds=5)  # most collectives are done within it: waited on in C++ first
-
-
-class Waiter:
-    """Wakes the compute thread when a collective completes or an interrupt arrives.
-
-    A collective is first waited on for a few milliseconds inside the work itself (no Python
-    wake-up, so a step's many short collectives cost what torch's own waits cost).  Past that,
-    both sources notify the same condition (the Handoff's), so one wait covers both without
-    polling.
-    """
-
-    def __init__(self, condition: threading.Condition, interrupted: Callable[[], bool]) -> None:
-        self._condition = condition
-        self._interrupted = interrupted
-
-    def wait(self, work: dist.Work, what: str, bound: float) -> None:
-        """Wait for `work`, giving up on interrupt or after `bound` seconds.
-
-        Raises:
-            CollectiveAborted: the collective failed (peer died), was interrupted, or timed out.
-        """
-        try:
-            work.wait(FIRST_WAIT)
-            return
-        except RuntimeError:
-            if work.is_completed():  # it failed (or finished just after the wait ran out): the wait below says
-                self._finish(work, what)
-                return
-        finished = threading.Event()
-        try:
-            future = work.get_future()
-        except RuntimeError:  # some gloo works (the coalesced ones) have no future: poll their completion
-            future = None
-        if future is not None:
-
-            def on_done(_: torch.futures.Future[object]) -> None:
-                finished.set()
-                with self._condition:
-                    self._condition.notify_all()
-
-            future.add_done_callback(on_done)
-        deadline = time.monotonic() + bound
-        poll = POLL_FIRST_S
-        with self._condition:
-            while not finished.is_set():
-                if future is None and work.is_completed():
-                    break
-                if self._interrupted():
-                    raise CollectiveAborted(what, "interrupted by the membership service", interrupted=True)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise CollectiveAborted(what, f"no completion within {bound:.1f}s")
-                if future is None:
-                    self._condition.wait(min(remaining, poll))
-                    poll = min(poll * 2, POLL_MAX_S)
-                else:
-                    self._condition.wait(min(remaining, 0.5))
-        self._finish(work, what)
-
-    @staticmethod
-    def _finish(work: dist.Work, what: str) -> None:
-        """A completed work's outcome.
-
-        Raises:
-            CollectiveAborted: it failed.
-        """
-        try:
-            work.wait()
-        except RuntimeError as err:
-            raise CollectiveAborted(what, str(err).splitlines()[0] if str(err) else repr(err)) from err
+log = logging.getLogger(__name__)
 
 
 class StepCollectives(Protocol):
@@ -242,11 +99,8 @@ class GroupCollectives:
         self._faults = faults
         self._gate = gate
         self._timeout = timeout
-        self._bind_host = bind_host
         self.communicators = communicators
-        self._kind = kind
-        self._device = device  # NCCL's CUDA device
-        self._standin_aborts = standin_aborts
+        self._builder = Builder(communicators, kind, device, timeout, bind_host, handoff.interrupted, standin_aborts)
         self._waiter = Waiter(handoff.condition, lambda: handoff.interrupted(state.epoch))
         self.subgroups: SeatGroups | None = None  # rt.device_mesh's groups and the script's own, once it made one
         self.decisions: Decisions | None = None  # DTensor's sharding decisions over rt.device_mesh
@@ -254,7 +108,7 @@ class GroupCollectives:
 
     # -- the group ----------------------------------------------------------------------------
 
-    def rebuild(self, view: View, seat: int) -> None:
+    def configure(self, view: View, seat: int) -> None:
         """Retire the current group and build `view`'s, on a fresh store connection.
 
         A fresh connection per build: an abandoned build may still block in a store call on the old one.
@@ -264,19 +118,19 @@ class GroupCollectives:
             WaitTimeout: the group did not form in time.
         """
         self.retire()
-        store = self._connect(view)  # the job's group and then the default group; mesh groups get their own
-        build = self._builder(view)
+        store = self._builder.connect(view)  # the job's group and then the default group; mesh groups get their own
+        build = self._builder.for_view(view)
         if self.subgroups is None:
             self.group = build(view.store_prefix, seat, view.world_size, store)
         else:  # the job's group forms while the subgroups do
             with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="deadpool-group") as pool:
                 group = pool.submit(build, view.store_prefix, seat, view.world_size, store)
                 try:
-                    self.last_rebuild = self.subgroups.rebuild(view, build)
+                    self.last_rebuild = self.subgroups.configure(view, build)
                 finally:
                     self.group = group.result()
         # torch's default group is the script's way onto this group: registered once seated, kept across views.
-        install_default_group(self, seat, view.world_size, PrefixStore(f"{view.store_prefix}/default_pg", store))
+        default.configure(self, seat, view.world_size, PrefixStore(f"{view.store_prefix}/default_pg", store))
         pipelining.rebuilt(self)
 
     def seat_mesh(self, shape: Sequence[int], names: Sequence[str], view: View, seat: int,
@@ -314,7 +168,7 @@ class GroupCollectives:
         from the initial state."""
         self.fault_point(ChaosPoint.GROUPS)
         try:
-            self.last_rebuild = subgroups.rebuild(view, self._builder(view))
+            self.last_rebuild = subgroups.configure(view, self._builder.for_view(view))
         except (CollectiveAborted, WaitTimeout) as err:
             log.warning("the first view's mesh groups did not form (%s): the script's wrapping completes on this "
                         "seat alone, and the seat starts from its initial state once the view is repaired", err)
@@ -328,48 +182,8 @@ class GroupCollectives:
     def seat_default_group(self, view: View, seat: int) -> None:
         """Install torch's default group for `seat` before `view` is adopted (its collectives complete locally
         until then): what a parallel wrapper built before the first step needs (a DeviceMesh, ZeRO)."""
-        install_default_group(self, seat, view.world_size,
-                              PrefixStore(f"{view.store_prefix}/default_pg", self._connect(view)))
-
-    def _connect(self, view: View) -> TCPStore:
-        """A fresh connection to `view`'s store, kept alive (an abandoned build may still block in a call on it)."""
-        store = connect_store(view.store_addr, self._timeout)
-        GUARD.retire(store)
-        return store
-
-    def _builder(self, view: View) -> Callable[..., Any]:
-        """`build(prefix, rank, size, store=None, seats=None)`: one communicator of `view` over `seats` (every seat
-        for None), of this worker's kind, registered with the communicators; given up on when a newer view comes.
-
-        Without `store`, the build has a store connection of its own: a TCPStore client runs one call
-        at a time, so groups forming at once on one connection would wait behind each other's store
-        waits, across processes too (a deadlock until the connect timeout).
-        """
-
-        def build(prefix: str, rank: int, size: int, store: Store | None = None,
-                  seats: Sequence[int] | None = None) -> Any:
-            connection = store if store is not None else self._connect(view)
-            wrap, abort = self._communicator(connection, prefix, rank, size)
-            group = create_group(connection, prefix, rank, size, self._timeout,
-                                 lambda: self._handoff.interrupted(view.epoch),
-                                 connect_timeout=self._timeout, hostname=self._bind_host, wrap=wrap)
-            self.communicators.add(prefix, range(view.world_size) if seats is None else seats, group,
-                                   None if abort is None else functools.partial(abort, group))
-            return group
-
-        return build
-
-    def _communicator(self, store: Store, prefix: str, rank: int,
-                      size: int) -> tuple[Callable[[Any], Any] | None, Callable[[Any], None] | None]:
-        """How this worker's kind makes a communicator of a gloo group, and how it aborts one (None: it cannot)."""
-        if self._kind is Kind.STANDIN:
-            aborts = self._standin_aborts
-            return (lambda gloo: StandInGroup(gloo, self._timeout, prefix, aborts)), StandInGroup.abort
-        if self._kind is Kind.NCCL:
-            device = self._device
-            assert device is not None
-            return (lambda gloo: nccl.create(store, prefix, rank, size, self._timeout, gloo, device)), nccl.abort
-        return None, None
+        default.configure(self, seat, view.world_size,
+                          PrefixStore(f"{view.store_prefix}/default_pg", self._builder.connect(view)))
 
     def usable(self, communicator: Any) -> bool:
         return self.communicators.usable(communicator)

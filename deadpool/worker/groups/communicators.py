@@ -19,22 +19,28 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
+import functools
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
+from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store, TCPStore
 
 from deadpool.config import Backend, WorkerEnv
-from deadpool.errors import MisuseError
+from deadpool.errors import CollectiveAborted, MisuseError, WaitTimeout
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
-from deadpool.worker import nccl
+from deadpool.protocol.view import View
+from deadpool.worker.exit import GUARD
+from deadpool.worker.groups import nccl
+from deadpool.worker.groups.standin import StandInGroup
 
 log = logging.getLogger("deadpool")
 
@@ -188,3 +194,122 @@ class Communicators:
                 self._pending -= 1
                 if not self._pending:
                     self._idle.set()
+
+
+def connect_store(addr: str, timeout: float) -> TCPStore:
+    """Client connection to the coordinator's TCPStore at ``host:port``."""
+    host, port = addr.rsplit(":", 1)
+    return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout), wait_for_workers=False)
+
+
+def create_group(
+    store: Store,
+    prefix: str,
+    rank: int,
+    world_size: int,
+    timeout: float,
+    interrupted: Callable[[], bool],
+    connect_timeout: float,
+    hostname: str = "127.0.0.1",
+    wrap: Callable[[ProcessGroupGloo], Any] | None = None,
+) -> Any:
+    """Build a gloo group under `prefix`, abandoning the attempt when interrupted.
+
+    The constructor's full-mesh connect cannot be cancelled, so it runs in a
+    helper thread; if the caller is interrupted (a newer view is being
+    prepared) or the bound expires, the attempt is left behind.
+
+    `hostname` is the address gloo listens on and tells its peers: the
+    worker's bind address (``WorkerEnv.bind_host``, set from ``deadpool launch
+    --bind-host``), so that peers on other hosts can connect (127.0.0.1 only
+    works on one machine).  `wrap` makes the communicator of the gloo group, in the same helper thread
+    (NCCL's beside it, or the stand-in around it: ``communicators.py``); None: the gloo group itself.
+
+    Raises:
+        CollectiveAborted: interrupted, or the constructor failed (a peer died meanwhile).
+        WaitTimeout: the group did not form within `connect_timeout`.
+    """
+    options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    options._timeout = timedelta(seconds=timeout)
+    options._devices = [ProcessGroupGloo.create_device(hostname=hostname)]
+    result: list[Any] = []
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def build() -> None:
+        try:
+            gloo = ProcessGroupGloo(PrefixStore(prefix, store), rank, world_size, options)
+            result.append(gloo if wrap is None else wrap(gloo))
+        except Exception as err:
+            failure.append(err)
+        finally:
+            done.set()
+
+    threading.Thread(target=build, name=f"deadpool-pg-{prefix}", daemon=True).start()
+    deadline = time.monotonic() + connect_timeout
+    while not done.wait(0.005):
+        if interrupted():
+            raise CollectiveAborted(f"building group {prefix}", "interrupted by a newer view", interrupted=True)
+        if time.monotonic() > deadline:
+            raise WaitTimeout(
+                f"process group {prefix} (rank {rank} of {world_size}) did not form within {connect_timeout:.0f}s; "
+                "a peer may have died during the rebuild"
+            )
+    if failure:
+        raise CollectiveAborted(f"building group {prefix}", str(failure[0]))
+    return result[0]
+
+
+class Builder:
+    """How this worker builds a view's communicators: of its kind, each on a store connection of its own,
+    registered with the communicators, given up on when a newer view comes (`interrupted(epoch)`)."""
+
+    def __init__(self, communicators: Communicators, kind: Kind, device: torch.device | None, timeout: float,
+                 bind_host: str, interrupted: Callable[[int], bool], standin_aborts: bool = True) -> None:
+        self.communicators = communicators
+        self._kind = kind
+        self._device = device  # NCCL's CUDA device
+        self._timeout = timeout
+        self._bind_host = bind_host
+        self._interrupted = interrupted
+        self._standin_aborts = standin_aborts
+
+    def connect(self, view: View) -> TCPStore:
+        """A fresh connection to `view`'s store, kept alive (an abandoned build may still block in a call on it)."""
+        store = connect_store(view.store_addr, self._timeout)
+        GUARD.retire(store)
+        return store
+
+    def for_view(self, view: View) -> Callable[..., Any]:
+        """`build(prefix, rank, size, store=None, seats=None)`: one communicator of `view` over `seats` (every seat
+        for None).
+
+        Without `store`, the build has a store connection of its own: a TCPStore client runs one call
+        at a time, so groups forming at once on one connection would wait behind each other's store
+        waits, across processes too (a deadlock until the connect timeout).
+        """
+
+        def build(prefix: str, rank: int, size: int, store: Store | None = None,
+                  seats: Sequence[int] | None = None) -> Any:
+            connection = store if store is not None else self.connect(view)
+            wrap, abort = self._communicator(connection, prefix, rank, size)
+            group = create_group(connection, prefix, rank, size, self._timeout,
+                                 lambda: self._interrupted(view.epoch),
+                                 connect_timeout=self._timeout, hostname=self._bind_host, wrap=wrap)
+            self.communicators.add(prefix, range(view.world_size) if seats is None else seats, group,
+                                   None if abort is None else functools.partial(abort, group))
+            return group
+
+        return build
+
+    def _communicator(self, store: Store, prefix: str, rank: int,
+                      size: int) -> tuple[Callable[[Any], Any] | None, Callable[[Any], None] | None]:
+        """How this worker's kind makes a communicator of a gloo group, and how it aborts one (None: it cannot)."""
+        if self._kind is Kind.STANDIN:
+            aborts = self._standin_aborts
+            return (lambda gloo: StandInGroup(gloo, self._timeout, prefix, aborts)), StandInGroup.abort
+        if self._kind is Kind.NCCL:
+            device = self._device
+            assert device is not None
+            return (lambda gloo: nccl.create(store, prefix, rank, size, self._timeout, gloo, device)), nccl.abort
+        return None, None

@@ -30,7 +30,7 @@ from deadpool.chaos import ChaosPoint
 from deadpool.errors import CollectiveAborted, MisuseError
 from deadpool.protocol.view import View
 from deadpool.worker.exit import GUARD
-from deadpool.worker.groups import BACKEND, GATHERS, POINT_TO_POINT, SCATTERS, Op, SeatGroup
+from deadpool.worker.groups.seat_group import BACKEND, GATHERS, POINT_TO_POINT, SCATTERS, Op, SeatGroup
 from deadpool.worker.lost_step import StepAbandoned
 
 log = logging.getLogger("deadpool")
@@ -273,7 +273,7 @@ class SeatGroups:
         """The members this seat shares a mesh group with in `view` (told where it paused for a Prepare)."""
         return sorted({view.seats[seat] for dim in self.dims for seat in dim.seats if seat != self._seat})
 
-    def rebuild(self, view: View, build: Callable[..., Any]) -> Rebuilt:
+    def configure(self, view: View, build: Callable[..., Any]) -> Rebuilt:
         """Give the groups that need it a new communicator under `view`'s prefix, in parallel; keep the others.
 
         `build(prefix, group_rank, group_size, seats=...)` builds one (on a store connection of its own).

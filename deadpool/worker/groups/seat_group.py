@@ -1,30 +1,19 @@
-"""torch's default process group under DeadPool: the script's own collectives, surviving swaps.
+"""A seat's group as torch sees it: a Python ``ProcessGroup`` whose collectives run on a communicator DeadPool
+replaces per view, on staged copies, and complete locally when the step is lost.
 
-Once a member is seated, ``torch.distributed.is_initialized()`` is True and the
-default group (``dist.all_reduce(t)``, ``dist.get_rank()``, ``nn.SyncBatchNorm``)
-is a ``DefaultGroup``: one Python ``ProcessGroup`` per process, registered where
-torch looks groups up, whose collectives run on the current view's gloo group
-through the runtime (issued asynchronously, waited on interruptibly), so that a
-failure poisons the step instead of raising in the script; why this shape is in
-docs/architecture.md.
+``SeatGroup`` implements every collective torch calls on a group once; its subclasses say where a
+collective is issued and how it is waited on: torch's default group (``default.py``), a mesh
+dimension's or the script's own group (``mesh.py``).
 """
 
 from __future__ import annotations
 
 import enum
-import functools
-import logging
-import queue
-import threading
-import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.device_mesh as device_mesh
-import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import (
     AllgatherOptions,
     AllreduceOptions,
@@ -35,155 +24,13 @@ from torch._C._distributed_c10d import (
     ReduceOptions,
     ReduceScatterOptions,
     ScatterOptions,
-    Store,
-    _unregister_process_group,
 )
-from torch.distributed.distributed_c10d import GroupName
 
-from deadpool.chaos import ChaosPoint
 from deadpool.errors import MisuseError
-from deadpool.worker import objects, syncbn
-from deadpool.worker.exit import GUARD
+from deadpool.worker import objects
+from deadpool.worker.groups.waits import UserWork, WaitedWork, WaitThread, Works
 
-log = logging.getLogger("deadpool")
-
-GROUP_NAME = GroupName("deadpool:default")  # the name torch's registry knows the default group by
 BACKEND = "gloo"  # what the collectives really run on; torch code branches on it (SyncBatchNorm does)
-
-
-class UserCollectives(Protocol):
-    """What the default group needs from the runtime (``GroupCollectives`` is the runtime's)."""
-
-    def issue_user(self, issue: Callable[[Any], dist.Work], point: ChaosPoint) -> dist.Work | None:
-        """Run `issue(group)` on the view's group, then the chaos `point`; None when the step is poisoned."""
-        ...
-
-    def await_user(self, work: dist.Work, what: str) -> bool:
-        """Wait for `work`, interruptibly; False when it failed or was interrupted (the step is poisoned)."""
-        ...
-
-
-class UserWork(dist.Work):
-    """A collective of the script's: waiting completes it, and never raises.
-
-    `finish` runs once, on the first wait: it waits for the real collective and
-    copies its staged result into the script's tensors, or, when the step was
-    poisoned, leaves them well-formed with local values.
-    """
-
-    def __init__(self, finish: Callable[[], None] | None, real: dist.Work | None, result: list[torch.Tensor]) -> None:
-        super().__init__()
-        self._finish = finish
-        self._real = real
-        self._result = result
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        if self._finish is not None:
-            finish, self._finish = self._finish, None
-            finish()
-        return True
-
-    def is_completed(self) -> bool:
-        return self._finish is None or self._real is None or self._real.is_completed()
-
-    def is_success(self) -> bool:
-        return True
-
-    def get_future(self) -> torch.futures.Future[Any]:
-        self.wait()
-        future: torch.futures.Future[Any] = torch.futures.Future()
-        future.set_result(self._result)
-        return future
-
-
-class Works(dist.Work):
-    """Several gloo works as one: done when all are; its future completes with the last of theirs."""
-
-    def __init__(self, works: list[dist.Work]) -> None:
-        super().__init__()
-        self._works = works
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        """Wait for all; with `timeout`, raise RuntimeError if they are not done by then (like a gloo work)."""
-        deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
-        for work in self._works:
-            if deadline is None:
-                work.wait()
-            else:
-                work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.0)))
-        return True
-
-    def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self._works)
-
-    def get_future(self) -> torch.futures.Future[Any]:
-        if len(self._works) == 1:
-            return self._works[0].get_future()
-        return torch.futures.collect_all([work.get_future() for work in self._works])
-
-
-class Progress:
-    """One gloo group's thread for works that progress only inside ``wait()`` (gloo's reduce-scatter).
-
-    It waits on them in the order they were issued, which is the order gloo runs a group's
-    collectives in, so that the seat can wait for a ``WaitedWork`` interruptibly or give up on it.
-    `close` ends the thread once it is idle; one blocked in an abandoned collective ends when gloo
-    gives up on it (the group's timeout).
-    """
-
-    def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue[WaitedWork | None] = queue.SimpleQueue()
-        threading.Thread(target=self._run, name=f"deadpool-progress-{name}", daemon=True).start()
-
-    def submit(self, work: WaitedWork) -> None:
-        self._queue.put(work)
-
-    def close(self) -> None:
-        self._queue.put(None)
-
-    def _run(self) -> None:
-        while (work := self._queue.get()) is not None:
-            work.progress()
-
-
-class WaitedWork(dist.Work):
-    """Works that progress only inside ``wait()``, waited on by their group's ``Progress`` thread.
-
-    Its future completes when those waits return (or with their error).
-    """
-
-    def __init__(self, works: list[dist.Work], progress: Progress) -> None:
-        super().__init__()
-        self._works = works
-        self._future: torch.futures.Future[None] = torch.futures.Future()
-        self._done = threading.Event()
-        progress.submit(self)
-
-    def progress(self) -> None:
-        """Wait for the works (on the progress thread)."""
-        try:
-            for work in self._works:
-                work.wait()
-        except RuntimeError as err:
-            self._future.set_exception(err)  # type: ignore[arg-type]  # the stub types the argument as the result
-        else:
-            self._future.set_result(None)
-        finally:
-            self._done.set()
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        """Wait for the works; with `timeout`, raise RuntimeError if they are not done by then (like gloo)."""
-        if not self._done.wait(None if timeout is None else timeout.total_seconds()):
-            raise RuntimeError(f"not completed within {timeout}")
-        self._future.wait()  # raises the works' error
-        return True
-
-    def is_completed(self) -> bool:
-        return self._done.is_set()
-
-    def get_future(self) -> torch.futures.Future[Any]:
-        return self._future
-
 
 def _tensors(tensors: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
@@ -301,7 +148,7 @@ class SeatGroup(dist.ProcessGroup):
     def __init__(self, rank: int, size: int, name: str) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]  # the stub lists only (store, rank, size)
         self._name = name
-        self._progress: tuple[Any, Progress] | None = None  # (gloo group, its progress thread)
+        self._progress: tuple[Any, WaitThread] | None = None  # (gloo group, its progress thread)
 
     def _issue(self, issue: Callable[[Any], dist.Work], op: Op) -> dist.Work | None:
         """Run `issue(gloo_group)`; None when the collective must complete locally."""
@@ -311,12 +158,12 @@ class SeatGroup(dist.ProcessGroup):
         """Wait for `work`, interruptibly; False when it failed or was interrupted."""
         raise NotImplementedError
 
-    def _progress_of(self, group: Any) -> Progress:
+    def _progress_of(self, group: Any) -> WaitThread:
         """The progress thread of `group` (the gloo group a collective is issued on): a new one per group."""
         if self._progress is None or self._progress[0] is not group:
             if self._progress is not None:
                 self._progress[1].close()
-            self._progress = (group, Progress(self._name))
+            self._progress = (group, WaitThread(self._name))
         return self._progress[1]
 
     # torch's names: C++ calls these through the ProcessGroup trampoline (DeviceMesh reads the group name).
@@ -559,114 +406,3 @@ class SeatGroup(dist.ProcessGroup):
 
         return UserWork(finish, real, result)
 
-
-class DefaultGroup(SeatGroup):
-    """torch's default group: the script's own collectives, on the current view's group of every seat."""
-
-    def __init__(self, collectives: UserCollectives, rank: int, size: int) -> None:
-        super().__init__(rank, size, GROUP_NAME)
-        self.collectives = collectives
-
-    def _issue(self, issue: Callable[[Any], dist.Work], op: Op) -> dist.Work | None:
-        # A broadcast is where ZeroRedundancyOptimizer sends each seat's updated parameters (at=broadcast).
-        return self.collectives.issue_user(issue, ChaosPoint.BROADCAST if op is Op.BROADCAST
-                                           else ChaosPoint.USER_COLLECTIVE)
-
-    def _await(self, work: dist.Work, op: Op) -> bool:
-        return self.collectives.await_user(work, op.value)
-
-
-def install_default_group(collectives: UserCollectives, rank: int, size: int, store: Store) -> DefaultGroup | None:
-    """Make torch's default group this seat's ``DefaultGroup`` (once seated; again only if the seat changed).
-
-    The group object stays the same across views, so whatever cached it (a module's
-    ``process_group``, ``dist.group.WORLD``) keeps working: what changes per view is the
-    gloo group its collectives run on.  A replaced one is retired, never destroyed.
-    Returns None, leaving torch alone, when the script made a default group of its own.
-    """
-    current = c10d._world.default_pg
-    if isinstance(current, DefaultGroup) and current.collectives is collectives and \
-            (current.rank(), current.size()) == (rank, size):
-        c10d._world.pg_map[current] = (BACKEND, store)  # the store of the current view
-        return current
-    if current is not None and not isinstance(current, DefaultGroup):
-        log.warning("torch.distributed already has a default group the script made: DeadPool's default group "
-                    "is not installed, and collectives on that group will not survive a swap")
-        return None
-    if isinstance(current, DefaultGroup):
-        _unregister(current)
-        GUARD.retire(current)
-    group = DefaultGroup(collectives, rank, size)
-    c10d._register_pg_in_world(group, BACKEND, store, GROUP_NAME, BACKEND,
-                               rank_mapping={seat: seat for seat in range(size)})
-    c10d._update_default_pg(group)
-    syncbn.enable()
-    objects.enable()
-    return group
-
-
-def _unregister(group: DefaultGroup) -> None:
-    """Take a replaced default group out of torch's registry (it is kept alive, never destroyed)."""
-    world = c10d._world
-    for table in (world.pg_map, world.pg_names, world.pg_group_ranks, world.pg_backend_config, world.pg_to_tag):
-        table.pop(group, None)
-    for groups in world.tags_to_pg.values():
-        while group in groups:
-            groups.remove(group)
-    _unregister_process_group(GROUP_NAME)
-    c10d._update_default_pg(None)
-
-
-def refuse_env_rendezvous() -> None:
-    """Make ``dist.init_process_group()`` on torchrun's environment (``env://``) a clear error in this worker.
-
-    Under ``deadpool launch`` ``MASTER_ADDR``/``MASTER_PORT`` name DeadPool's own store, so torch's
-    call would fail on a port in use (on a spare, on its rank of -1). DeadPool makes the default group
-    itself once the member is seated. A group on a store or rendezvous of the script's own is left alone.
-    """
-    original = dist.init_process_group
-    if getattr(original, "refuses_env_rendezvous", False):
-        return
-
-    @functools.wraps(original)
-    def init_process_group(*args: Any, **kwargs: Any) -> None:
-        init_method = args[1] if len(args) > 1 else kwargs.get("init_method")
-        store = args[5] if len(args) > 5 else kwargs.get("store")
-        if store is None and init_method in (None, "env://"):
-            raise MisuseError(
-                "torch.distributed.init_process_group() under deadpool launch: DeadPool makes torch's default group "
-                "itself once this member has its seat (inside rt.steps(), where dist.get_rank() and collectives "
-                "work); remove the call (for FSDP2 or tensor parallel, use rt.device_mesh())")
-        original(*args, **kwargs)
-
-    init_process_group.refuses_env_rendezvous = True  # type: ignore[attr-defined]
-    dist.init_process_group = init_process_group
-
-    def from_init_device_mesh(*args: Any, **kwargs: Any) -> None:
-        raise MisuseError(
-            "torch.distributed.device_mesh.init_device_mesh() under deadpool launch: make the mesh with "
-            "rt.device_mesh(shape, names), the same torch DeviceMesh, whose groups DeadPool rebuilds at a swap "
-            "(a spare waits there for its seat)")
-
-    # init_device_mesh makes the default group itself (its module's own name for torch's function) when there is
-    # none: before the script's loop there is none yet, and torch's call would fail on DeadPool's port.
-    device_mesh.init_process_group = from_init_device_mesh  # type: ignore[attr-defined]
-
-
-def own_groups(make: Callable[[Sequence[int] | None, bool], Any]) -> None:
-    """Make ``dist.new_group`` (and torch's helpers that make groups with it, ``new_subgroups``) give the
-    script a group that DeadPool rebuilds at every swap that replaced one of its seats, as it does a mesh
-    dimension's: `make(ranks, sort_ranks)` is the runtime's. What torch's other arguments choose (a backend, its
-    options, a timeout, a description) is DeadPool's here: its gloo group and collective timeout."""
-    original = c10d.new_group
-    if getattr(original, "deadpool_makes", False):
-        return
-
-    @functools.wraps(original)
-    def new_group(ranks: Sequence[int] | None = None, timeout: Any = None, backend: Any = None,
-                  pg_options: Any = None, use_local_synchronization: bool = False, group_desc: str | None = None,
-                  device_id: torch.device | None = None, sort_ranks: bool = True) -> Any:
-        return make(ranks, sort_ranks)
-
-    new_group.deadpool_makes = True  # type: ignore[attr-defined]
-    dist.new_group = c10d.new_group = new_group
