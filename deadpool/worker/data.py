@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
-from torch.utils.data import dataloader as torch_dataloader
 
 from deadpool.errors import MisuseError
+from deadpool.worker.patches import LOADER_PASS, PATCHES, SAMPLER_INIT
 
 UNTRACKED_WARNING = (
     "deadpool: a {kind} is iterated during training but no snapshot holds it: after a swap it does not "
@@ -76,26 +76,26 @@ class DataSeats:
         (before the loop, and on a spare, where torch asks the default group and raises): it takes this
         member's seat (`rank()`; seat 0 on a spare, as ``rt.distributed_sampler``) and the job's `world`, and
         is seated at every adopted view. Once the default group exists torch's own defaults are the seat's."""
-        original = DistributedSampler.__init__
-        if getattr(original, "deadpool_seats", False):
-            return
-        signature = inspect.signature(original)
         seats = self
 
-        @functools.wraps(original)
-        def __init__(sampler: DistributedSampler[Any], *args: Any, **kwargs: Any) -> None:
-            bound = signature.bind(sampler, *args, **kwargs)
-            unseated = bound.arguments.get("rank") is None and not torch.distributed.is_initialized()
-            if unseated:
-                bound.arguments["rank"] = max(rank(), 0)
-                if bound.arguments.get("num_replicas") is None:
-                    bound.arguments["num_replicas"] = world
-            original(*bound.args, **bound.kwargs)
-            if unseated:
-                seats.add(sampler)
+        def seating(original: Callable[..., None]) -> Callable[..., None]:
+            signature = inspect.signature(original)
 
-        __init__.deadpool_seats = True  # type: ignore[attr-defined]
-        DistributedSampler.__init__ = __init__  # type: ignore[method-assign,assignment]
+            @functools.wraps(original)
+            def __init__(sampler: DistributedSampler[Any], *args: Any, **kwargs: Any) -> None:
+                bound = signature.bind(sampler, *args, **kwargs)
+                unseated = bound.arguments.get("rank") is None and not torch.distributed.is_initialized()
+                if unseated:
+                    bound.arguments["rank"] = max(rank(), 0)
+                    if bound.arguments.get("num_replicas") is None:
+                        bound.arguments["num_replicas"] = world
+                original(*bound.args, **bound.kwargs)
+                if unseated:
+                    seats.add(sampler)
+
+            return __init__
+
+        PATCHES.install(SAMPLER_INIT, seating)
 
     def add(self, sampler: DistributedSampler[Any]) -> None:
         if not any(sampler is known for known in self._samplers):
@@ -252,16 +252,18 @@ class TrackedLoader:
 # -- the watch ----------------------------------------------------------------------------------
 
 _WATCH: LoaderWatch | None = None
-_ORIGINAL_ITER_INIT: Callable[..., None] | None = None
 _REMEMBERED = 16  # untracked passes started before training that the first step checks
 
 
-def _watched_iter_init(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
-    assert _ORIGINAL_ITER_INIT is not None
-    _ORIGINAL_ITER_INIT(self, loader, *args, **kwargs)
-    watch = _WATCH
-    if watch is not None:
-        watch.started(self, loader)
+def _watching(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def watched_iter_init(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, loader, *args, **kwargs)
+        watch = _WATCH
+        if watch is not None:
+            watch.started(self, loader)
+
+    return watched_iter_init
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,13 +293,8 @@ class LoaderWatch:
 
     def install(self) -> None:
         """Watch every pass started from now on (one watch per process: the newest runtime's)."""
-        global _WATCH, _ORIGINAL_ITER_INIT
-        base = getattr(torch_dataloader, "_BaseDataLoaderIter", None)
-        if base is None:
-            return  # a torch without it: nothing is watched
-        if _ORIGINAL_ITER_INIT is None:
-            _ORIGINAL_ITER_INIT = base.__init__
-            base.__init__ = _watched_iter_init
+        global _WATCH
+        PATCHES.install(LOADER_PASS, _watching)
         _WATCH = self
 
     def uninstall(self) -> None:

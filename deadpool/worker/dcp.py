@@ -24,27 +24,20 @@ from collections.abc import Callable
 from typing import Any
 
 from deadpool.errors import MisuseError
-
-_SAVER = "torch.distributed.checkpoint.state_dict_saver"
-_LOADER = "torch.distributed.checkpoint.state_dict_loader"
+from deadpool.worker.patches import DCP_ASYNC_SAVE, DCP_LOAD, DCP_SAVE, PATCHES
 
 
 def enable_once_imported(step_lost: Callable[[], bool]) -> bool:
     """Wrap torch's save and load once the script has imported ``torch.distributed.checkpoint`` (it costs half a
     second of imports: a script that does not checkpoint never pays it); True once they are wrapped."""
-    saver, loader = sys.modules.get(_SAVER), sys.modules.get(_LOADER)
-    if saver is None or loader is None:
+    if DCP_SAVE.module not in sys.modules or DCP_LOAD.module not in sys.modules:
         return False
     from torch.distributed.checkpoint.metadata import Metadata
 
-    for module, name, stand_in in ((saver, "_save_state_dict", lambda: Metadata(state_dict_metadata={})),
-                                   (loader, "_load_state_dict", lambda: None)):
-        original = getattr(module, name)
-        if not getattr(original, "deadpool_lost_step", False):
-            setattr(module, name, _quiet_when_lost(original, step_lost, stand_in))
-    refused = _refuse_async_save(saver.async_save)
-    saver.async_save = refused  # type: ignore[attr-defined]
-    sys.modules["torch.distributed.checkpoint"].async_save = refused  # type: ignore[attr-defined]
+    save_stand_in: Callable[[], Any] = lambda: Metadata(state_dict_metadata={})  # noqa: E731
+    for target, stand_in in ((DCP_SAVE, save_stand_in), (DCP_LOAD, lambda: None)):
+        PATCHES.install(target, functools.partial(_quiet_when_lost, step_lost=step_lost, stand_in=stand_in))
+    PATCHES.install(DCP_ASYNC_SAVE, _refuse_async_save)
     return True
 
 
@@ -81,5 +74,4 @@ def _quiet_when_lost(original: Callable[..., Any], step_lost: Callable[[], bool]
                 return stand_in()
             raise
 
-    wrapped.deadpool_lost_step = True  # type: ignore[attr-defined]
     return wrapped

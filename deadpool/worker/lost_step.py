@@ -31,6 +31,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from deadpool.worker.patches import AUTOGRAD_BACKWARD, PATCHES
+
 
 class StepAbandoned(Exception):
     """Raised inside a lost step's backward to stop it; never reaches the script (``abandonable_backward``)."""
@@ -76,15 +78,16 @@ class AbandonableBackward:
     """
 
     def __init__(self, abandoned: Callable[[], None] | None = None) -> None:
-        self._original: Callable[..., Any] | None = None
         self._abandoned = abandoned
 
     def install(self) -> None:
-        if self._original is not None:
-            return
-        original = torch.autograd.backward
-        self._original = original
+        """This runtime's backward is the process's (the newest runtime's, where a test makes several)."""
+        PATCHES.install(AUTOGRAD_BACKWARD, self._abandonable, renew=True)
 
+    def uninstall(self) -> None:
+        PATCHES.undo(AUTOGRAD_BACKWARD)
+
+    def _abandonable(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def backward(*args: Any, **kwargs: Any) -> Any:
             try:
@@ -94,12 +97,7 @@ class AbandonableBackward:
                     self._abandoned()
                 return None
 
-        torch.autograd.backward = backward  # type: ignore[assignment]
-
-    def uninstall(self) -> None:
-        if self._original is not None:
-            torch.autograd.backward = self._original  # type: ignore[assignment]
-            self._original = None
+        return backward
 
 
 PLAIN = (int, float, bool, str, bytes, type(None))  # non-tensor leaves a signature or a stand-in keeps by value

@@ -23,6 +23,8 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from deadpool.worker.patches import OBJECT_COLLECTIVES, PATCHES
+
 _CALLS = threading.local()  # depth: object collectives running on this thread
 
 
@@ -140,16 +142,10 @@ def _wrap(original: Callable[..., Any], call: ObjectCall) -> Callable[..., Any]:
         call.received(bound)
         return result
 
-    wrapped.deadpool_objects = True  # type: ignore[attr-defined]
     return wrapped
 
 
 def enable() -> None:
     """Wrap torch's object collectives where scripts call them (``torch.distributed`` and its c10d module)."""
     for kind in Kind:
-        original = getattr(c10d, kind.value)
-        if getattr(original, "deadpool_objects", False):
-            continue
-        wrapped = _wrap(original, ObjectCall(kind))
-        setattr(c10d, kind.value, wrapped)
-        setattr(dist, kind.value, wrapped)
+        PATCHES.install(OBJECT_COLLECTIVES[kind.value], functools.partial(_wrap, call=ObjectCall(kind)))

@@ -15,12 +15,10 @@ imported them (importing them costs about a second).
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any, Protocol
 
 from deadpool.worker.lost_step import fill_missing_grads
-
-_SCHEDULES = "torch.distributed.pipelining.schedules"
+from deadpool.worker.patches import PATCHES, PIPELINE_SET_UP, PIPELINE_STEPS
 
 
 class Seat(Protocol):
@@ -55,12 +53,12 @@ def _lost() -> bool:
 
 
 def _patch() -> None:
-    module = sys.modules.get(_SCHEDULES)
-    base = getattr(module, "_PipelineSchedule", None)
-    original = getattr(base, "_initialize_pp_stages", None)
-    if module is None or original is None or getattr(original, "deadpool_generation", False):
-        return
+    if PATCHES.install(PIPELINE_SET_UP, _setting_up_again):
+        for target in PIPELINE_STEPS:
+            PATCHES.install(target, _ending_lost_set_ups)
 
+
+def _setting_up_again(original: Any) -> Any:
     @functools.wraps(original)
     def initialize(self: Any, stages: Any, args: Any, kwargs: Any, target: Any, fwd_initialized: bool,
                    bwd_initialized: bool, *rest: Any, **more: Any) -> tuple[bool, bool]:
@@ -80,12 +78,7 @@ def _patch() -> None:
         self._deadpool_generation = _generation
         return result
 
-    initialize.deadpool_generation = True  # type: ignore[attr-defined]
-    base._initialize_pp_stages = initialize  # type: ignore[union-attr]
-    for name in ("PipelineScheduleSingle", "PipelineScheduleMulti"):
-        schedule = getattr(module, name, None)
-        if schedule is not None and "step" in vars(schedule):
-            schedule.step = _ending_lost_set_ups(schedule.step)
+    return initialize
 
 
 def _ending_lost_set_ups(step: Any) -> Any:

@@ -22,6 +22,8 @@ import msgpack
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from deadpool.worker.patches import PATCHES, SHARDING_CACHE, SHARDING_DECISIONS
+
 log = logging.getLogger("deadpool")
 
 MAX_ENTRIES = 8192  # decisions carried; a script with ever-new shapes keeps the first ones
@@ -39,7 +41,6 @@ class Decisions:
     """This process's record of DTensor's decisions, and those taken from a snapshot, over one mesh."""
 
     def __init__(self, root: DeviceMesh) -> None:
-        from torch.distributed.tensor import DTensor
         from torch.distributed.tensor._sharding_prop import LocalLRUCache
 
         self._root = root
@@ -51,11 +52,11 @@ class Decisions:
         self.taken = 0  # decisions taken from snapshots in this process's life
         self._loads_made = False
         self._blob: torch.Tensor | None = None
-        propagator = DTensor._op_dispatcher.sharding_propagator
-        self._compute: Callable[[Any], Any] = propagator.propagate_op_sharding_non_cached
+        self._compute: Callable[[Any], Any] = PATCHES.original(SHARDING_DECISIONS)
         # DTensor's C++ dispatch calls the uncached method on its own cache's misses; the Python cache wraps it.
-        propagator.propagate_op_sharding_non_cached = self._decide  # type: ignore[method-assign,assignment]
-        propagator.propagate_op_sharding = LocalLRUCache(self._decide)
+        # The newest mesh's decisions are the process's.
+        PATCHES.install(SHARDING_DECISIONS, lambda original: self._decide, renew=True)
+        PATCHES.install(SHARDING_CACHE, lambda original: LocalLRUCache(self._decide), renew=True)
 
     def _decide(self, schema: Any) -> Any:
         from torch.distributed._functional_collectives import _are_we_tracing

@@ -19,17 +19,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-_TORCH_FORWARD = nn.SyncBatchNorm.forward
+from deadpool.worker.patches import PATCHES, SYNC_BATCH_NORM
 
 
 def enable() -> None:
     """Route CPU training forwards of every ``nn.SyncBatchNorm`` here (idempotent)."""
-    nn.SyncBatchNorm.forward = _forward  # type: ignore[method-assign]
+    PATCHES.install(SYNC_BATCH_NORM, lambda original: _forward)
 
 
 def _forward(self: nn.SyncBatchNorm, input: torch.Tensor) -> torch.Tensor:
     if input.device.type != "cpu" or not self.training or not dist.is_initialized():
-        return _TORCH_FORWARD(self, input)  # type: ignore[no-any-return]
+        return PATCHES.original(SYNC_BATCH_NORM)(self, input)  # type: ignore[no-any-return]
     # From here torch's forward would raise "SyncBatchNorm expected input tensor to be on GPU".
     self._check_input_dim(input)
     self._check_non_zero_input_channels(input)

@@ -12,6 +12,7 @@ import pytest
 from torch import nn
 
 from deadpool.worker import pipelining
+from deadpool.worker.patches import PIPELINE_SET_UP, Patches
 
 
 class Base:
@@ -44,6 +45,13 @@ class Single(Base):
         return "outputs"
 
 
+class Multi(Single):
+    """``PipelineScheduleMulti``: a step of its own, patched beside the single-stage one's."""
+
+    def step(self) -> str:
+        return super().step()
+
+
 class Seat:
     def __init__(self) -> None:
         self.lost = False
@@ -58,12 +66,15 @@ class Seat:
 
 @pytest.fixture
 def schedules(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
-    module = types.ModuleType(pipelining._SCHEDULES)
+    module = types.ModuleType(PIPELINE_SET_UP.module)
     module._PipelineSchedule = Base  # type: ignore[attr-defined]
     module.PipelineScheduleSingle = Single  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, pipelining._SCHEDULES, module)
+    module.PipelineScheduleMulti = Multi  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, PIPELINE_SET_UP.module, module)
+    monkeypatch.setattr(pipelining, "PATCHES", Patches())  # this test's patches, undone with its classes
     monkeypatch.setattr(Base, "_initialize_pp_stages", Base._initialize_pp_stages)
     monkeypatch.setattr(Single, "step", Single.step)
+    monkeypatch.setattr(Multi, "step", Multi.step)
     monkeypatch.setattr(pipelining, "_seat", None)
     yield module
 

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch.distributed as dist
-import torch.distributed.device_mesh as device_mesh
 import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import Store, _unregister_process_group
 from torch.distributed.distributed_c10d import GroupName
@@ -27,6 +26,7 @@ from deadpool.errors import MisuseError
 from deadpool.worker import objects, syncbn
 from deadpool.worker.exit import GUARD
 from deadpool.worker.groups.seat_group import BACKEND, Op, SeatGroup
+from deadpool.worker.patches import INIT_PROCESS_GROUP, MESH_INIT_PROCESS_GROUP, PATCHES
 
 log = logging.getLogger("deadpool")
 
@@ -110,10 +110,11 @@ def refuse_env_rendezvous() -> None:
     call would fail on a port in use (on a spare, on its rank of -1). DeadPool makes the default group
     itself once the member is seated. A group on a store or rendezvous of the script's own is left alone.
     """
-    original = dist.init_process_group
-    if getattr(original, "refuses_env_rendezvous", False):
-        return
+    PATCHES.install(INIT_PROCESS_GROUP, _refusing_env_rendezvous)
+    PATCHES.install(MESH_INIT_PROCESS_GROUP, lambda original: _from_init_device_mesh)
 
+
+def _refusing_env_rendezvous(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def init_process_group(*args: Any, **kwargs: Any) -> None:
         init_method = args[1] if len(args) > 1 else kwargs.get("init_method")
@@ -125,15 +126,13 @@ def refuse_env_rendezvous() -> None:
                 "work); remove the call (for FSDP2 or tensor parallel, use rt.device_mesh())")
         original(*args, **kwargs)
 
-    init_process_group.refuses_env_rendezvous = True  # type: ignore[attr-defined]
-    dist.init_process_group = init_process_group
+    return init_process_group
 
-    def from_init_device_mesh(*args: Any, **kwargs: Any) -> None:
-        raise MisuseError(
-            "torch.distributed.device_mesh.init_device_mesh() under deadpool launch: make the mesh with "
-            "rt.device_mesh(shape, names), the same torch DeviceMesh, whose groups DeadPool rebuilds at a swap "
-            "(a spare waits there for its seat)")
 
-    # init_device_mesh makes the default group itself (its module's own name for torch's function) when there is
-    # none: before the script's loop there is none yet, and torch's call would fail on DeadPool's port.
-    device_mesh.init_process_group = from_init_device_mesh  # type: ignore[attr-defined]
+def _from_init_device_mesh(*args: Any, **kwargs: Any) -> None:
+    """init_device_mesh makes the default group itself (its module's own name for torch's function) when there is
+    none: before the script's loop there is none yet, and torch's call would fail on DeadPool's port."""
+    raise MisuseError(
+        "torch.distributed.device_mesh.init_device_mesh() under deadpool launch: make the mesh with "
+        "rt.device_mesh(shape, names), the same torch DeviceMesh, whose groups DeadPool rebuilds at a swap "
+        "(a spare waits there for its seat)")

@@ -32,6 +32,7 @@ from deadpool.protocol.view import View
 from deadpool.worker.exit import GUARD
 from deadpool.worker.groups.seat_group import BACKEND, GATHERS, POINT_TO_POINT, SCATTERS, Op, SeatGroup
 from deadpool.worker.lost_step import StepAbandoned
+from deadpool.worker.patches import MESH_SCATTER, PATCHES
 
 log = logging.getLogger("deadpool")
 
@@ -177,17 +178,12 @@ class LocalScatter:
     seat).  Installed once per process, on DTensor's placement module (what it calls by that name).
     """
 
-    _original: Callable[..., Any] | None = None
+    @staticmethod
+    def install() -> None:
+        PATCHES.install(MESH_SCATTER, LocalScatter._scattering)
 
-    @classmethod
-    def install(cls) -> None:
-        from torch.distributed.tensor import placement_types
-
-        if cls._original is not None:
-            return
-        original: Callable[..., Any] = placement_types.mesh_scatter  # type: ignore[attr-defined]
-        cls._original = original
-
+    @staticmethod
+    def _scattering(original: Callable[..., Any]) -> Callable[..., Any]:
         def mesh_scatter(output: torch.Tensor, scatter_list: list[torch.Tensor], mesh: DeviceMesh,
                          mesh_dim: int = 0, async_op: bool = False, *, group_src: int = 0) -> Any:
             group = mesh.get_group(mesh_dim)
@@ -197,7 +193,7 @@ class LocalScatter:
                 return None
             return original(output, scatter_list, mesh, mesh_dim, async_op, group_src=group_src)
 
-        placement_types.mesh_scatter = mesh_scatter  # type: ignore[attr-defined]
+        return mesh_scatter
 
 
 def mesh_dims(shape: Sequence[int], names: Sequence[str], rank: int) -> list[MeshDim]:

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
+
+from deadpool.worker.patches import NEW_GROUP, PATCHES
 
 
 class OwnGroups:
@@ -46,15 +46,14 @@ def patch_new_group(make: Callable[[Sequence[int] | None, bool], Any]) -> None:
     """Make ``dist.new_group`` give the script `make(ranks, sort_ranks)` (the runtime's). What torch's other
     arguments choose (a backend, its options, a timeout, a description) is DeadPool's here: its communicators
     and collective timeout."""
-    original = c10d.new_group
-    if getattr(original, "deadpool_makes", False):
-        return
+    PATCHES.install(NEW_GROUP, functools.partial(_making, make))
 
+
+def _making(make: Callable[[Sequence[int] | None, bool], Any], original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def new_group(ranks: Sequence[int] | None = None, timeout: Any = None, backend: Any = None,
                   pg_options: Any = None, use_local_synchronization: bool = False, group_desc: str | None = None,
                   device_id: torch.device | None = None, sort_ranks: bool = True) -> Any:
         return make(ranks, sort_ranks)
 
-    new_group.deadpool_makes = True  # type: ignore[attr-defined]
-    dist.new_group = c10d.new_group = new_group
+    return new_group
