@@ -32,6 +32,7 @@ from deadpool.worker.groups import default, own
 from deadpool.worker.groups.communicators import Communicators
 from deadpool.worker.groups.default import DefaultGroup
 from deadpool.worker.groups.hub import GroupCollectives
+from deadpool.worker.patches import Patches
 from deadpool.worker.step import StepState
 
 WORLD = 3
@@ -463,6 +464,7 @@ def test_the_scripts_own_groups_and_torchs_helpers_that_make_groups_are_the_runt
     made: list[tuple[Any, bool]] = []
     monkeypatch.setattr(c10d, "new_group", c10d.new_group)  # both restored after the test
     monkeypatch.setattr(dist, "new_group", dist.new_group)
+    monkeypatch.setattr(own, "PATCHES", Patches())  # this test's registry: the process's may hold the patch already
     own.patch_new_group(lambda ranks, sort_ranks: made.append((ranks, sort_ranks)) or "group")
     own.patch_new_group(lambda ranks, sort_ranks: "a second patch")  # once per process
     assert dist.new_group([0, 1], backend="gloo", timeout=None, group_desc="mine") == "group"
