@@ -12,6 +12,7 @@ issues.  Every other case (GPU inputs, eval mode, no group) is torch's forward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,12 +25,19 @@ from deadpool.worker.patches import PATCHES, SYNC_BATCH_NORM
 
 def enable() -> None:
     """Route CPU training forwards of every ``nn.SyncBatchNorm`` here (idempotent)."""
-    PATCHES.install(SYNC_BATCH_NORM, lambda original: _forward)
+    PATCHES.install(SYNC_BATCH_NORM, _routing)
 
 
-def _forward(self: nn.SyncBatchNorm, input: torch.Tensor) -> torch.Tensor:
-    if input.device.type != "cpu" or not self.training or not dist.is_initialized():
-        return PATCHES.original(SYNC_BATCH_NORM)(self, input)  # type: ignore[no-any-return]
+def _routing(torch_forward: Callable[[nn.SyncBatchNorm, torch.Tensor], torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def forward(self: nn.SyncBatchNorm, input: torch.Tensor) -> torch.Tensor:
+        if input.device.type != "cpu" or not self.training or not dist.is_initialized():
+            return torch_forward(self, input)
+        return _cpu_forward(self, input)
+
+    return forward
+
+
+def _cpu_forward(self: nn.SyncBatchNorm, input: torch.Tensor) -> torch.Tensor:
     # From here torch's forward would raise "SyncBatchNorm expected input tensor to be on GPU".
     self._check_input_dim(input)
     self._check_non_zero_input_channels(input)
