@@ -6,129 +6,125 @@ member it still lists is told so and not vouched for.  A ``HostHeartbeat`` whose
 member list and columns equal the agent's previous one costs one comparison, not
 one update per member (:mod:`deadpool.coordinator.coverage` keeps who is covered);
 changed columns are kept as sent and reach the members' records when something
-reads them (:func:`settle`).
+reads them (:meth:`HostBeats.settle`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Mapping
 
 from deadpool.coordinator.coverage import Coverage
 from deadpool.coordinator.operator_chaos import OperatorChaos
+from deadpool.coordinator.outbox import Outbox
 from deadpool.coordinator.records import Agent, MemberRecord
+from deadpool.coordinator.views import Views
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import Fenced, HeartbeatBatch, HostHeartbeat, Message
-from deadpool.protocol.view import View
 
 
-class Coordinator(Protocol):
-    """What the batches read and change of the coordinator (``service.Coordinator``)."""
+class HostBeats:
+    """The host agents' word for their members: who is covered (:class:`Coverage`), and their progress columns."""
 
-    view: View | None
-    members: dict[str, MemberRecord]
-    agents: dict[str, Agent]
-    fenced: dict[str, str]
-    events: EventLog
-    chaos: OperatorChaos
-    coverage: Coverage
-    wall: Callable[[], float]
+    def __init__(self, events: EventLog, views: Views, members: Mapping[str, MemberRecord],
+                 agents: Mapping[str, Agent], fenced: Mapping[str, str], chaos: OperatorChaos, outbox: Outbox,
+                 ask_to_rejoin: Callable[[str, str, float], None]) -> None:
+        self.coverage = Coverage()  # members their host agent vouches for
+        self._events = events
+        self._views = views
+        self._members = members
+        self._agents = agents
+        self._fenced = fenced
+        self._chaos = chaos
+        self._out = outbox
+        self._ask_to_rejoin = ask_to_rejoin  # a member we cannot reach is alive: the service asks for its Join
 
-    def send(self, addr: str, message: Message) -> None: ...
+    def _agent_of(self, message: HostHeartbeat | HeartbeatBatch, now: float) -> Agent | None:
+        """The registered agent that sent `message` (heard at `now`), or None (rejected: unknown agent)."""
+        agent = self._agents.get(message.sender)
+        if agent is None:
+            self._events.emit(Event.REJECTED, reason="unknown_agent", peer=message.sender)
+            return None
+        agent.seen = now
+        return agent
 
-    def ask_to_rejoin(self, member: str, control_addr: str, now: float) -> None: ...
+    def _speaks_for(self, agent: Agent, member: str) -> bool:
+        """`agent` may speak for `member`: it started it. Rejected (and logged) otherwise."""
+        if member in agent.members:
+            return True
+        self._events.emit(Event.REJECTED, reason="not_agents_member", peer=agent.agent_id, detail=member)
+        return False
 
-
-def agent_of(c: Coordinator, message: HostHeartbeat | HeartbeatBatch, now: float) -> Agent | None:
-    """The registered agent that sent `message` (heard at `now`), or None (rejected: unknown agent)."""
-    agent = c.agents.get(message.sender)
-    if agent is None:
-        c.events.emit(Event.REJECTED, reason="unknown_agent", peer=message.sender)
-        return None
-    agent.seen = now
-    return agent
-
-
-def speaks_for(c: Coordinator, agent: Agent, member: str) -> bool:
-    """`agent` may speak for `member`: it started it. Rejected (and logged) otherwise."""
-    if member in agent.members:
-        return True
-    c.events.emit(Event.REJECTED, reason="not_agents_member", peer=agent.agent_id, detail=member)
-    return False
-
-
-def on_host_heartbeat(c: Coordinator, message: HostHeartbeat, now: float) -> None:
-    """Renew the agent's word for its members; keep its columns for their records (see :func:`settle`)."""
-    agent = agent_of(c, message, now)
-    if agent is None or c.coverage.repeat(message.sender, now, message):  # checked the first time
-        return
-    columns = (message.epochs, message.steps, message.snapshot_steps, message.confirmed_steps, message.stall_p99_s)
-    if not (len(message.members) == len(message.control_addrs) == len(message.epochs) == len(message.steps)
-            == len(message.snapshot_steps) == len(message.confirmed_steps) == len(message.stall_p99_s)):
-        c.events.emit(Event.REJECTED, reason="bad_field", peer=message.sender,
-                      detail="HostHeartbeat columns of different lengths")
-        return
-    # The steady state: one comparison for the whole host (every member it lists is still vouched for; one that
-    # is not, fenced or a stranger, takes the path below, which answers for it). The columns wait in the batch
-    # for settle; a command armed for a step looks now.
-    if c.coverage.renew(message.sender, now, message.members, columns, message):
-        if c.chaos.armed:
-            settle(c)
-        return
-    vouched: list[str] = []
-    for i, member in enumerate(message.members):
-        if not speaks_for(c, agent, member):
-            continue
-        record = c.members.get(member)
-        if record is None or not record.control_addr:  # unknown (a restarted coordinator): ask for its Join
-            c.ask_to_rejoin(member, message.control_addrs[i], now)
-            if record is None:
+    def host_heartbeat(self, message: HostHeartbeat, now: float) -> None:
+        """Renew the agent's word for its members; keep its columns for their records (see :meth:`settle`)."""
+        agent = self._agent_of(message, now)
+        if agent is None or self.coverage.repeat(message.sender, now, message):  # checked the first time
+            return
+        columns = (message.epochs, message.steps, message.snapshot_steps, message.confirmed_steps,
+                   message.stall_p99_s)
+        if not (len(message.members) == len(message.control_addrs) == len(message.epochs) == len(message.steps)
+                == len(message.snapshot_steps) == len(message.confirmed_steps) == len(message.stall_p99_s)):
+            self._events.emit(Event.REJECTED, reason="bad_field", peer=message.sender,
+                              detail="HostHeartbeat columns of different lengths")
+            return
+        # The steady state: one comparison for the whole host (every member it lists is still vouched for; one
+        # that is not, fenced or a stranger, takes the path below, which answers for it). The columns wait in the
+        # batch for settle; a command armed for a step looks now.
+        if self.coverage.renew(message.sender, now, message.members, columns, message):
+            if self._chaos.armed:
+                self.settle()
+            return
+        vouched: list[str] = []
+        for i, member in enumerate(message.members):
+            if not self._speaks_for(agent, member):
                 continue
-        if member in c.fenced:
-            c.events.emit(Event.REJECTED, reason="fenced_peer", peer=member, kind="HostHeartbeat")
-            c.send(record.control_addr, Fenced(member, c.view.epoch if c.view else 0, c.fenced[member]))
-            continue
-        vouched.append(member)
-    c.coverage.cover(message.sender, now, message.members, columns, frozenset(vouched), message)
-
-
-def settle(c: Coordinator) -> None:
-    """The progress columns that agents sent since the last call, into their members' records.
-
-    Nothing reads a member's step, snapshots or stall on the coordinator's own path, only status, metrics
-    and armed chaos commands: keeping each host's newest columns, and copying them when asked, spares
-    six field writes per member and step (about a third of a HostHeartbeat's cost at 131,072 members).
-    A member heard from itself later than its agent's columns (its own heartbeat) keeps what it said; the
-    columns wait for the agent's next message, which renews them.
-    """
-    records, fenced = c.members, c.fenced
-    for agent in c.coverage.take_unsettled():
-        batch = c.coverage.previous(agent)
-        if batch is None:  # the agent fell silent and was forgotten since
-            continue
-        covered = batch.vouched
-        for member, epoch, step, snapshot, confirmed, stall in zip(batch.listed, *batch.columns, strict=True):
-            record = records.get(member)
-            if member not in covered or member in fenced or record is None:
+            record = self._members.get(member)
+            if record is None or not record.control_addr:  # unknown (a restarted coordinator): ask for its Join
+                self._ask_to_rejoin(member, message.control_addrs[i], now)
+                if record is None:
+                    continue
+            if member in self._fenced:
+                self._events.emit(Event.REJECTED, reason="fenced_peer", peer=member, kind="HostHeartbeat")
+                self._out.send(record.control_addr, Fenced(member, self._views.epoch(), self._fenced[member]))
                 continue
-            if record.last_seen > batch.at:
-                c.coverage.unsettle(agent)  # looked at again once the agent's next message renews them
+            vouched.append(member)
+        self.coverage.cover(message.sender, now, message.members, columns, frozenset(vouched), message)
+
+    def settle(self) -> None:
+        """The progress columns that agents sent since the last call, into their members' records.
+
+        Nothing reads a member's step, snapshots or stall on the coordinator's own path, only status, metrics
+        and armed chaos commands: keeping each host's newest columns, and copying them when asked, spares
+        six field writes per member and step (about a third of a HostHeartbeat's cost at 131,072 members).
+        A member heard from itself later than its agent's columns (its own heartbeat) keeps what it said; the
+        columns wait for the agent's next message, which renews them.
+        """
+        records, fenced, coverage = self._members, self._fenced, self.coverage
+        for agent in coverage.take_unsettled():
+            batch = coverage.previous(agent)
+            if batch is None:  # the agent fell silent and was forgotten since
                 continue
-            record.epoch, record.step, record.snapshot_step = epoch, step, snapshot
-            record.confirmed_step, record.stall_p99_s = confirmed, stall
-            if c.chaos.armed:
-                c.chaos.fire_armed(c, record)
+            covered = batch.vouched
+            for member, epoch, step, snapshot, confirmed, stall in zip(batch.listed, *batch.columns, strict=True):
+                record = records.get(member)
+                if member not in covered or member in fenced or record is None:
+                    continue
+                if record.last_seen > batch.at:
+                    coverage.unsettle(agent)  # looked at again once the agent's next message renews them
+                    continue
+                record.epoch, record.step, record.snapshot_step = epoch, step, snapshot
+                record.confirmed_step, record.stall_p99_s = confirmed, stall
+                if self._chaos.armed:
+                    self._chaos.fire_armed(record)
 
+    def relay(self, message: HeartbeatBatch, now: float, handle: Callable[[float, Message], None]) -> None:
+        """Each member's heartbeat in an agent's batch, handled as if the member had sent it.
 
-def relay(c: Coordinator, message: HeartbeatBatch, now: float, handle: Callable[[float, Message], None]) -> None:
-    """Each member's heartbeat in an agent's batch, handled as if the member had sent it.
-
-    A heartbeat vouches for a member's life, so only its own agent may forward it.
-    """
-    agent = agent_of(c, message, now)
-    if agent is None:
-        return
-    for inner in message.beats:
-        if speaks_for(c, agent, inner.sender):
-            handle(now, inner)
+        A heartbeat vouches for a member's life, so only its own agent may forward it.
+        """
+        agent = self._agent_of(message, now)
+        if agent is None:
+            return
+        for inner in message.beats:
+            if self._speaks_for(agent, inner.sender):
+                handle(now, inner)

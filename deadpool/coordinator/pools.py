@@ -186,3 +186,8 @@ class Addresses:
             self.host[member], self.bulk[member] = record.host, record.bulk_addr
             self.changed.add(member)
         self.control[member] = record.control_addr
+
+    def take_changed(self) -> set[str]:
+        """The members whose addresses changed since the last call (a view patches those), and start afresh."""
+        changed, self.changed = self.changed, set()
+        return changed

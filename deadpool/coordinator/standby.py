@@ -138,7 +138,7 @@ class Standby:
                                   terms=terms)
         coordinator.handed_finished = list(self.finished.values())
         coordinator.handed_silence = {member: now - seen for member, seen in self.seen.items()}
-        coordinator.agents = {agent: Agent(agent, "", addr, seen=now) for agent, addr in self.agents.items()}
+        coordinator.agents.update({agent: Agent(agent, "", addr, seen=now) for agent, addr in self.agents.items()})
         message = terms.coordinators()
         addrs = dict.fromkeys([*self.members.values(), *self.agents.values(), self.active])
         return coordinator, [Send(addr, message) for addr in addrs if addr]

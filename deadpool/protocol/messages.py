@@ -571,7 +571,7 @@ class AckBatch:
     Its workers answer a relayed Prepare at nearly the same moment; the coordinator then reads
     one message per host, not one per survivor (``agent/relay.py``). Column i of every list is
     ``members[i]``'s answer, field by field as in :class:`PrepareAck`: checked in a few passes
-    over each column, not field by field per answer (``coordinator/answers.py``).
+    over each column, not field by field per answer (``coordinator/rounds.py``).
     """
 
     sender: str  # agent id, registered with AgentHello; it carries only its own members' answers

@@ -19,7 +19,9 @@ from deadpool.tools.simulate import REAL_TIME_KEYS, SimConfig
 from deadpool.agent.relay import HELLO_EVERY_S
 from deadpool.config import COORDINATOR_GC, Config
 from deadpool.coordinator.decisions import Trigger
+from deadpool.coordinator.rounds import Rounds
 from deadpool.coordinator.service import Coordinator
+from deadpool.coordinator.views import Views
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.messages import AgentHello, Fenced, Heartbeat, HeartbeatBatch, Join
@@ -135,13 +137,16 @@ class _AcceptsFenced(Coordinator):
         return super().handle(now, message)
 
 
-class _CommitsTwice(Coordinator):
+def _commits_twice(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bug on purpose: every view after a failure is committed twice under the same epoch."""
+    commit = Views.commit
 
-    def _commit(self, view, reason, failed, trigger):  # type: ignore[no-untyped-def]
-        super()._commit(view, reason, failed, trigger)
+    def twice(self, view, reason, failed, trigger):  # type: ignore[no-untyped-def]
+        commit(self, view, reason, failed, trigger)
         if failed:
-            super()._commit(view, f"{reason} (again)", failed, trigger)
+            commit(self, view, f"{reason} (again)", failed, trigger)
+
+    monkeypatch.setattr(Views, "commit", twice)
 
 
 def test_checker_catches_a_fenced_member_accepted() -> None:
@@ -150,22 +155,26 @@ def test_checker_catches_a_fenced_member_accepted() -> None:
     assert any("fenced member" in text for text in result["violations"])
 
 
-def test_checker_catches_two_views_for_one_epoch() -> None:
-    result = simulate.simulate(SimConfig(members=64, failures=1, seed=1), coordinator_class=_CommitsTwice)
+def test_checker_catches_two_views_for_one_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    _commits_twice(monkeypatch)
+    result = simulate.simulate(SimConfig(members=64, failures=1, seed=1))
     assert any("committed twice" in text for text in result["violations"])
 
 
-class _LabelsEveryRoundBlind(Coordinator):
+def _labels_every_round_blind(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bug on purpose: every round is labelled a blind rebuild, whatever its (unchanged) reason says."""
+    start = Rounds.start
 
-    def _start_round(self, now, newly_failed, reason, trigger):  # type: ignore[no-untyped-def]
-        super()._start_round(now, newly_failed, reason, Trigger.BLIND_REBUILD)
+    def blind(self, now, newly_failed, reason, trigger):  # type: ignore[no-untyped-def]
+        start(self, now, newly_failed, reason, Trigger.BLIND_REBUILD)
+
+    monkeypatch.setattr(Rounds, "start", blind)
 
 
-def test_spurious_rebuilds_are_counted_by_the_trigger_field_not_the_reason() -> None:
+def test_spurious_rebuilds_are_counted_by_the_trigger_field_not_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     honest = simulate.simulate(SimConfig(members=64, failures=2, seed=1))
-    mislabelled = simulate.simulate(SimConfig(members=64, failures=2, seed=1),
-                                    coordinator_class=_LabelsEveryRoundBlind)
+    _labels_every_round_blind(monkeypatch)
+    mislabelled = simulate.simulate(SimConfig(members=64, failures=2, seed=1))
     assert honest["spurious_rebuilds"] == 0
     assert mislabelled["spurious_rebuilds"] >= 2  # one round per lost seat, each counted by its trigger
 

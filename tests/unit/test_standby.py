@@ -16,6 +16,7 @@ from deadpool.protocol.messages import (
     Coordinators,
     Finished,
     Heartbeat,
+    HostHeartbeat,
     Join,
     ProcessExited,
     Rejoin,
@@ -63,6 +64,11 @@ def test_the_standby_takes_over_only_when_the_active_is_silent_and_most_hosts_co
     told = {s.address for s in first}
     assert ACTIVE in told and "tcp://10.0.0.12:9" in told
     assert set(coordinator.agents) == {"agent0", "agent1", "agent2"}
+    events: list[dict[str, object]] = []
+    coordinator.events.listeners.append(events.append)
+    coordinator.handle(10.1, HostHeartbeat("agent1", [], [], [], [], [], [], []))
+    assert not [e for e in events if e.get("reason") == "unknown_agent"], "the handed agents are known at once"
+    assert coordinator.agents["agent1"].seen == 10.1
 
 
 def test_a_standby_that_never_heard_the_active_never_takes_over() -> None:
