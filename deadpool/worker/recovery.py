@@ -3,18 +3,16 @@
 Adopting a view restores the seat's state of the view's resume step (from the
 local snapshot, or the live tensors where they still hold it; from the buddy's
 copy, fetched by ``fetch.py``, perhaps before the view came; or from the disk
-checkpoint), rebuilds the process group, and captures the restored state as the
-seat's first snapshot under the new view.
+checkpoint: one plan per source, ``restore.py``), rebuilds the process group,
+and captures the restored state as the seat's first snapshot under the new view.
+The tracked objects are loaded and captured through ``tracked.TrackedState``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from deadpool.actors.handoff import Command, Handoff, PrepareReady, Progress
 from deadpool.chaos import ChaosPoint
@@ -25,28 +23,27 @@ from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CollectiveFailed, CommitView, Fenced, Prepare, Recovered, Role, Stop
 from deadpool.protocol.view import FIRST_EPOCH, INITIAL_STEP, View
 from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
-from deadpool.snapshot.checkpoint import load as checkpoint_load
-from deadpool.snapshot.statetree import Manifest, materialize, replicated_slice
 from deadpool.snapshot.store import SnapshotStore
 from deadpool.worker import rng as rng_mod
+from deadpool.worker.data import DataSeats
 from deadpool.worker.exit import exit_fenced
 from deadpool.worker.faults import FaultInjector
-from deadpool.worker.fetch import Asked, PeerFetch, Restored
+from deadpool.worker.fetch import PeerFetch
 from deadpool.worker.groups.hub import GroupCollectives
+from deadpool.worker.restore import (
+    BuddyPlan,
+    DiskPlan,
+    InitialPlan,
+    LocalPlan,
+    Plan,
+    Preloaded,
+    PreloadedPlan,
+    SlicesPlan,
+)
 from deadpool.worker.step import StepState
+from deadpool.worker.tracked import TrackedState
 
 SPARE_WAIT_S = 7 * 24 * 3600.0  # a spare may wait this long for a seat (the job's life, in practice)
-
-
-@dataclass(frozen=True)
-class Preloaded:
-    """A reserved spare's state, loaded from its prefetch while the survivors finish their step."""
-
-    seat: int
-    step: int  # the step the state is of (the adoption keeps it if the view resumes from it)
-    asked: list[Asked]  # where its parts came from
-    rng: Any  # the snapshot's RNG states: restored again once the groups are built (building may draw)
-    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -81,11 +78,8 @@ class Recovery:
         disk: DiskCheckpointer,
         collectives: GroupCollectives,
         faults: FaultInjector,
-        capture: Callable[[int, View, int], None],
-        load: Callable[[dict[str, Any]], None],
-        unchanged: Callable[[Manifest], dict[int, torch.Tensor] | None],
-        seat_samplers: Callable[[int, int], None],
-        take_seat0_state: Callable[[int], None],
+        tracked: TrackedState,
+        data_seats: DataSeats,
     ) -> None:
         self._env = env
         self._config = env.config
@@ -97,11 +91,8 @@ class Recovery:
         self._disk = disk
         self._collectives = collectives
         self._faults = faults
-        self._capture = capture  # (step, view, seat): snapshot the live state as the seat's of that step
-        self._load = load  # the tracked objects and RNGs take a materialized state
-        self._unchanged = unchanged  # live tensors only optimizer.step() changes, by manifest index (None: mismatch)
-        self._seat_samplers = seat_samplers  # (seat, world): DistributedSamplers take the adopted seat
-        self._take_seat0_state = take_seat0_state  # (epoch): rt.ddp's replicas take seat 0's initial state
+        self._tracked = tracked  # what a snapshot holds of the seat: captured, loaded, compared with the live state
+        self._data_seats = data_seats  # DistributedSamplers: they take the adopted seat
         self._recovering_epoch = 0  # epoch whose first finished step is reported as Recovered
         self._swap_unreported = env.role == Role.SPARE  # a spare reports its first step in a seat (swap_completed)
         self._offer: CommitView | Reserved | Stop | None = None  # what rt.device_mesh or rt.zero_optimizer waited for
@@ -316,78 +307,36 @@ class Recovery:
             # boundary before that step, inside it, or, told late, in the step before it).
             failure_step, self._failure_step = self._failure_step, -1
             self._faults.point(ChaosPoint.RECOVERY, failure_step if failure_step >= 0 else self._progress.step + 1)
-        self._seat_samplers(seat, view.world_size)  # before a loader's pass is rebuilt from the snapshot
+        self._data_seats.seat(seat, view.world_size)  # before a loader's pass is rebuilt from the snapshot
         self._fetch.seconds = 0.0
-        restored: Restored | None = None
-        pending: Callable[[], Restored] | None = None  # asked of the peers: awaited once the groups are built
-        preloaded: Preloaded | None = None
-        kept: dict[int, torch.Tensor] = {}  # live tensors that already hold the restored values
-        held = None  # the local snapshot restored from: kept for peers asking for its slice
-        if initial:
-            source = "initial"
-        elif view.restores_from_disk(seat):
-            source, restored = "disk", self._restore_from_disk(view.resume_step, seat)
-        elif seat in view.restore_from:
-            source, preloaded, self._preloaded = "buddy", self._preloaded, None
-            if preloaded is None or (preloaded.seat, preloaded.step, preloaded.asked) != (
-                    seat, view.resume_step, PeerFetch.sources(view, seat)):
-                preloaded, pending = None, self._fetch.from_buddy(view, seat)
-            self._fetch.prefetch = None
-        else:
-            held = self._snapshots.find(view.resume_step)
-            if held is None:
-                raise RestoreFailed(f"no local snapshot of step {view.resume_step} "
-                                    f"(held: {self._snapshots.complete_steps()})")
-            restored = self._snapshots.restore_arena(held)
-            unchanged = self._unchanged(restored[0]) if self._holds_resume_state(view, seat) else None
-            source, kept = "local", unchanged or {}
-            if unchanged is None and restored[0].replicated:
-                pending = self._fetch.slices_into(view, seat, *restored)
-        rng: dict[str, Any] | None = preloaded.rng if preloaded is not None else None
-        nbytes = preloaded.nbytes if preloaded is not None else 0
-        if source == "local" and pending is None and restored is not None:
-            # Whole already: loaded while the groups form (the replacement is still setting up), its RNG states put
-            # back once they are built, as a preloaded spare's are.
-            rng, nbytes = self._load_restored(*restored, kept), restored[0].nbytes
-            restored = None
+        plan = self._plan(view, seat, initial)
         # The restored state is this seat's snapshot of resume_step under the new view, taken before the seat
         # runs a step: the SnapshotActor streams it to the (possibly new) buddy at once, so the seat is
         # protected before its next step changes anything.  Until then the old snapshots stay (a failure
         # during this swap finds them, or the buddy's copy, again).  A state loaded whole already (RNG states
         # included) is taken now, its copy made while the groups form; any other once it is loaded.
-        loaded = rng is not None and pending is None
+        loaded = plan.load_early()
         if loaded:
-            self._snapshots.forget_all(keep=held)
-            self._capture(view.resume_step, view, seat)
+            self._snapshots.forget_all(keep=plan.held)
+            self._tracked.capture(view.resume_step, view, seat)
         # The groups form while the peers' answers come in (the snapshot actor receives them).
         grouping = time.perf_counter()
         if initial:
             self._faults.point(ChaosPoint.GROUPS, INITIAL_STEP)
         self._collectives.configure(view, seat)
         group_s = time.perf_counter() - grouping
-        if pending is not None:
-            restored = pending()
         self._adopted_groups = (len(self._collectives.last_rebuild.rebuilt) if self._collectives.subgroups else 0,
                                 group_s)
-        if initial:
-            rng = self._initial_rng
-        if rng is not None:
-            rng_mod.restore(rng)  # what building the groups drew; the rest was loaded before they were built
-        if restored is not None:
-            # Loaded after the group is built: building one may draw from the global RNGs, and the
-            # restored RNG states must survive bit for bit.
-            manifest, arena = restored
-            if source == "disk":
-                self._gather_replicated(manifest, arena, seat, view)
-            self._load(materialize(manifest, arena, kept))
-            nbytes = manifest.nbytes
+        # Loaded (or its RNG states put back) after the group is built: building one may draw from the global
+        # RNGs, and the restored RNG states must survive bit for bit.
+        plan.load_late()
         if view.resume_step == -1 and view.world_size > 1:
             # The initial state, on every seat of the view at once (a replacement seated before any snapshot
-            # adopts "first" while the survivors do not): rt.ddp's replicas start as seat 0's, as under DDP.
-            self._take_seat0_state(view.epoch)
+            # adopts "initial" while the survivors do not): rt.ddp's replicas start as seat 0's, as under DDP.
+            self._tracked.take_seat0_state(view.epoch)
         if not loaded:
-            self._snapshots.forget_all(keep=held)
-            self._capture(view.resume_step, view, seat)
+            self._snapshots.forget_all(keep=plan.held)
+            self._tracked.capture(view.resume_step, view, seat)
         if initial:
             self._faults.point(ChaosPoint.SNAPSHOT, INITIAL_STEP)
         restore_s = time.perf_counter() - started - group_s
@@ -398,7 +347,7 @@ class Recovery:
         # Every seat starts the step when the last one is ready: where ranks share cores, a survivor computing
         # ahead (it would wait for the replacement in its first collective anyway) only slows the replacement
         # down; where they do not, it changes nothing.  Every seat of every view waits, the first view's too: a
-        # replacement seated at resume step -1 adopts "first" while the survivors do not, and a barrier only
+        # replacement seated at resume step -1 adopts "initial" while the survivors do not, and a barrier only
         # some seats enter would meet the others' first all-reduce.
         ready = time.perf_counter()
         self._collectives.barrier(f"waiting for every seat to adopt view {view.epoch}", view.epoch)
@@ -407,12 +356,45 @@ class Recovery:
             # and seat 0 (a rebuild that replaced nobody worked).  Not every seat: at 131,072 members that is
             # a message per member per view change, for what one of them says.
             self._recovering_epoch = view.epoch if seat == 0 or self._swap_unreported else 0
-            self._events.emit(Event.RESTORED, epoch=view.epoch, rank=seat, step=view.resume_step, source=source,
-                              bytes=nbytes, live_bytes=sum(t.nbytes for t in kept.values()), s=round(restore_s, 6),
+            self._events.emit(Event.RESTORED, epoch=view.epoch, rank=seat, step=view.resume_step,
+                              source=plan.source.value, bytes=plan.nbytes,
+                              live_bytes=sum(t.nbytes for t in plan.kept.values()), s=round(restore_s, 6),
                               fetch_s=round(self._fetch.seconds, 6), group_s=round(group_s, 6),
-                              wait_s=round(time.perf_counter() - ready, 6), preloaded=preloaded is not None,
+                              wait_s=round(time.perf_counter() - ready, 6), preloaded=plan.preloaded,
                               **self._mesh_fields())
         return view.resume_step + 1
+
+    def _plan(self, view: View, seat: int, initial: bool) -> Plan:
+        """How this adoption restores `seat`: the view names the source (the initial state, the disk, the buddy,
+        or this member's own snapshot), and what this member holds decides the rest.
+
+        Raises:
+            RestoreFailed: the snapshot to restore is not available.
+        """
+        if initial:
+            assert self._initial_rng is not None
+            return InitialPlan(self._initial_rng)
+        if view.restores_from_disk(seat):
+            return DiskPlan(self._tracked, self._collectives, view, seat, self._config.checkpoint_dir)
+        if seat in view.restore_from:
+            preloaded, self._preloaded = self._preloaded, None
+            plan: Plan
+            if preloaded is None or (preloaded.seat, preloaded.step, preloaded.asked) != (
+                    seat, view.resume_step, PeerFetch.sources(view, seat)):
+                plan = BuddyPlan(self._tracked, self._fetch.from_buddy(view, seat))
+            else:
+                plan = PreloadedPlan(preloaded)
+            self._fetch.prefetch = None
+            return plan
+        held = self._snapshots.find(view.resume_step)
+        if held is None:
+            raise RestoreFailed(f"no local snapshot of step {view.resume_step} "
+                                f"(held: {self._snapshots.complete_steps()})")
+        restored = self._snapshots.restore_arena(held)
+        unchanged = self._tracked.unchanged(restored[0]) if self._holds_resume_state(view, seat) else None
+        if unchanged is None and restored[0].replicated:
+            return SlicesPlan(self._tracked, held, self._fetch.slices_into(view, seat, *restored))
+        return LocalPlan(self._tracked, held, restored, unchanged or {})
 
     def _mesh_fields(self) -> dict[str, Any]:
         """The ``restored`` event's account of the mesh groups and the script's own (none without either)."""
@@ -427,12 +409,6 @@ class Recovery:
         finished exactly that step in this seat, and no optimizer step ran after it (a lost step skips it)."""
         return self._state.view is not None and self._state.rank == seat and \
             self._progress.step == view.resume_step and self._state.stepped <= view.resume_step
-
-    def _restore_from_disk(self, step: int, seat: int) -> Restored:
-        try:
-            return checkpoint_load(self._config.checkpoint_dir, step, seat)
-        except LookupError as err:  # the checkpoint layer's "not there / not this seat's"
-            raise RestoreFailed(str(err)) from err
 
     def _preload(self, reserved: Reserved) -> None:
         """Load what the Prepare's prefetch brings into the tracked objects now, while the survivors finish their
@@ -449,37 +425,6 @@ class Recovery:
             manifest, arena = self._fetch.assemble(reserved.seat, world, prefetch.asked, fetched)
         except (CollectiveAborted, RestoreFailed, WaitTimeout):
             return  # a newer Prepare, or a copy not there or not whole: the adoption fetches what its view names
-        self._seat_samplers(reserved.seat, world)
-        rng = self._load_restored(manifest, arena)
+        self._data_seats.seat(reserved.seat, world)
+        rng = self._tracked.load(manifest, arena)
         self._preloaded = Preloaded(reserved.seat, fetched[0].step, prefetch.asked, rng, manifest.nbytes)
-
-    def _load_restored(self, manifest: Manifest, arena: torch.Tensor,
-                       kept: dict[int, torch.Tensor] | None = None) -> dict[str, Any]:
-        """Load a restored snapshot into the tracked objects and return its RNG states, to put back again after
-        something that may draw from the RNGs (building the groups)."""
-        state = materialize(manifest, arena, kept)
-        rng: dict[str, Any] = state["__rng__"]
-        self._load(state)
-        return rng
-
-    def _gather_replicated(self, manifest: Manifest, arena: torch.Tensor, seat: int, view: View) -> None:
-        """Complete a restored arena: every seat's snapshot holds only its slice of the replicated region.
-
-        One all-gather on the new group: each seat sends its slice (from its own snapshot, or, for a
-        swapped-in seat, from the buddy's copy) and receives every other seat's, all of the same step.
-
-        Raises:
-            RestoreFailed: the snapshot's replicated region does not split into this job's slices.
-            CollectiveAborted: a peer failed or a newer view interrupted the gather.
-        """
-        world = view.world_size
-        if not manifest.replicated or world < 2:
-            return
-        if manifest.replicated % world:
-            raise RestoreFailed(f"snapshot of step {view.resume_step}: its replicated region "
-                                f"({manifest.replicated} bytes) does not split into {world} slices")
-        first, last = replicated_slice(manifest, seat, world)
-        chunk, start = last - first, manifest.replicated_at
-        slices = [arena[start + i * chunk : start + (i + 1) * chunk] for i in range(world)]
-        self._collectives.allgather(slices, arena[first:last].clone(),
-                                    f"gathering the replicated state of step {view.resume_step}", view.epoch)

@@ -1,10 +1,10 @@
 """The compute-side runtime: ``deadpool.init()``, ``rt.track``, ``rt.ddp``, ``rt.steps``, ``rt.finish``.
 
 The training loop stays the user's; ``rt.steps()`` is where the runtime gets
-control between steps.  This module holds the public API, the step loop, what
-a snapshot captures and when, and the pre-step gate; taking a seat is
-``recovery.py``'s, the step's collectives are ``groups/hub.py``'s, and the end
-of the process is ``exit.py``'s.
+control between steps.  This module holds the public API, the step loop, when
+a snapshot is captured, and the pre-step gate; what a snapshot holds and how it
+loads is ``tracked.py``'s, taking a seat is ``recovery.py``'s, the step's
+collectives are ``groups/hub.py``'s, and the end of the process is ``exit.py``'s.
 """
 
 from __future__ import annotations
@@ -33,13 +33,12 @@ from deadpool.errors import MisuseError
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CommitView, Fenced, Finished, Join, Prepare, Role, Stop
-from deadpool.protocol.view import INITIAL_STEP, View
+from deadpool.protocol.view import INITIAL_STEP
 from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
-from deadpool.snapshot.statetree import Manifest, flatten, same_layout, state_digest
+from deadpool.snapshot.statetree import state_digest
 from deadpool.snapshot.store import Slot, SnapshotStore
 from deadpool.worker import dcp, dtensors
 from deadpool.worker import rng as rng_mod
-from deadpool.worker import zero as zero_mod
 from deadpool.worker.data import DataSeats, LoaderWatch, TrackedLoader, UntrackedLoader
 from deadpool.worker.ddp import DEFAULT_BUCKET_MB, DataParallel
 from deadpool.worker.exit import GUARD, ExceptionReport
@@ -48,9 +47,10 @@ from deadpool.worker.groups.communicators import Communicators, communicator_kin
 from deadpool.worker.groups.default import DefaultGroup, refuse_env_rendezvous
 from deadpool.worker.groups.hub import GroupCollectives
 from deadpool.worker.groups.own import OwnGroups, patch_new_group
-from deadpool.worker.lost_step import AbandonableBackward, AbandonableForward, fill_missing_grads, skip_when_lost
+from deadpool.worker.lost_step import AbandonableBackward, AbandonableForward, skip_when_lost
 from deadpool.worker.recovery import Recovery, Seating
 from deadpool.worker.step import StepState
+from deadpool.worker.tracked import TrackedState
 
 log = logging.getLogger("deadpool")
 
@@ -112,27 +112,20 @@ class Runtime:
             shm_dir=self.config.shm_dir,
             member=self.member,
         )
-        self._tracked: dict[str, Any] = {}
-        self._sharded = False  # the script has a mesh (rt.device_mesh): tracked state may hold DTensors
+        self._tracked = TrackedState(self._collectives, self._snapshots)
         self._own_groups = OwnGroups()  # the script's dist.new_group() groups
         self._dcp_wrapped = False  # torch.distributed.checkpoint's save and load quiet in a lost step (dcp.py)
         self._snapshots_on = True  # rt.set_snapshots
-        self._optimizers: list[torch.optim.Optimizer] = []
-        self._ddps: list[DataParallel] = []  # rt.ddp wrappers: their parameters are the same on every seat
         self._data_seats = DataSeats()  # DistributedSamplers: seated at every adopted view
         self._data_seats.seat_unseated(env.world_size, lambda: self.rank)
         self._loader_watch = LoaderWatch(lambda: self._state.step >= 0, self._untracked_loader)
         self._loader_watch.install()
-        self._untracked: UntrackedLoader | None = None  # the loader the watch warned about: no restore rolls it back
-        self._restored_untracked = False  # a restore ran after that warning; its view is named at the next step
-        self._untracked_view = 0  # the epoch of the first view whose restore left that loader where it was
         # A lost step's backward stops at DeadPool's next gradient hook (rt.ddp) or mesh collective; FSDP2 is reset.
-        self._backward = AbandonableBackward(self._backward_abandoned)
+        self._backward = AbandonableBackward(self._tracked.backward_abandoned)
         self._backward.install()
         self._recovery = Recovery(
             env, self._state, self._handoff, self._progress, self.events, self._snapshots, self._disk,
-            self._collectives, self._faults, self._capture_state, self._load, self._unchanged,
-            self._data_seats.seat, self._take_seat0_state,
+            self._collectives, self._faults, self._tracked, self._data_seats,
         )
         self._stalls: deque[float] = deque(maxlen=200)
         self._report: dict[str, float] = {}
@@ -189,26 +182,17 @@ class Runtime:
                 raise MisuseError(f"rt.track({name}=...): {type(obj).__name__} has no state_dict()/load_state_dict()")
             if name.startswith("__"):
                 raise MisuseError(f"rt.track(): names starting with '__' are reserved, got {name!r}")
-            self._tracked[name] = obj
-            if is_loader:
-                loader = TrackedLoader(name, obj)  # its position, its sampler's epoch; iter() follows restores
-                self._tracked[name] = loader
-                for sampler in loader.samplers:
+            tracked = self._tracked.add(name, obj)
+            if isinstance(tracked, TrackedLoader):
+                for sampler in tracked.samplers:
                     self._data_seats.add(sampler)
-            if zero_mod.is_zero(obj):
-                self._tracked[name] = zero_mod.ZeroShard(obj)  # a seat snapshots its own shard, not the whole
-            if isinstance(obj, torch.nn.Module) and self._sharded and dtensors.FSDP_RESETS:
+            if isinstance(obj, torch.nn.Module) and self._tracked.sharded and dtensors.fsdp_resets():
                 # A mesh seat's lost step stops its forward at the next submodule, as rt.ddp's does; the groups it
                 # leaves a peer waiting on are rebuilt (the peer's wait ends at its pause notice).
                 AbandonableForward(obj, self._collectives.step_lost, self._collectives.abandon_forward).wrap()
             if isinstance(obj, torch.optim.Optimizer):
-                self._optimizers.append(obj)
                 obj.register_step_pre_hook(self._optimizer_pre_step)
                 skip_when_lost(obj, self._collectives.step_lost, self._optimizer_stepped)
-
-    def _backward_abandoned(self) -> None:
-        dtensors.reset_fsdp_iterations(self._tracked.values())
-        fill_missing_grads(self._tracked.values())
 
     def distributed_sampler(
         self, dataset: Any, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
@@ -240,7 +224,7 @@ class Runtime:
         Raises:
             MisuseError: called twice or after the first step, or the shape does not cover the seats.
         """
-        if self._sharded:
+        if self._tracked.sharded:
             raise MisuseError("rt.device_mesh(): this job has its mesh already (call it once)")
         if self._state.step >= 0:
             raise MisuseError("rt.device_mesh() must be called before the first step")
@@ -250,7 +234,7 @@ class Runtime:
         seating = self._seating()
         mesh = self._collectives.seat_mesh(shape, names, seating.view, seating.seat, first=seating.first,
                                            device_type=device_type)
-        self._sharded = True
+        self._tracked.use_mesh()
         self._progress.answers_early = False  # a mesh seat's PrepareAck lists the groups its step left dirty
         return mesh
 
@@ -328,7 +312,7 @@ class Runtime:
         accumulates gradients without all-reducing them, as DDP's.
         """
         wrapper = DataParallel(model, self._collectives, bucket_mb, broadcast_buffers)
-        self._ddps.append(wrapper)
+        self._tracked.add_ddp(wrapper)
         return wrapper
 
     def set_snapshots(self, enabled: bool) -> None:
@@ -414,8 +398,7 @@ class Runtime:
         self._state.backward_issued = self._state.abandoned = self._state.forward_abandoned = False
         self._report = {}
         self._step_started = time.perf_counter()
-        if self._restored_untracked:
-            self._note_untracked_rollback()
+        self._tracked.at_boundary(self._state.epoch)
         self._faults.point(ChaosPoint.BOUNDARY)
         if not self._dcp_wrapped:
             self._dcp_wrapped = dcp.enable_once_imported(self._collectives.step_lost)
@@ -450,92 +433,9 @@ class Runtime:
                 return command
         return None
 
-    def _take_seat0_state(self, epoch: int) -> None:
-        for wrapper in self._ddps:
-            wrapper.take_seat0_state(lambda flat: self._collectives.broadcast_adopting(
-                flat, f"rt.ddp's initial state from seat 0 (view {epoch})", epoch))
-
     def _capture(self, step: int) -> None:
         if self._state.view is not None:
-            self._capture_state(step, self._state.view, self.rank)
-
-    def _capture_state(self, step: int, view: View, seat: int) -> None:
-        self._snapshots.capture(step, view.store_prefix, self._snapshot_state(), self._background_pointers(),
-                                self._replicated_pointers(), seat, view.world_size)
-
-    def _live_state(self) -> dict[str, Any]:
-        state = {name: obj.state_dict() for name, obj in self._tracked.items()}
-        if self._sharded:
-            state = dtensors.localize(state)  # a seat holds the local shards of its DTensors
-        state["__rng__"] = rng_mod.capture()
-        if self._sharded and (switches := dtensors.fsdp_switches(self._tracked.values())):
-            state["__fsdp__"] = switches
-        return state
-
-    def _snapshot_state(self) -> dict[str, Any]:
-        """The live state, and DTensor's decisions with it: not training state (no digest covers them), but what
-        a spare's first step would otherwise make cold."""
-        state = self._live_state()
-        if (carried := self._collectives.decisions) is not None:
-            carried.make_load_decisions(self._tracked.values())
-            if (decisions := carried.snapshot_entry()) is not None:
-                state["__decisions__"] = decisions
-        return state
-
-    def _load(self, state: dict[str, Any]) -> None:
-        self._restored_untracked = self._restored_untracked or self._untracked is not None
-        if (decisions := state.pop("__decisions__", None)) is not None and self._collectives.decisions is not None:
-            self._collectives.decisions.take(decisions)
-        # A lost step may have stopped an FSDP2 forward mid-way (a pipeline's set-up, a stand-in with no backward
-        # after it): its parameters still unsharded, the replayed step would skip an all-gather its peers issue.
-        dtensors.reset_fsdp_iterations(self._tracked.values())
-        dtensors.set_fsdp_switches(self._tracked.values(), state.pop("__fsdp__", []))
-        rng = state.pop("__rng__")
-        for name, obj in self._tracked.items():
-            value = dtensors.relayout(state[name], obj) if self._sharded else state[name]
-            if isinstance(obj, torch.nn.Module) and len(fresh := _without_live(value, obj.state_dict())) < len(value):
-                if fresh:
-                    obj.load_state_dict(fresh, strict=False)  # the rest are its live tensors already
-            else:
-                obj.load_state_dict(value)
-        rng_mod.restore(rng)  # last: loading an object may draw from the RNGs (a loader's pass does)
-
-    def _unchanged(self, manifest: Manifest) -> dict[int, torch.Tensor] | None:
-        """The live tensors that only an optimizer's step() changes (and the replicated ones), by their index in
-        `manifest`; None when the live state is not laid out as the manifest says.  After a lost step that
-        skipped the optimizer, they hold what the snapshot of the step before holds (``Recovery`` checks that)."""
-        state = self._snapshot_state()
-        _, tensors = flatten(state)
-        # The sharding decisions only grow, a lost step's too: not training state, never kept, any size.
-        if not same_layout(manifest, tensors, ignore=state.get("__decisions__", {}).get("msgpack")):
-            return None
-        kept = self._background_pointers() | self._replicated_pointers()
-        return {i: t for i, t in enumerate(tensors) if t.data_ptr() in kept}
-
-    def _background_pointers(self) -> set[int]:
-        """Storages that change only inside optimizer.step(): safe to copy while the next step runs."""
-        pointers: set[int] = set()
-        for optimizer in self._optimizers:
-            for group in optimizer.param_groups:
-                pointers.update(dtensors.local(p).data_ptr() for p in group["params"])
-            inner: torch.optim.Optimizer = getattr(optimizer, "optim", optimizer)  # ZeRO: the local shard's optimizer
-            for state in inner.state.values():
-                pointers.update(dtensors.local(v).data_ptr() for v in state.values() if isinstance(v, torch.Tensor))
-        return pointers
-
-    def _replicated_pointers(self) -> set[int]:
-        """Storages that are the same on every seat: the parameters of ``rt.ddp`` models (their gradients
-        are averaged) and a plain optimizer's state for them.  A ZeRO shard is not: it differs per seat."""
-        replicated = [p for wrapper in self._ddps for bucket in wrapper.buckets for p in bucket.params]
-        pointers = {p.data_ptr() for p in replicated}
-        for optimizer in self._optimizers:
-            if zero_mod.is_zero(optimizer):
-                continue
-            for param in replicated:
-                state = optimizer.state.get(param)
-                if state:
-                    pointers.update(v.data_ptr() for v in state.values() if isinstance(v, torch.Tensor) and v.numel())
-        return pointers
+            self._tracked.capture(step, self._state.view, self.rank)
 
     def _save_to_disk(self, slot: Slot) -> None:
         """Copy thread: every N steps, the finished snapshot also goes to disk (background write)."""
@@ -544,15 +444,9 @@ class Runtime:
 
     def _untracked_loader(self, message: str, loader: UntrackedLoader) -> None:
         """The loader watch saw training iterate a loader no snapshot holds (warned once)."""
-        self._untracked = loader
+        self._tracked.note_untracked(loader)
         self.events.emit(Event.DATA_LOADER_UNTRACKED, rank=self.rank, step=self._state.step, loader=loader.kind,
                          where=loader.where)
-
-    def _note_untracked_rollback(self) -> None:
-        """A restore ran after the loader watch warned: the view adopted now (the restore's) is the first whose
-        rollback left the untracked loader where it was, which this seat's Finished reports."""
-        self._restored_untracked = False
-        self._untracked_view = self._untracked_view or self._state.epoch
 
     def _on_snapshot_copied(self, slot: Slot) -> None:
         """Copy thread: hand the finished snapshot to the SnapshotActor for streaming."""
@@ -608,9 +502,8 @@ class Runtime:
         view = self._state.view
         assert view is not None and self._collectives.group is not None
         self._state.step = max_steps
-        if self._restored_untracked:  # restored, and no step since (the failure came as the seats finished)
-            self._note_untracked_rollback()
-        state = self._live_state()
+        self._tracked.at_boundary(self._state.epoch)  # restored, and no step since (a failure as the seats finished)
+        state = self._tracked.live()
         rngs = {kind: state_digest(value) for kind, value in state["__rng__"].items()}  # --check-determinism
         # Python's `random` and numpy's are seeded from the OS unless the script seeds them: restored, not digested.
         for unseeded in rng_mod.UNSEEDED:
@@ -625,10 +518,9 @@ class Runtime:
             return False
         self.final_digest = hashlib.sha256(b"".join(bytes(t.tolist()) for t in gathered)).hexdigest()
         self._finished = True
-        untracked = self._untracked if self._untracked_view else None
+        loader, where, rolled_back = self._tracked.untracked_rollback()
         self._handoff.post(Finished(self.member, view.epoch, self.rank, max_steps - 1, self.final_digest,
-                                    untracked.kind if untracked else "", untracked.where if untracked else "",
-                                    self._untracked_view))
+                                    loader, where, rolled_back))
         self.events.emit(Event.SEAT_FINISHED, epoch=view.epoch, rank=self.rank, step=max_steps - 1,
                          state_digest=self.final_digest, seat_digest=seat_digest, parts=parts, rngs=rngs)
         stats = self.stats()
@@ -659,15 +551,3 @@ class Runtime:
         _RUNTIME = None
         GUARD.finish()
 
-
-def _without_live(value: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
-    """A module's state dict to load, `value`, without the entries that are its `live` tensors themselves: a
-    survivor's restore keeps the live tensors that hold the snapshot's values, and loading one copies it onto
-    itself (a DTensor's copy is far from free: a sharding decision per shape, the first time).  All of it where
-    the keys differ from the module's, so that the strict load names what is missing or unexpected."""
-    if value.keys() != live.keys():
-        return value
-    return {key: v for key, v in value.items() if not (
-        isinstance(v, torch.Tensor) and isinstance(live[key], torch.Tensor)
-        and dtensors.local(v).data_ptr() == dtensors.local(live[key]).data_ptr()
-        and dtensors.local(v).shape == dtensors.local(live[key]).shape)}

@@ -31,10 +31,10 @@ def member(member_id: str, role: str, posted: list[Any] | None = None, state: St
     state, handoff = state or StepState(), Handoff()
     events = EventLog(None, member=member_id, source="worker")
     faults = FaultInjector(env, state, handoff, events, partition=type("Switch", (), {"cut": False})())
-    unused: Any = None  # the state callbacks
+    unused: Any = None  # the tracked state and the samplers
     recovery = Recovery(env, state, handoff, progress or Progress(), events, snapshots,
                         types.SimpleNamespace(enabled=False), types.SimpleNamespace(subgroups=None), faults, unused,
-                        unused, unused, unused, unused)
+                        unused)
     handoff.bind(posted.append if posted is not None else None)  # what the runtime thread would be handed
     return recovery, handoff
 
