@@ -92,11 +92,13 @@ def build_model(size: str = "small", seed: int = 0, dropout: float = 0.1) -> GPT
 def load_corpus(max_bytes: int = 4 << 20) -> torch.Tensor:
     """The standard library's .py sources, in sorted path order, as a byte tensor."""
     root = Path(sysconfig.get_paths()["stdlib"])
+    sources: list[Path] = []
+    for here, folders, names in os.walk(root):  # not into site-packages (torch's thousands of files) or tests
+        folders[:] = [name for name in folders if name not in ("site-packages", "test")]
+        sources += [Path(here, name) for name in names if name.endswith(".py")]
     chunks: list[bytes] = []
     total = 0
-    for path in sorted(root.rglob("*.py")):
-        if "site-packages" in path.parts or "test" in path.parts:
-            continue
+    for path in sorted(sources):
         try:
             data = path.read_bytes()
         except OSError:

@@ -14,6 +14,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "demos" / "train_gpt.py"
+TINY = REPO / "tests" / "fixtures" / "tiny_train.py"  # a small DDP script with switches for misbehaviour
+TINY_JOB = ("--nproc", "2", "--spares", "1", "--no-progress")  # the job of TINY's shared failure-free run
 REFERENCE_STEPS = 16  # the steps of the GPT demo's failure-free reference run (``gpt_reference``, conftest.py)
 DIGEST = re.compile(r"^final state digest: ([0-9a-f]{64})$", re.MULTILINE)
 

@@ -8,50 +8,63 @@ like the live object's (its parameters' mesh and placements), then loads them th
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-try:
-    from torch.distributed.tensor import DTensor
-except ImportError:  # torch < 2.5 keeps it private; sharded training needs torch >= 2.6 anyway (README)
-    from torch.distributed._tensor import DTensor  # type: ignore[attr-defined,no-redef]
-try:
-    from torch.distributed.fsdp import FSDPModule
-except ImportError:  # torch < 2.6: no public FSDP2
-    FSDPModule = None  # type: ignore[assignment,misc]
 
-# FSDP2 can be reset after a backward aborted mid-way (``reset_iter_state()``, in torch 2.13): a mesh seat
-# abandons a lost step's backward only then, and runs it to its end on a torch without it.
-FSDP_RESETS = FSDPModule is None or hasattr(FSDPModule, "reset_iter_state")
+def _loaded(module: str, name: str) -> Any:
+    """`module`'s class `name` if the module has been imported, else None (nothing can be one of its instances).
+
+    Importing DTensor costs about a second of CPU per process (sympy, the sharding rules): a script that makes
+    no DTensor (DDP, ZeRO) never pays it, since whatever makes a DTensor or an FSDP module imports it first.
+    """
+    loaded = sys.modules.get(module)
+    return None if loaded is None else getattr(loaded, name, None)
+
+
+def _is_dtensor(value: object) -> bool:
+    dtensor = _loaded("torch.distributed.tensor", "DTensor")
+    return dtensor is not None and isinstance(value, dtensor)
+
+
+def fsdp_resets() -> bool:
+    """Whether FSDP2 can be reset after a backward aborted mid-way (``reset_iter_state()``, in torch 2.13).
+
+    A mesh seat abandons a lost step's backward only then, and runs it to its end on a torch without it.
+    """
+    fsdp = _loaded("torch.distributed.fsdp", "FSDPModule")
+    return fsdp is None or hasattr(fsdp, "reset_iter_state")
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor whose storage holds `tensor`'s values on this seat (its local shard for a DTensor)."""
-    return tensor._local_tensor if isinstance(tensor, DTensor) else tensor  # type: ignore[attr-defined]
+    return tensor._local_tensor if _is_dtensor(tensor) else tensor  # type: ignore[attr-defined]
 
 
 def localize(tree: Any) -> Any:
     """`tree` (a state dict) with every DTensor replaced by its local tensor; other values untouched."""
-    if isinstance(tree, DTensor):
+    if _is_dtensor(tree):
         return local(tree)
     if isinstance(tree, dict):
         return {key: localize(value) for key, value in tree.items()}
-    if isinstance(tree, (list, tuple)) and any(isinstance(v, (DTensor, dict, list, tuple)) for v in tree):
+    if isinstance(tree, (list, tuple)) and any(_is_dtensor(v) or isinstance(v, (dict, list, tuple)) for v in tree):
         return type(tree)(localize(value) for value in tree)
     return tree
 
 
-def _like(loaded: Any, live: DTensor) -> Any:
-    if not isinstance(loaded, torch.Tensor) or isinstance(loaded, DTensor) or loaded.shape != local(live).shape:
+def _like(loaded: Any, live: Any) -> Any:
+    if not isinstance(loaded, torch.Tensor) or _is_dtensor(loaded) or loaded.shape != local(live).shape:
         return loaded
-    return DTensor.from_local(loaded, live.device_mesh, live.placements, run_check=False,
+    dtensor = _loaded("torch.distributed.tensor", "DTensor")
+    return dtensor.from_local(loaded, live.device_mesh, live.placements, run_check=False,
                               shape=live.shape, stride=live.stride())
 
 
 def _relayout(loaded: Any, live: Any) -> Any:
-    if isinstance(live, DTensor):
+    if _is_dtensor(live):
         return _like(loaded, live)
     if isinstance(loaded, dict) and isinstance(live, dict):
         return {key: _relayout(value, live[key]) if key in live else value for key, value in loaded.items()}
@@ -72,7 +85,7 @@ def relayout(loaded: Any, obj: Any) -> Any:
         state = {}
         for index, entries in loaded["state"].items():
             param = params[index] if isinstance(index, int) and index < len(params) else None
-            if isinstance(param, DTensor):
+            if _is_dtensor(param):
                 entries = {key: _like(value, param) for key, value in entries.items()}
             state[index] = entries
         return {**loaded, "state": state}
@@ -81,10 +94,11 @@ def relayout(loaded: Any, obj: Any) -> Any:
 
 def _fsdp_modules(objects: Iterable[object]) -> list[Any]:
     """Every FSDP2 module under the modules among `objects`, in a fixed order (the same on every seat)."""
-    if FSDPModule is None:
+    fsdp = _loaded("torch.distributed.fsdp", "FSDPModule")
+    if fsdp is None:
         return []
     return [module for obj in objects if isinstance(obj, torch.nn.Module)
-            for module in obj.modules() if isinstance(module, FSDPModule)]
+            for module in obj.modules() if isinstance(module, fsdp)]
 
 
 def fsdp_switches(objects: Iterable[object]) -> list[list[bool]]:
@@ -121,7 +135,7 @@ def reset_fsdp_iterations(objects: Iterable[object]) -> None:
     next backward without one (its reduce-scatters never finalized) and the parameters unsharded.
     ``reset_iter_state()`` reshards them and drops the lost iteration's gradient reductions.
     """
-    if not FSDP_RESETS:
+    if not fsdp_resets():
         return
     for module in _fsdp_modules(objects):
         if module._get_fsdp_state()._is_root:

@@ -12,12 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from launch_util import REPO, launch
+from launch_util import REPO, TINY, launch
 
-pytestmark = pytest.mark.e2e
-
-TINY = REPO / "tests" / "fixtures" / "tiny_train.py"
 PLAIN = REPO / "tests" / "fixtures" / "plain_loader_train.py"
 SPARES = ("--nproc", "2", "--spares", "1")
 

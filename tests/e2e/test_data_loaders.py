@@ -208,7 +208,7 @@ def test_an_untracked_loader_iterated_in_a_step_warns_once_naming_the_fix(watche
         next(iter(plain))  # once per process
         next(iter(DataLoader(TensorDataset(torch.arange(8)))))
     assert watched.reports == ["DataLoader"]
-    assert watched.where == [f"test_data.py:{iterated_at}"], "the script's line that iterates, for the closing line"
+    assert watched.where == [f"test_data_loaders.py:{iterated_at}"], "the line that iterates, for the closing line"
 
 
 def test_a_tracked_loader_does_not_warn(watched: Watched) -> None:
@@ -232,7 +232,7 @@ def test_a_pass_started_before_the_loop_warns_after_the_first_step_if_it_yielded
     with pytest.warns(RuntimeWarning, match="StatefulDataLoader"):
         watched.watch.first_step_done()
     assert watched.reports == ["DataLoader"]
-    assert watched.where == [f"test_data.py:{started_at}"], "where the pass started, not the runtime's step end"
+    assert watched.where == [f"test_data_loaders.py:{started_at}"], "where the pass started, not the runtime's step end"
     del unused
 
 

@@ -15,8 +15,6 @@ import pytest
 from conftest import References
 from launch_util import REPO, LaunchResult, launch
 
-pytestmark = pytest.mark.e2e
-
 SCRIPT = REPO / "tests" / "fixtures" / "expert_train.py"
 STEPS = 10
 TOKENS = 32  # per seat per step

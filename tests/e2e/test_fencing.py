@@ -19,8 +19,6 @@ from deadpool.protocol import codec
 from deadpool.protocol.messages import PROTOCOL_VERSION, CommitView, Heartbeat, Join, Prepare, SnapshotHeader
 from deadpool.protocol.view import View
 
-pytestmark = pytest.mark.e2e
-
 STEPS = REFERENCE_STEPS  # their digests are the shared reference run's (gpt_reference)
 SECRET = "test-secret-0123456789"
 

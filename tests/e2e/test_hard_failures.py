@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 from launch_util import DEMO, REFERENCE_STEPS, REPO, LaunchResult, assert_no_survivors, launch, read_events, wait_for
 
-pytestmark = pytest.mark.e2e
-
 STEPS = REFERENCE_STEPS  # their digests are the shared reference run's (gpt_reference)
 SLOW = ("--step-delay", "0.15")
 

@@ -13,11 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import References
-from launch_util import DEMO, REFERENCE_STEPS, LaunchResult, launch
+from launch_util import DEMO, REFERENCE_STEPS, TINY, TINY_JOB, LaunchResult, launch
 
 from deadpool.snapshot import shm
-
-pytestmark = pytest.mark.e2e
 
 STEPS = REFERENCE_STEPS  # kills land in step 8, half way, with snapshots of every earlier step taken
 
@@ -161,14 +159,12 @@ def test_gpu_kill_is_bit_identical(tmp_path: Path, gpu_baseline: LaunchResult, c
     assert_swapped(result, gpu_baseline, seat=seat)
 
 
-def test_a_seat_lost_before_its_spare_joined_waits_for_the_spare(tmp_path: Path) -> None:
+def test_a_seat_lost_before_its_spare_joined_waits_for_the_spare(tmp_path: Path, references: References) -> None:
     # The spare is still starting (a slow import) when rank 1 dies: its launcher started it, so the seat
     # waits for it to join instead of failing the job for want of a spare.
-    script = Path(__file__).parents[1] / "fixtures" / "tiny_train.py"
-    reference = launch(tmp_path, "--nproc", "2", "--spares", "0", steps=10, script=script)
-    assert reference.returncode == 0 and reference.digest, reference.output[-3000:]
-    result = launch(tmp_path, "--nproc", "2", "--spares", "1", "--chaos", "kill:rank=1:step=2", steps=10,
-                    script=script, script_args=("--spare-start-delay", "4"), timeout=120)
+    reference = references.get(TINY, TINY_JOB, (), 8)
+    result = launch(tmp_path, "--nproc", "2", "--spares", "1", "--chaos", "kill:rank=1:step=2", steps=8,
+                    script=TINY, script_args=("--spare-start-delay", "4"), timeout=120)
     assert result.returncode == 0, result.output[-4000:]
     assert result.digest == reference.digest
     failed, joined = result.of("member_failed")[0], [j for j in result.of("member_joined") if ":spare" in j["member"]]

@@ -14,16 +14,13 @@ from pathlib import Path
 
 import pytest
 from conftest import References
-from launch_util import DEMO, REFERENCE_STEPS, REPO, LaunchResult, launch
+from launch_util import DEMO, REFERENCE_STEPS, REPO, TINY, LaunchResult, launch
 
 from deadpool.config import Config
-
-pytestmark = pytest.mark.e2e
 
 JOB = ("--nproc", "4", "--spares", "1")
 LLAMA = REPO / "demos" / "train_llama.py"
 EXPERTS = REPO / "tests" / "fixtures" / "expert_train.py"
-TINY = REPO / "tests" / "fixtures" / "tiny_train.py"
 STANDIN = {"DEADPOOL_NCCL_STANDIN": "1"}
 
 

@@ -15,8 +15,6 @@ import pytest
 from conftest import References
 from launch_util import REPO, LaunchResult, launch
 
-pytestmark = pytest.mark.e2e
-
 LLAMA = REPO / "demos" / "train_llama.py"
 STEPS = 12
 PIPELINE = ("--size", "tiny", "--pp", "2", "--fsdp")

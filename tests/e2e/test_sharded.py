@@ -16,8 +16,6 @@ import torch
 from conftest import References
 from launch_util import REPO, LaunchResult, launch
 
-pytestmark = pytest.mark.e2e
-
 LLAMA = REPO / "demos" / "train_llama.py"
 STRAGGLER = REPO / "tests" / "fixtures" / "straggler_llama.py"  # the Llama demo, some seats slow to snapshot
 SEPARATE_RS = REPO / "tests" / "fixtures" / "separate_reduce_scatter_llama.py"  # FSDP2's reduce-scatter group
@@ -202,17 +200,7 @@ def test_fsdp_alone_survives_a_kill_in_an_all_gather(tmp_path: Path, fsdp_baseli
 COMPILED = REPO / "tests" / "fixtures" / "compiled_mesh_train.py"  # FSDP2 or TP on 2 seats, then torch.compile
 
 
-def run_compiled(tmp_path: Path, parallel: str, *chaos: str) -> LaunchResult:
-    args: list[str] = ["--nproc", "2", "--spares", "1"]
-    for spec in chaos:
-        args += ["--chaos", spec]
-    tmp_path.mkdir(exist_ok=True)
-    return launch(tmp_path, *args, steps=10, script=COMPILED, script_args=("--parallel", parallel), timeout=240)
-
-
-@pytest.fixture(scope="module")
-def compiled_baselines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LaunchResult]:
-    return {}
+COMPILED_JOB = ("--nproc", "2", "--spares", "1")
 
 
 @pytest.mark.parametrize(("parallel", "spec"), [
@@ -220,15 +208,13 @@ def compiled_baselines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, La
     ("tp", "kill:rank=0:step=7:at=forward"),
 ])
 def test_a_compiled_model_on_the_mesh_survives_a_kill_bit_identically(
-        tmp_path: Path, compiled_baselines: dict[str, LaunchResult], parallel: str, spec: str) -> None:
+        tmp_path: Path, references: References, parallel: str, spec: str) -> None:
     # torch.compile of the tracked model traces DeadPool's guard of its forward: the guard must not hand
     # dynamo its stand-in outputs (mixed tensors and DTensors, a TorchRuntimeError in the script).
-    if parallel not in compiled_baselines:
-        baseline = run_compiled(tmp_path / "baseline", parallel)
-        assert baseline.returncode == 0 and baseline.digest, baseline.output[-3000:]
-        compiled_baselines[parallel] = baseline
-    result = run_compiled(tmp_path / "chaos", parallel, spec)
-    assert_recovered(result, compiled_baselines[parallel], [int(spec.split("rank=")[1].split(":")[0])])
+    baseline = references.get(COMPILED, COMPILED_JOB, ("--parallel", parallel), 10)
+    result = launch(tmp_path, *COMPILED_JOB, "--chaos", spec, steps=10, script=COMPILED,
+                    script_args=("--parallel", parallel), timeout=240)
+    assert_recovered(result, baseline, [int(spec.split("rank=")[1].split(":")[0])])
 
 
 BLOCKS = REPO / "tests" / "fixtures" / "compiled_blocks_train.py"  # FSDP2 x TP, bf16, checkpointed, compiled blocks
@@ -246,27 +232,15 @@ BLOCK_KILLS = [  # (compile form, kill); the default suite runs the one that fai
 ]
 
 
-@pytest.fixture(scope="module")
-def block_baselines() -> dict[str, LaunchResult]:
-    return {}
-
-
 @pytest.mark.parametrize(("form", "spec"), BLOCK_KILLS)
 def test_compiled_blocks_survive_a_kill_in_every_collective_bit_identically(
-        tmp_path: Path, block_baselines: dict[str, LaunchResult], form: str, spec: str) -> None:
+        tmp_path: Path, references: References, form: str, spec: str) -> None:
     """Each block compiled, in place or by the wrapper: a survivor's lost step never makes dynamo trace DeadPool's
     forward guard (it would fall back to eager for good, and compute what the spare's compiled blocks do not)."""
-    def run(where: Path, *chaos: str) -> LaunchResult:
-        where.mkdir()
-        return launch(where, "--nproc", "4", "--spares", "1", *chaos, script=BLOCKS, steps=6,
-                      script_args=("--compile", form))
-
-    if form not in block_baselines:
-        baseline = run(tmp_path / "baseline")
-        assert baseline.returncode == 0 and baseline.digest, baseline.output[-3000:]
-        block_baselines[form] = baseline
-    result = run(tmp_path / "chaos", "--chaos", spec)
+    job = ("--nproc", "4", "--spares", "1")
+    baseline = references.get(BLOCKS, job, ("--compile", form), 6)
+    result = launch(tmp_path, *job, "--chaos", spec, script=BLOCKS, steps=6, script_args=("--compile", form))
     assert result.returncode == 0, result.output[-4000:]
     assert [f["failed_rank"] for f in result.of("member_failed")] == [1]
-    assert result.digest == block_baselines[form].digest, "a compiled run with a failure must end bit-identical"
+    assert result.digest == baseline.digest, "a compiled run with a failure must end bit-identical"
     assert "falling back to eager" not in result.output

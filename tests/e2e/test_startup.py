@@ -17,13 +17,10 @@ from pathlib import Path
 import pytest
 from conftest import References
 from deadpool.tools import request
-from launch_util import REPO, LaunchResult, assert_no_survivors, launch, read_events
+from launch_util import REPO, TINY, LaunchResult, assert_no_survivors, launch, read_events
 
 from deadpool.agent import jobfile
 
-pytestmark = pytest.mark.e2e
-
-TINY = REPO / "tests" / "fixtures" / "tiny_train.py"
 LLAMA = REPO / "demos" / "train_llama.py"
 DDP_JOB = ("--nproc", "3", "--spares", "1")
 MESH_JOB = ("--nproc", "4", "--spares", "1")

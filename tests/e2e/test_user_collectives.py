@@ -12,9 +12,8 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import References
 from launch_util import REPO, LaunchResult, launch
-
-pytestmark = pytest.mark.e2e
 
 SCRIPT = REPO / "tests" / "fixtures" / "collectives_train.py"
 STEPS = 12
@@ -42,8 +41,10 @@ def failure_free(tmp_path: Path, script_args: tuple[str, ...] = ()) -> LaunchRes
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
-    return failure_free(tmp_path_factory.mktemp("reference"))
+def reference(references: References) -> LaunchResult:
+    result = references.get(SCRIPT, ("--nproc", str(WORLD), "--spares", "1"), (), STEPS)
+    assert not result.of("collective_failed")
+    return result
 
 
 def test_the_default_group_all_reduces_and_every_seat_ends_with_the_same_buffers(reference: LaunchResult) -> None:

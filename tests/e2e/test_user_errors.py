@@ -12,11 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch_util import REPO, launch, running
-
-pytestmark = pytest.mark.e2e
-
-TINY = REPO / "tests" / "fixtures" / "tiny_train.py"
+from conftest import References
+from launch_util import REPO, TINY, TINY_JOB, launch, running
 
 
 def test_an_exception_that_repeats_in_the_replacement_stops_the_job_after_one_swap(tmp_path: Path) -> None:
@@ -70,13 +67,13 @@ def test_a_workers_child_that_holds_its_output_pipe_does_not_hold_the_launcher(t
     assert not [pid for pid in children if running(pid)], "a worker's children outlived the job"
 
 
-def test_a_rank_held_in_its_own_code_during_a_swap_says_where_and_the_job_survives(tmp_path: Path) -> None:
+def test_a_rank_held_in_its_own_code_during_a_swap_says_where_and_the_job_survives(tmp_path: Path,
+                                                                                   references: References) -> None:
     """Rank 0 sleeps 12 s in step 5 (past the 10 s collective timeout) as rank 1 is killed: the swap's group
     cannot form without it (the spare's adoption times out, and the job rebuilds). Meanwhile rank 0's
     runtime reports where its training thread is (``compute_late``, with the stack). The digest is the one
     of the run without either."""
-    reference = launch(tmp_path, "--nproc", "2", "--spares", "1", "--no-progress", steps=8, script=TINY, timeout=120)
-    assert reference.returncode == 0 and reference.digest, reference.output[-3000:]
+    reference = references.get(TINY, TINY_JOB, (), 8)
     result = launch(tmp_path, "--nproc", "2", "--spares", "1", "--no-progress", "--chaos", "kill:rank=1:step=5",
                     steps=8, script=TINY, timeout=180,
                     script_args=("--stall-at-step", "5", "--stall-s", "12", "--raise-on-rank", "0"))

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import References
 from launch_util import REPO, LaunchResult, launch
 
-pytestmark = pytest.mark.e2e
 pytest.importorskip("torchdata.stateful_dataloader")
 
 SCRIPT = REPO / "tests" / "fixtures" / "cnn_train.py"
@@ -29,22 +29,20 @@ def run(tmp_path: Path, *chaos: str, num_workers: int = 0, sampler: str = "torch
                   script_args=("--num-workers", str(num_workers), "--sampler", sampler), timeout=180)
 
 
-def _reference(tmp_path_factory: pytest.TempPathFactory, num_workers: int) -> LaunchResult:
-    result = run(tmp_path_factory.mktemp(f"cnn-reference-{num_workers}"), num_workers=num_workers)
-    assert result.returncode == 0 and result.digest, result.output[-3000:]
-    assert not result.of("member_failed")
+def _reference(references: References, num_workers: int) -> LaunchResult:
+    result = references.get(SCRIPT, SPARES, ("--num-workers", str(num_workers), "--sampler", "torch"), STEPS)
     assert not result.of("data_loader_untracked"), "a tracked StatefulDataLoader must not be warned about"
     return result
 
 
 @pytest.fixture(scope="module")
-def reference0(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
-    return _reference(tmp_path_factory, 0)
+def reference0(references: References) -> LaunchResult:
+    return _reference(references, 0)
 
 
 @pytest.fixture(scope="module")
-def reference2(tmp_path_factory: pytest.TempPathFactory) -> LaunchResult:
-    return _reference(tmp_path_factory, 2)
+def reference2(references: References) -> LaunchResult:
+    return _reference(references, 2)
 
 
 def assert_recovered(result: LaunchResult, reference: LaunchResult, seat: int) -> None:

@@ -26,6 +26,7 @@ from deadpool.errors import MisuseError
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CollectiveFailed
 from deadpool.protocol.view import View
+from deadpool.worker import syncbn
 from deadpool.worker.exit import ExitGuard
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.groups import default, own
@@ -153,8 +154,10 @@ class Runtime:
 
 @pytest.fixture(autouse=True)
 def torch_syncbn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Installing the group routes SyncBatchNorm's CPU forward (syncbn.py): undone after each test."""
+    """Installing the group routes SyncBatchNorm's CPU forward (syncbn.py) through a registry of this test's own:
+    both undone after each test."""
     monkeypatch.setattr(nn.SyncBatchNorm, "forward", nn.SyncBatchNorm.forward)
+    monkeypatch.setattr(syncbn, "PATCHES", Patches())
 
 
 @pytest.fixture

@@ -555,11 +555,8 @@ async def test_a_changed_bad_manifest_is_rejected_after_a_valid_one_was_accepted
 
 def test_sweep_removes_only_slot_files_whose_writer_is_gone(tmp_path: Path) -> None:
     """What a SIGKILLed agent leaves behind goes at the next agent's start; live writers' files stay."""
-    import subprocess
-    import sys
-
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead_pid = int(gone.stdout)
+    limit = int(Path("/proc/sys/kernel/pid_max").read_text())
+    dead_pid = next(pid for pid in range(limit - 1, 1, -1) if not Path(f"/proc/{pid}").exists())  # no such process
     stale = tmp_path / f"deadpool-host_rank1_ab12-{dead_pid}-slot0"
     live = tmp_path / f"deadpool-host_rank2_cd34-{os.getpid()}-slot1"
     other = tmp_path / f"not-a-slot-{dead_pid}-slot0"

@@ -22,6 +22,7 @@ from torch._C._distributed_c10d import HashStore, ProcessGroupGloo
 
 from deadpool.worker import syncbn
 from deadpool.worker.groups.default import DefaultGroup
+from deadpool.worker.patches import Patches
 
 SIZES = (3, 5)  # unequal batches: the all-gathered counts must weigh each seat's statistics
 
@@ -75,6 +76,7 @@ def test_two_seats_normalize_as_one_batchnorm_over_both_batches(monkeypatch: pyt
     seats = [DefaultGroup(Issuer(group), rank, 2) for rank, group in enumerate(real)]
     monkeypatch.setattr(c10d._world, "default_pg", seats[0])  # torch's SyncBatchNorm syncs only once one exists
     monkeypatch.setattr(nn.SyncBatchNorm, "forward", nn.SyncBatchNorm.forward)  # undone after the test
+    monkeypatch.setattr(syncbn, "PATCHES", Patches())  # and the registry that installs it, this test's own
     syncbn.enable()
     results: list[dict[str, Any]] = [{}, {}]
 

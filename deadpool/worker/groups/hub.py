@@ -275,7 +275,7 @@ class GroupCollectives:
         state = self._state
         if state.backward_issued or state.abandoned:
             return state.abandoned
-        if self.step_lost() and dtensors.FSDP_RESETS:
+        if self.step_lost() and dtensors.fsdp_resets():
             state.abandoned = True
         else:
             state.backward_issued = True
