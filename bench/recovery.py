@@ -44,19 +44,20 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.baselines._common import read_events  # noqa: E402
+from bench.baselines._common import read_events  # noqa: E402  (the baselines' own files: not DeadPool events)
 from bench.baselines.restart_baseline import run_restart_baseline  # noqa: E402
+from deadpool.events import schema  # noqa: E402
 
 STEPS, KILL_RANK, KILL_STEP, WORLD = 40, 2, 20, 4
 SHARDED = "DeadPool hot-swap, FSDP2 x TP (Llama 13M)"
 
 
-def _all_ranks_finished(events: list[dict[str, Any]]) -> list[tuple[float, int, int]]:
+def _all_ranks_finished(events: list[schema.Line]) -> list[tuple[float, int, int]]:
     """(ts, step, epoch) when every seat finished a step under a view, in time order."""
     finished: dict[tuple[int, int], list[float]] = defaultdict(list)
     for record in events:
-        if record.get("event") == "step_finished":
-            finished[(int(record["epoch"]), int(record["step"]))].append(float(record["ts"]))
+        if isinstance(record, schema.StepFinished) and record.epoch is not None and record.step is not None:
+            finished[(record.epoch, record.step)].append(record.ts)
     return sorted((max(ts), step, epoch) for (epoch, step), ts in finished.items() if len(ts) >= WORLD)
 
 
@@ -64,7 +65,7 @@ LLAMA = ("demos/train_llama.py", "--fsdp", "--tp", "2")  # the sharded row: FSDP
 PHASES = ("detect_s", "pause_s", "commit_s", "restore_s", "first_step_s")
 
 
-def phases(events: list[dict[str, Any]], kill_ts: float, kill_epoch: int) -> dict[str, float]:
+def phases(events: list[schema.Line], kill_ts: float, kill_epoch: int) -> dict[str, float]:
     """Where a swap's time went, each phase from the end of the one before (DeadPool's events):
 
     ``detect_s`` the kill to ``member_failed``; ``pause_s`` to the last survivor ``paused`` (it ran on
@@ -72,15 +73,14 @@ def phases(events: list[dict[str, Any]], kill_ts: float, kill_epoch: int) -> dic
     (rollbacks, the spare's fetch, the group rebuild); ``first_step_s`` to the first step every seat
     finished under the new view.
     """
-    def first(kind: str) -> float | None:
-        return min((float(r["ts"]) for r in events if r.get("event") == kind and float(r["ts"]) >= kill_ts),
-                   default=None)
+    def first(kind: type[schema.Record]) -> float | None:
+        return min((r.ts for r in events if isinstance(r, kind) and r.ts >= kill_ts), default=None)
 
-    detected, committed = first("member_failed"), first("view_committed")
+    detected, committed = first(schema.MemberFailed), first(schema.ViewCommitted)
     if detected is None or committed is None:
         return {}
-    paused = [float(r["ts"]) for r in events if r.get("event") == "paused" and detected <= float(r["ts"]) <= committed]
-    restored = [float(r["ts"]) for r in events if r.get("event") == "restored" and float(r["ts"]) >= committed]
+    paused = [r.ts for r in events if isinstance(r, schema.Paused) and detected <= r.ts <= committed]
+    restored = [r.ts for r in events if isinstance(r, schema.Restored) and r.ts >= committed]
     after = [s for s in _all_ranks_finished(events) if s[2] > kill_epoch]
     if not restored or not after:
         return {}
@@ -102,19 +102,19 @@ def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/trai
     started = time.monotonic()
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     total = time.monotonic() - started
-    events = read_events(events_path)
+    events = schema.read(events_path) if events_path.exists() else []
     steps = _all_ranks_finished(events)
     result: dict[str, Any] = {"ok": proc.returncode == 0, "total_s": round(total, 3)}
     if proc.returncode != 0:  # why, in the coordinator's words where it gave them (the events stay in `workdir`)
-        failed = [r for r in events if r.get("event") == "job_failed"]
+        failed = [r for r in events if isinstance(r, schema.JobFailed)]
         tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        result["error"] = str(failed[0].get("reason", tail)) if failed else tail
+        result["error"] = (failed[0].detail or failed[0].reason) if failed else tail
     same_epoch_gaps = [b[0] - a[0] for a, b in zip(steps, steps[1:]) if a[2] == b[2] and b[1] == a[1] + 1]
     if same_epoch_gaps:
         result["median_step_s"] = round(statistics.median(same_epoch_gaps), 4)
-    kills = [r for r in events if r.get("event") == "chaos_injected"]
+    kills = [r for r in events if isinstance(r, schema.ChaosInjected)]
     if kills:
-        kill_ts, kill_epoch = float(kills[0]["ts"]), int(kills[0]["epoch"])
+        kill_ts, kill_epoch = kills[0].ts, kills[0].epoch or 0
         # Steps every rank finished in the view the kill hit (some may have finished just after the kill),
         # and the first step every rank finished under the view that replaced it.
         last_before = max((s[1] for s in steps if s[2] == kill_epoch), default=-1)
@@ -122,12 +122,12 @@ def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/trai
         if after:
             result["recovery_s"] = round(after[0][0] - kill_ts, 3)
             result["steps_recomputed"] = max(0, last_before + 1 - after[0][1])
-        swap = [r for r in events if r.get("event") == "swap_completed"]
-        result["swap_recovery_s"] = swap[0]["recovery_s"] if swap else None
+        swap = [r for r in events if isinstance(r, schema.SwapCompleted)]
+        result["swap_recovery_s"] = swap[0].recovery_s if swap else None
         result.update(phases(events, kill_ts, kill_epoch))
     result["timeline"] = [(round(ts - steps[0][0], 3), step) for ts, step, _ in steps] if steps else []
     if kills and steps:
-        result["kill_at_s"] = round(float(kills[0]["ts"]) - steps[0][0], 3)
+        result["kill_at_s"] = round(kills[0].ts - steps[0][0], 3)
     return result
 
 
@@ -190,7 +190,7 @@ def measure(systems: set[str], repeat: int, root: Path,
                          lambda w, k=k: run_restart_baseline(STEPS, KILL_RANK, KILL_STEP, k, WORLD, w)))
     if "torchft" in systems:
         try:
-            import torchft  # noqa: F401
+            import torchft
 
             from bench.baselines.torchft_baseline import run_torchft_baseline
 
@@ -207,7 +207,7 @@ def measure(systems: set[str], repeat: int, root: Path,
             print(f"[{rep + 1}/{repeat}] {name}{' with a kill' if kill else ''} ...", file=sys.stderr, flush=True)
             try:
                 result = run(workdir)
-            except Exception as err:  # noqa: BLE001 - one failed system must not hide the others' rows
+            except Exception as err:
                 result = {"ok": False, "error": repr(err)}
             _timeline_from(result, workdir)
             if not result.get("ok", True):

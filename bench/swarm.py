@@ -59,7 +59,7 @@ from deadpool.tools.simulate.checks import Checker  # noqa: E402
 from deadpool.tools.simulate.cluster import SimConfig  # noqa: E402
 from swarm_world import Layout  # noqa: E402
 
-from deadpool.events.catalogue import Event  # noqa: E402
+from deadpool.events import schema  # noqa: E402
 from deadpool.protocol.transport import new_event_loop  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "swarm_world.py"
@@ -171,29 +171,30 @@ class RunState:
         self.replay = Replay(self.t0)
         self.checker = Checker(self.replay)  # type: ignore[arg-type]  # duck-typed: reads .coordinator.fenced
 
-    def on_event(self, record: dict[str, Any]) -> None:
-        event, ts = record.get("event"), float(record.get("ts", 0.0))
+    def on_line(self, line: bytes) -> None:
+        """One line of the coordinator's events file, read through the event schema."""
+        record = schema.decode(line, "the coordinator's events")
+        ts = record.ts or 0.0
         self.replay.at(ts)
         self.checker.on_event(record)
-        if event == Event.MEMBER_FAILED:
-            member = record["failed_member"]
-            self.failed.setdefault(member, (ts, record.get("detected_by", "")))
-            self.replay.coordinator.fenced[member] = record.get("reason", "")
-        elif event == Event.VIEW_COMMITTED:
-            seats, spares = list(record["seats"]), list(record["spares"])
-            self._check_seats(record["epoch"], seats, spares)
-            self.seats, self.spares, self.epoch = seats, spares, record["epoch"]
-            self.commits.append((record["epoch"], ts, frozenset(seats) | frozenset(spares)))
-            if self.first_view is None:
-                self.first_view = ts
-        elif event == Event.SWAP_COMPLETED:
-            self.swaps.setdefault(record["old_member"], ts)
-        elif event == Event.REJECTED:
-            reason = str(record.get("reason", ""))
-            self.rejected[reason] = self.rejected.get(reason, 0) + 1
-        elif event == Event.JOB_FAILED:
-            self.job_failed = str(record.get("reason", ""))
-            self.checker.violation(f"the job failed: {self.job_failed[:300]}")
+        match record:
+            case schema.MemberFailed(member=str() as member):
+                self.failed.setdefault(member, (ts, record.detected_by))
+                self.replay.coordinator.fenced[member] = record.reason
+            case schema.ViewCommitted(epoch=int() as epoch):
+                seats, spares = list(record.seats), list(record.spares)
+                self._check_seats(epoch, seats, spares)
+                self.seats, self.spares, self.epoch = seats, spares, epoch
+                self.commits.append((epoch, ts, frozenset(seats) | frozenset(spares)))
+                if self.first_view is None:
+                    self.first_view = ts
+            case schema.SwapCompleted():
+                self.swaps.setdefault(record.old_member, ts)
+            case schema.Rejected():
+                self.rejected[record.reason] = self.rejected.get(record.reason, 0) + 1
+            case schema.JobFailed():
+                self.job_failed = record.detail or record.reason
+                self.checker.violation(f"the job failed: {self.job_failed[:300]}")
 
     def replaced(self, member: str) -> bool:
         """`member` was declared dead and the newest committed view no longer holds it."""
@@ -228,7 +229,7 @@ class EventTail:
         self._file: Any = None
         self._partial = b""
 
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self) -> list[bytes]:
         if self._file is None:
             if not self._path.exists():
                 return []
@@ -238,7 +239,7 @@ class EventTail:
             return []
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
-        return [json.loads(line) for line in lines if line.strip()]
+        return [line for line in lines if line.strip()]
 
     def close(self) -> None:
         if self._file is not None:
@@ -364,8 +365,8 @@ async def run_swarm(members: int, settings: Settings) -> dict[str, Any]:
 
     async def watch() -> None:
         while watching:
-            for record in tail.poll():
-                state.on_event(record)
+            for line in tail.poll():
+                state.on_line(line)
             await asyncio.sleep(0.02)
 
     try:
@@ -444,8 +445,8 @@ async def run_swarm(members: int, settings: Settings) -> dict[str, Any]:
         stats = list(await asyncio.gather(*(p.ask({"cmd": "stop"}, "stats") for p in swarm)))
         watching = False
         await watcher
-        for record in tail.poll():
-            state.on_event(record)
+        for line in tail.poll():
+            state.on_line(line)
     finally:
         watching = False
         if watcher is not None and not watcher.done():

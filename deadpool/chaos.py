@@ -40,15 +40,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from deadpool.errors import MisuseError
-
-
-class ChaosAction(enum.StrEnum):
-    """What a chaos spec or an operator's chaos command does to a member."""
-
-    KILL = "kill"  # SIGKILL: a crash
-    STOP = "stop"  # SIGSTOP: a hang
-    CONT = "cont"  # SIGCONT: undoes a stop (operator only)
-    PARTITION = "partition"  # every DeadPool message dropped both ways (spec only)
+from deadpool.events.vocabulary import ChaosAction as ChaosAction
 
 
 class ChaosPoint(enum.StrEnum):

@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result) if args.json else simulate.format_table(result))
             return 1 if result["invariant_violations"] else 0
         if args.command == "events":
+            from deadpool.events.schema import SchemaError
             from deadpool.events.summary import load
 
             from .events import text
@@ -80,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                 events = load(args.file)
             except OSError as err:
                 raise MisuseError(f"cannot read the events file {args.file}: {err.strerror or err}") from err
+            except SchemaError as err:
+                raise MisuseError(f"{err}; this version of deadpool reads events files as its own processes write "
+                                  "them: read the file with the version that wrote it") from err
             if not events:
                 raise MisuseError(f"{args.file} holds no events (deadpool launch --events FILE writes them)")
             print(text.format_timeline(events))

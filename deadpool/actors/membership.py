@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from deadpool.actors.handoff import Handoff
 from deadpool.actors.inbox import Drain, Inbound, Mailbox, Outbound, PrepareArrived, ViewChanged
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec, viewsync
 from deadpool.protocol.link import CoordinatorLink
@@ -158,7 +158,7 @@ class MembershipActor:
         if not self._link.follow(message.term, message.active, message.standby):
             return
         if newer:
-            self._events.emit(Event.TERM_FOLLOWED, term=message.term, active=message.active)
+            self._events.emit(schema.TermFollowed(term=message.term, active=message.active))
         if self._join is not None:
             await self._send(self._join)
 
@@ -167,7 +167,7 @@ class MembershipActor:
         view = message.view
         held = self.view.epoch if self.view else 0
         if view.epoch <= held:
-            self._events.emit(Event.REJECTED, reason="stale_view", detail=f"view {view.epoch} <= held {held}")
+            self._events.emit(schema.Rejected(reason="stale_view", detail=f"view {view.epoch} <= held {held}"))
             return
         self.view, self._digest = view, digest
         self._to_snapshots(ViewChanged(view))  # before the compute thread can act on it (and snapshot in it)
@@ -177,7 +177,7 @@ class MembershipActor:
         """Apply a delta to the view held; without its base (or on a digest mismatch) ask for the whole view."""
         held = self.view.epoch if self.view else 0
         if delta.epoch <= held:
-            self._events.emit(Event.REJECTED, reason="stale_view", detail=f"view {delta.epoch} <= held {held}")
+            self._events.emit(schema.Rejected(reason="stale_view", detail=f"view {delta.epoch} <= held {held}"))
             return
         view, why = None, "no view held"
         if self.view is not None:
@@ -202,8 +202,8 @@ class MembershipActor:
         epoch = self.view.epoch if self.view else 0
         term = getattr(message, "term", 0)
         if self._link.stale(term):
-            self._events.emit(Event.REJECTED, reason="stale_term", kind=type(message).__name__,
-                              detail=f"term {term} < followed {self._link.term}")
+            self._events.emit(schema.Rejected(reason="stale_term", kind=type(message).__name__,
+                              detail=f"term {term} < followed {self._link.term}"))
             return
         if isinstance(message, Coordinators):
             await self._follow(message)
@@ -216,10 +216,10 @@ class MembershipActor:
             if view is not None:
                 self._adopt(CommitView(view, message.term), message.digest)
             elif why:
-                self._events.emit(Event.REJECTED, reason="bad_view_chunk", detail=why)
+                self._events.emit(schema.Rejected(reason="bad_view_chunk", detail=why))
         elif isinstance(message, Prepare):
             if message.epoch <= epoch:
-                self._events.emit(Event.REJECTED, reason="stale_prepare", detail=f"prepare {message.epoch} <= {epoch}")
+                self._events.emit(schema.Rejected(reason="stale_prepare", detail=f"prepare {message.epoch} <= {epoch}"))
                 return
             if (message.term, message.epoch) <= self._prepared:
                 # The same Prepare again, sent directly: its relay or our answers were lost with our agent
@@ -232,16 +232,16 @@ class MembershipActor:
             self._to_snapshots(PrepareArrived(message.epoch))  # after: the compute thread takes no snapshot now
         elif isinstance(message, Fenced):
             if message.member != self._member:
-                self._events.emit(Event.REJECTED, reason="misaddressed", detail=f"fence for {message.member}")
+                self._events.emit(schema.Rejected(reason="misaddressed", detail=f"fence for {message.member}"))
                 return
             self._fenced = True
-            self._events.emit(Event.FENCED, reason=message.reason, fenced_epoch=message.epoch)
+            self._events.emit(schema.Fenced(reason=message.reason, fenced_epoch=message.epoch))
             self._handoff.deliver(message)
         elif isinstance(message, Stop):
             self._handoff.deliver(message)
         elif isinstance(message, Rejoin):
             if message.member != self._member:
-                self._events.emit(Event.REJECTED, reason="misaddressed", detail=f"rejoin for {message.member}")
+                self._events.emit(schema.Rejected(reason="misaddressed", detail=f"rejoin for {message.member}"))
                 return
             if self._join is not None:
                 log.info("the coordinator (epoch %d) does not know us: joining again", message.epoch)
@@ -257,4 +257,4 @@ class MembershipActor:
                                             self._last_step, self.view))
             log.info("welcomed by the coordinator at epoch %d (world size %d)", message.epoch, message.world_size)
         else:
-            self._events.emit(Event.REJECTED, reason="unexpected_type", detail=type(message).__name__)
+            self._events.emit(schema.Rejected(reason="unexpected_type", detail=type(message).__name__))

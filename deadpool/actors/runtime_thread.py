@@ -32,7 +32,7 @@ from deadpool.actors.watch import ComputeWatch
 from deadpool.chaos import Switch
 from deadpool.config import Config, is_loopback
 from deadpool.errors import MisuseError
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.link import CoordinatorLink
@@ -222,7 +222,7 @@ class RuntimeThread:
         self._rejections[reason] += 1
         count = self._rejections[reason]
         if count <= 20 or count % 100 == 0:
-            self._events.emit(Event.REJECTED, reason=reason, detail=detail, count=count)
+            self._events.emit(schema.Rejected(reason=reason, detail=detail, count=count))
 
     def _route_from_compute(self, message: object) -> None:
         """Route what the compute thread posted to the actor that takes it (never refused, never blocks).

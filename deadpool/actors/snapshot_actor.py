@@ -29,7 +29,7 @@ from typing import Any
 from deadpool.actors.handoff import Fetch, Fetched, Handoff, LocalReady, PrepareReady, Progress
 from deadpool.actors.inbox import Bulk, Drain, Mailbox, Outbound, PrepareArrived, ViewChanged
 from deadpool.errors import ActorStopped, RestoreFailed
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.messages import (
@@ -283,7 +283,7 @@ class SnapshotActor:
         view, flight = self._view, self._inflight
         seat = view.seat_of(self._member) if view else None
         if view is None or seat is None or ack.sender != view.buddy_member(seat):
-            self._events.emit(Event.REJECTED, reason="ack_from_non_buddy", peer=ack.sender)
+            self._events.emit(schema.Rejected(reason="ack_from_non_buddy", peer=ack.sender))
             return
         if ack.error:
             self._on_shm_refused(ack)
@@ -305,7 +305,7 @@ class SnapshotActor:
             self._shm_refused.add(ack.sender)
             log.warning("buddy %s cannot map this member's snapshot slots (%s); sending copies over the wire",
                         ack.sender, ack.error)
-            self._events.emit(Event.SNAPSHOT_SHM_REFUSED, peer=ack.sender, error=ack.error)
+            self._events.emit(schema.SnapshotShmRefused(peer=ack.sender, error=ack.error))
         flight = self._inflight
         if flight is None or ack.step != flight.step:
             return
@@ -387,9 +387,9 @@ class SnapshotActor:
                 self._handoff.peer_paused(message.sender, message.prepare_epoch, message.begun, message.abandoned,
                                           message.in_forward)
             else:
-                self._events.emit(Event.REJECTED, reason="not_in_view", peer=message.sender, kind="peer_paused")
+                self._events.emit(schema.Rejected(reason="not_in_view", peer=message.sender, kind="peer_paused"))
         else:
-            self._events.emit(Event.REJECTED, reason="unexpected_type", detail=type(message).__name__)
+            self._events.emit(schema.Rejected(reason="unexpected_type", detail=type(message).__name__))
 
     def _on_ward_copy(self, header: SnapshotHeader, frames: list[memoryview], view: View) -> None:
         taken = self._wards.take(header, frames, view)
@@ -408,7 +408,7 @@ class SnapshotActor:
         asker_ok = request.sender in (view.seats[request.seat], *view.spares) \
             if request.part == RestorePart.HELD and 0 <= request.seat < view.world_size else seated
         if not 0 <= request.seat < view.world_size or not asker_ok:
-            self._events.emit(Event.REJECTED, reason="not_in_view", peer=request.sender, kind="restore_request")
+            self._events.emit(schema.Rejected(reason="not_in_view", peer=request.sender, kind="restore_request"))
             return
         step = None if request.newest else request.step
         if request.part == RestorePart.SLICE and view.seat_of(self._member) == request.seat:

@@ -19,7 +19,7 @@ import time
 import traceback
 
 from deadpool.actors.handoff import Command, Handoff
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 
 log = logging.getLogger("deadpool.actors.watch")
@@ -64,8 +64,8 @@ class ComputeWatch:
         stack = stack_of(self._compute_thread)
         kind = type(command).__name__
         epoch = getattr(command, "epoch", -1)
-        self._events.emit(Event.COMPUTE_LATE, command=kind, command_epoch=epoch, waited_s=round(waited, 1),
-                          stack=stack)
+        self._events.emit(schema.ComputeLate(command=kind, command_epoch=epoch, waited_s=round(waited, 1),
+                          stack=stack))
         log.warning("deadpool: the training thread has not taken the coordinator's %s (epoch %d) for %.0fs; it "
                     "is here:\n%s", kind, epoch, waited, stack)
         return True

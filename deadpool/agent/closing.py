@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deadpool.agent import verdict
-from deadpool.events import summary
-from deadpool.events.log import read_events
+from deadpool.events import schema, summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,12 +31,15 @@ def read(events_path: str, chaos: Sequence[str] = (), targets: Mapping[str, str]
     `chaos`: the ``--chaos`` specs this host's workers were to fire (as ``str(ChaosSpec)`` writes them), and
     `targets` the member each was for; one that none of them fired gets a line saying why (what its member
     reached), since a fault test whose fault never came tested nothing.
+
+    Raises:
+        schema.SchemaError: a line of the file does not match its kind's schema.
     """
     targets = targets or {}
     lines: list[str] = []
     final: summary.JobFinished | None = None
     trails = verdict.Trails({member: verdict.Trail() for member in targets.values() if member})
-    records = read_events(events_path) if Path(events_path).exists() else iter(())
+    records = schema.iter_file(events_path) if Path(events_path).exists() else iter(())
     seats: dict[str, int] = {}
     for record in records:
         summary.learn_seats(seats, record)

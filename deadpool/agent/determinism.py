@@ -3,8 +3,8 @@
 A kill is recovered bit-identically only if everything that changes between steps is
 tracked; state that is not (a data iterator, an RNG of the script's own) makes the killed run
 diverge silently.  This check runs the script failure-free twice and once with a kill, reads
-each seat's per-object digests (the ``seat_finished`` event: ``parts`` per tracked name, ``rngs``
-per RNG kind), and names the first tracked object or RNG that differs.
+each seat's per-object digests (the ``seat_finished`` record of the event schema: ``parts`` per tracked
+name, ``rngs`` per RNG kind), and names the first tracked object or RNG that differs.
 """
 
 from __future__ import annotations
@@ -13,15 +13,13 @@ import argparse
 import copy
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from deadpool.chaos import NOT_FIRED_STATUS
 from deadpool.errors import MisuseError
-from deadpool.events.catalogue import Event
-from deadpool.events.log import read_events
+from deadpool.events import schema
 
 DEFAULT_KILL_STEP = 5  # the kill's step when the script's arguments show no --steps
 RNG_PREFIX = "rng:"  # digest names of the RNG kinds ("rng:torch", "rng:python", ...), after the tracked names
@@ -39,20 +37,18 @@ class Run:
     failures: int  # member_failed events (the kill run must have one)
 
 
-def digests_of(records: Iterable[Mapping[str, Any]]) -> tuple[Digests, int]:
+def digests_of(records: Iterable[schema.Line]) -> tuple[Digests, int]:
     """Each seat's per-object digests from its (last) seat_finished event, and the number of failures."""
     seats: Digests = {}
     failures = 0
     for record in records:
-        if record.get("event") == Event.MEMBER_FAILED:
-            failures += 1
-        if record.get("event") != Event.SEAT_FINISHED or not isinstance(record.get("rank"), int):
-            continue
-        parts, rngs = record.get("parts"), record.get("rngs")
-        names = {name: str(d) for name, d in parts.items() if name != "__rng__"} if isinstance(parts, dict) else {}
-        if isinstance(rngs, dict):
-            names.update({f"{RNG_PREFIX}{kind}": str(d) for kind, d in rngs.items()})
-        seats[record["rank"]] = names
+        match record:
+            case schema.MemberFailed():
+                failures += 1
+            case schema.SeatFinished(rank=int() as rank):
+                names = {name: d for name, d in record.parts.items() if name != "__rng__"}
+                names.update({f"{RNG_PREFIX}{kind}": d for kind, d in record.rngs.items()})
+                seats[rank] = names
     return seats, failures
 
 
@@ -162,7 +158,7 @@ def check(args: argparse.Namespace, steps: int | None, launch: Callable[[argpars
         what = f" ({', '.join(specs)}, --spares {spares})" if specs else ""
         print(f"deadpool: --check-determinism: run {i}/3, {label}{what}", flush=True)
         code, events = launch(run_args)
-        seats, failures = digests_of(read_events(events) if Path(events).exists() else [])
+        seats, failures = digests_of(schema.iter_file(events) if Path(events).exists() else [])
         runs.append(Run(label, code, seats, failures))
     ok, lines = compare(*runs)
     out = sys.stdout if ok else sys.stderr

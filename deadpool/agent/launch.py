@@ -40,8 +40,7 @@ from deadpool.agent.threadenv import omp_threads_env
 from deadpool.chaos import SIGNALS, ChaosAction, applies, host_specs
 from deadpool.chaos import parse as parse_chaos
 from deadpool.config import Backend, Config, raise_priority
-from deadpool.events import summary
-from deadpool.events.catalogue import Event
+from deadpool.events import schema, summary
 from deadpool.events.log import EventLog
 from deadpool.events.summary import ChaosNotFired
 from deadpool.protocol import codec
@@ -690,8 +689,8 @@ def _record_not_fired(launcher: Launcher, findings: list[ChaosNotFired]) -> None
     events = EventLog(launcher.events_path, member=launcher.agent_id, source="agent")
     try:
         for finding in findings:
-            events.emit(Event.CHAOS_NOT_FIRED, spec=finding.spec, at=finding.at, target_member=finding.member,
+            events.emit(schema.ChaosNotFired(spec=finding.spec, at=finding.at, target_member=finding.member,
                         target_rank=finding.rank, last_step=finding.last_step, seen=list(finding.seen),
-                        ended=finding.ended, why=finding.why)
+                        ended=finding.ended, why=finding.why))
     finally:
         events.close()

@@ -1,7 +1,7 @@
 """The progress line of ``deadpool launch``: startup, steps done, tokens/s, spares left, swaps.
 
 It follows this host's events file (never the coordinator, so it cannot slow the control
-plane down), folds the records, read as ``deadpool.events.summary`` facts, into a small
+plane down), folds the records (``events.schema``, read as ``events.summary`` facts) into a small
 ``JobProgress``, and shows it as a ``rich`` live display on a terminal or as a plain line
 every ``interval`` seconds otherwise.  Progress is decoration: any error here is logged
 and ends the display, never the job.
@@ -10,7 +10,6 @@ and ends the display, never the job.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -18,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from deadpool.events import summary
+from deadpool.events import schema, summary
 
 log = logging.getLogger("deadpool.agent.progress")
 
@@ -44,8 +43,8 @@ class JobProgress:
     outcome: str = ""  # "finished" or "failed: reason" once known
     _tokens: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=10_000))
 
-    def feed(self, record: dict[str, Any]) -> None:
-        """Fold one event in; unknown events and odd fields are ignored (records are untrusted)."""
+    def feed(self, record: schema.Line) -> None:
+        """Fold one event in; events it does not count are ignored."""
         match summary.parse(record):
             case summary.MemberJoined(process="worker") as joined:
                 if joined.spare:
@@ -121,8 +120,11 @@ class EventTail:
         self._offset = 0
         self._partial = b""
 
-    def read(self) -> list[dict[str, Any]]:
-        """New records; a missing file (not created yet) reads as none."""
+    def read(self) -> list[schema.Line]:
+        """New records, validated by the event schema; a missing file (not created yet) reads as none.
+
+        A line that does not match its kind's schema is logged and skipped: the readers of a live
+        file are decoration, which must not stop the job."""
         try:
             with open(self._path, "rb") as handle:
                 handle.seek(self._offset)
@@ -134,12 +136,12 @@ class EventTail:
         self._partial = lines.pop()
         records = []
         for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
+            if not line.strip():
                 continue
-            if isinstance(record, dict):
-                records.append(record)
+            try:
+                records.append(schema.decode(line, self._path))
+            except schema.SchemaError as err:
+                log.warning("%s", err)
         return records
 
 

@@ -27,8 +27,9 @@ from deadpool.coordinator.records import Agent, MemberRecord
 from deadpool.coordinator.rounds import Rounds
 from deadpool.coordinator.swaps import Swaps
 from deadpool.coordinator.views import Views
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
+from deadpool.events.vocabulary import Detector
 from deadpool.protocol.messages import CollectiveFailed, Fenced, FenceKill, ProcessExited, Role, UserException
 
 
@@ -74,12 +75,12 @@ class Deaths:
             self._live.forget(member)  # no longer watched
             self._coverage.forget(member)
             del silent[member]
-        self.declare(now, decisions.silent_members(now, silent, timeout), "heartbeat")
+        self.declare(now, decisions.silent_members(now, silent, timeout), Detector.HEARTBEAT)
 
     def exited(self, message: ProcessExited, now: float) -> None:
         """A host agent saw a process it started end: a member dead, a seat lost before it joined, or nothing."""
         if message.sender not in self._agents:
-            self._events.emit(Event.REJECTED, reason="unknown_agent", peer=message.sender)
+            self._events.emit(schema.Rejected(reason="unknown_agent", peer=message.sender))
             return
         record = self._members.get(message.member)
         if record is not None:
@@ -92,10 +93,10 @@ class Deaths:
             self._ending.fail(f"rank {message.seat_hint} ({message.member}) ended ({how}) before it joined the job, "
                               "so training cannot start (its output says why); relaunch the job")
         elif unjoined_active and message.returncode < 0:  # killed (a bad node found at start-up): a spare takes it
-            self.declare(now, [(message.member, f"process ended ({how}) before it joined")], "exit",
+            self.declare(now, [(message.member, f"process ended ({how}) before it joined")], Detector.EXIT,
                          {message.member: message.seat_hint})
         elif message.returncode and message.member in self._members and not self._finished.by(message.member):
-            self.declare(now, [(message.member, f"process ended ({how})")], "exit")
+            self.declare(now, [(message.member, f"process ended ({how})")], Detector.EXIT)
         # A clean exit ends a finished seat or a released spare; an unfinished one's silence is caught by heartbeats.
 
     def unanswered(self, now: float) -> None:
@@ -105,8 +106,9 @@ class Deaths:
         if rnd is None or now < min(rnd.resend_at, rnd.deadline):  # listing the survivors is O(seats)
             return
         self._rounds.resend(now)
-        self.declare(now, decisions.unanswered_prepare(now, rnd.deadline, self._rounds.survivors(), rnd.acks,
-                                                       rnd.epoch, self._config.prepare_timeout), "prepare_timeout")
+        unanswered = decisions.unanswered_prepare(now, rnd.deadline, self._rounds.survivors(), rnd.acks, rnd.epoch,
+                                                  self._config.prepare_timeout)
+        self.declare(now, unanswered, Detector.PREPARE_TIMEOUT)
 
     def raised(self, report: UserException, now: float) -> None:
         """The script raised in `report.sender`: replace the member once, or stop the job (``user_exception``)."""
@@ -119,9 +121,9 @@ class Deaths:
         if view is None and self._members[report.sender].role == Role.ACTIVE:
             verdict, why = Raised.STOP, f"{why}; but training has not started, so no spare can take the seat"
         self._raised.append(raised)
-        self._events.emit(Event.USER_EXCEPTION, raised_by=report.sender, rank=raised.seat, step=report.step,
+        self._events.emit(schema.UserException(raised_by=report.sender, rank=raised.seat, step=report.step,
                           exception=report.kind, message=report.message, verdict=verdict, reason=why,
-                          traceback=report.traceback)
+                          traceback=report.traceback))
         if verdict is Raised.STOP:
             message = report.message.splitlines()[0][:300] if report.message else ""
             self._ending.fail(
@@ -130,16 +132,16 @@ class Deaths:
                 cause="user_error", exception=report.kind, step=report.step, raised_by=report.sender,
                 rank=raised.seat, traceback=report.traceback)
             return
-        self.declare(now, [(report.sender, f"raised {report.kind} at step {report.step}")], "exception")
+        self.declare(now, [(report.sender, f"raised {report.kind} at step {report.step}")], Detector.EXCEPTION)
 
     def collective_failed(self, report: CollectiveFailed, now: float) -> None:
         """A member's collective failed: a death will likely explain it; if none does in time, rebuild blind."""
         if report.epoch < self._views.groups_epoch:  # about a group a later view replaced: nothing to rebuild
-            self._events.emit(Event.REJECTED, reason="stale_collective_report", peer=report.sender,
-                              report_epoch=report.epoch, groups_epoch=self._views.groups_epoch)
+            self._events.emit(schema.Rejected(reason="stale_collective_report", peer=report.sender,
+                              report_epoch=report.epoch, groups_epoch=self._views.groups_epoch))
             return
-        self._events.emit(Event.COLLECTIVE_ERROR_REPORTED, member=report.sender, step=report.step,
-                          error=report.error[:300])
+        self._events.emit(schema.CollectiveErrorReported(member=report.sender, step=report.step,
+                          error=report.error[:300]))
         if self._rounds.current is None and self._suspect_since is None:
             self._suspect_since = now
 
@@ -167,7 +169,7 @@ class Deaths:
 
     # -- fencing and the round -----------------------------------------------------------------
 
-    def declare(self, now: float, found: Iterable[tuple[str, str]], detected_by: str,
+    def declare(self, now: float, found: Iterable[tuple[str, str]], detected_by: Detector,
                 hints: Mapping[str, int] | None = None) -> None:
         """Fence each (member, why) of `found` forever; start or extend one view change for all of them.
 
@@ -192,8 +194,8 @@ class Deaths:
                 reasons.append(f"spare {member} chosen for the swap failed; choosing again")
             elif member in view.spares:
                 spares_lost.append(member)
-                self._events.emit(Event.SPARE_LOST, member=member, lost_member=member,
-                                  spares_left=len(view.spares) - len(spares_lost))
+                self._events.emit(schema.SpareLost(member=member,
+                                  spares_left=len(view.spares) - len(spares_lost)))
             elif seat is not None:
                 lost[seat] = member
                 reasons.append(f"seat {seat} lost ({detected_by}: {detail})")
@@ -214,7 +216,7 @@ class Deaths:
         self._suspect_since = None  # a round rebuilds the groups: it answers any collective error reported so far
         self._rounds.start(now, lost, reason, trigger)
 
-    def _fence(self, member: str, detected_by: str, detail: str, hint: int = -1) -> int | None:
+    def _fence(self, member: str, detected_by: Detector, detail: str, hint: int = -1) -> int | None:
         """Record `member` as dead, report it, tell it it is out and kill it through its agent; its seat, if any
         (before the first view: `hint`, the seat it was started for, -1 for a spare)."""
         self._fenced[member] = f"{detected_by}: {detail}"
@@ -223,10 +225,9 @@ class Deaths:
         injected, wall = self._chaos.injected_at(member), self._wall()  # detection time is known only when injected
         self._swaps.failed(member, wall if injected is None else min(wall, injected))
         epoch = self._views.epoch()
-        self._events.emit(Event.MEMBER_FAILED, member=member, failed_member=member, rank=-1 if seat is None else seat,
+        self._events.emit(schema.MemberFailed(member=member, rank=-1 if seat is None else seat,
                           detection_s=None if injected is None else round(wall - injected, 4),
-                          failed_rank=-1 if seat is None else seat, detected_by=detected_by, reason=detail,
-                          epoch=epoch)
+                          detected_by=detected_by, reason=detail, epoch=epoch))
         record = self._members.get(member)
         if record is None:
             return seat

@@ -12,6 +12,8 @@ from collections.abc import Collection, Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from deadpool.events.vocabulary import Raised as Raised
+from deadpool.events.vocabulary import Trigger as Trigger
 from deadpool.protocol.messages import PrepareAck
 from deadpool.protocol.transport import address_host
 from deadpool.protocol.view import DISK_SOURCE as DISK  # restore_from value: read the seat's state from disk
@@ -26,20 +28,6 @@ from deadpool.protocol.view import (
 )
 
 MAX_BLIND_REBUILDS = 3  # rebuilds that fix nothing, in a row, before the job is failed with a reason
-
-
-class Trigger(enum.StrEnum):
-    """What started a view change: the ``trigger`` field of view_prepared and view_committed.
-
-    Beside the human-readable ``reason``, so that readers count by value, never by prose.
-    """
-
-    FIRST_VIEW = "first_view"  # every seat joined
-    SEAT_LOST = "seat_lost"  # a seated member was declared dead
-    BLIND_REBUILD = "blind_rebuild"  # a collective failed but nobody was found dead: the group is rebuilt
-    SPARE_FAILED = "spare_failed"  # the spare chosen for a swap failed: choosing again
-    SPARE_JOINED = "spare_joined"  # a spare joined the pool (or the seat that waited for one)
-    SPARE_LOST = "spare_lost"  # a spare in the pool was declared dead
 
 
 class Suspicion(enum.StrEnum):
@@ -57,11 +45,6 @@ class NoSpare(enum.StrEnum):
     STOP = "stop"  # fail the job
 
 
-class Raised(enum.StrEnum):
-    """What to do about an exception a training script raised (`user_exception`)."""
-
-    SWAP = "swap"  # the first of its kind: treat it as the member's failure and replace it once
-    STOP = "stop"  # it repeats in another process at the same step: the script's own error, stop the job
 
 
 @dataclass(frozen=True, slots=True)

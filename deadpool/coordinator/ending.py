@@ -16,7 +16,7 @@ from deadpool.coordinator.finishes import Finishes
 from deadpool.coordinator.outbox import Outbox
 from deadpool.coordinator.records import Agent, MemberRecord
 from deadpool.coordinator.terms import Terms
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol.link import StandDown
 from deadpool.protocol.messages import Stop
@@ -51,9 +51,9 @@ class Ending:
             self.stand_down(StandDown.CUT_OFF, f"{why}; the job may go on without this host ({reason})")
             return
         if cause:
-            self._events.emit(Event.JOB_FAILED, reason=cause, detail=reason, **fields)
+            self._events.emit(schema.JobFailed(reason=cause, detail=reason, **fields))
         else:
-            self._events.emit(Event.JOB_FAILED, reason=reason)
+            self._events.emit(schema.JobFailed(reason=reason))
         log.error("%s", reason)
         self.end(False, reason)
 
@@ -73,6 +73,6 @@ class Ending:
         if self.outcome is not None:
             return
         self.stood_down = kind
-        self._events.emit(Event.COORDINATOR_STOOD_DOWN, term=self._terms.term, kind=kind, reason=why)
+        self._events.emit(schema.CoordinatorStoodDown(term=self._terms.term, kind=kind, reason=why))
         log.warning("standing down: %s", why)
         self.outcome = (False, why)

@@ -8,8 +8,7 @@ failure-free run's (``untracked_rollback``).
 
 from __future__ import annotations
 
-from typing import Any
-
+from deadpool.events.schema import UntrackedRollback
 from deadpool.protocol.messages import Finished
 
 
@@ -39,12 +38,12 @@ class Finishes:
             return None, f"seats disagree on the final state digest: {sorted(digests)}"
         return digests.pop(), ""
 
-    def untracked_rollback(self) -> dict[str, Any]:
+    def untracked_rollback(self) -> UntrackedRollback | None:
         """``training_finished``'s ``untracked_rollback``, from the lowest seat whose restore left a data loader no
         snapshot holds where it was (nothing when none did): the final state may differ from a failure-free run's."""
         for seat in sorted(self._by_seat):
             f = self._by_seat[seat]
             if f.untracked_loader:
-                return {"untracked_rollback": {"loader": f.untracked_loader, "where": f.untracked_where,
-                                               "view": f.untracked_view, "rank": seat}}
-        return {}
+                return UntrackedRollback(loader=f.untracked_loader, where=f.untracked_where, view=f.untracked_view,
+                                         rank=seat)
+        return None

@@ -18,8 +18,9 @@ from deadpool.coordinator.operator_chaos import OperatorChaos
 from deadpool.coordinator.outbox import Outbox
 from deadpool.coordinator.records import Agent, MemberRecord
 from deadpool.coordinator.views import Views
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
+from deadpool.events.vocabulary import RejectReason
 from deadpool.protocol.messages import Fenced, HeartbeatBatch, HostHeartbeat, Message
 
 
@@ -43,7 +44,7 @@ class HostBeats:
         """The registered agent that sent `message` (heard at `now`), or None (rejected: unknown agent)."""
         agent = self._agents.get(message.sender)
         if agent is None:
-            self._events.emit(Event.REJECTED, reason="unknown_agent", peer=message.sender)
+            self._events.emit(schema.Rejected(reason="unknown_agent", peer=message.sender))
             return None
         agent.seen = now
         return agent
@@ -52,7 +53,7 @@ class HostBeats:
         """`agent` may speak for `member`: it started it. Rejected (and logged) otherwise."""
         if member in agent.members:
             return True
-        self._events.emit(Event.REJECTED, reason="not_agents_member", peer=agent.agent_id, detail=member)
+        self._events.emit(schema.Rejected(reason="not_agents_member", peer=agent.agent_id, detail=member))
         return False
 
     def host_heartbeat(self, message: HostHeartbeat, now: float) -> None:
@@ -64,8 +65,8 @@ class HostBeats:
                    message.stall_p99_s)
         if not (len(message.members) == len(message.control_addrs) == len(message.epochs) == len(message.steps)
                 == len(message.snapshot_steps) == len(message.confirmed_steps) == len(message.stall_p99_s)):
-            self._events.emit(Event.REJECTED, reason="bad_field", peer=message.sender,
-                              detail="HostHeartbeat columns of different lengths")
+            self._events.emit(schema.Rejected(reason="bad_field", peer=message.sender,
+                              detail="HostHeartbeat columns of different lengths"))
             return
         # The steady state: one comparison for the whole host (every member it lists is still vouched for; one
         # that is not, fenced or a stranger, takes the path below, which answers for it). The columns wait in the
@@ -84,7 +85,7 @@ class HostBeats:
                 if record is None:
                     continue
             if member in self._fenced:
-                self._events.emit(Event.REJECTED, reason="fenced_peer", peer=member, kind="HostHeartbeat")
+                self._events.emit(schema.Rejected(reason=RejectReason.FENCED_PEER, peer=member, kind="HostHeartbeat"))
                 self._out.send(record.control_addr, Fenced(member, self._views.epoch(), self._fenced[member]))
                 continue
             vouched.append(member)

@@ -29,7 +29,7 @@ from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import Coordinator
 from deadpool.coordinator.standby import Standby
 from deadpool.coordinator.terms import Terms
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.link import EXIT_CODES, StandDown
@@ -145,10 +145,10 @@ def _decode(frames: list[memoryview], recent: codec.Recent, events: EventLog) ->
     """The message in `frames`, or None (logged as rejected) when it does not decode."""
     decoded = recent.decode(frames[0])
     if isinstance(decoded, codec.DecodeError):
-        events.emit(Event.REJECTED, reason=decoded.reason, detail=decoded.detail)
+        events.emit(schema.Rejected(reason=decoded.reason, detail=decoded.detail))
         return None
     if len(frames) != 1:
-        events.emit(Event.REJECTED, reason="unexpected_frames", detail=type(decoded).__name__)
+        events.emit(schema.Rejected(reason="unexpected_frames", detail=type(decoded).__name__))
         return None
     return decoded
 
@@ -219,11 +219,11 @@ async def _amain(args: argparse.Namespace) -> int:
         events.listeners.append(exporter.on_event)
         metrics_url = exporter.url
     if args.standby_of:
-        events.emit(Event.STANDBY_STARTED, address=address, store=store_addr, pid=os.getpid(),
-                    active=args.standby_of, hosts=args.hosts)
+        events.emit(schema.StandbyStarted(address=address, store=store_addr, pid=os.getpid(),
+                    active=args.standby_of, hosts=args.hosts))
     else:
-        events.emit(Event.COORDINATOR_STARTED, address=address, store=store_addr, pid=os.getpid(),
-                    recovering=args.recover, world_size=args.world_size, metrics=metrics_url, term=1)
+        events.emit(schema.CoordinatorStarted(address=address, store=store_addr, pid=os.getpid(),
+                    recovering=args.recover, world_size=args.world_size, metrics=metrics_url, term=1))
     print(json.dumps({"control": address, "store": store_addr, "metrics": metrics_url}), flush=True)
     # Members' first messages wait in the bound control socket until serve() reads them.
     store = _start_store(store_bind, listener)

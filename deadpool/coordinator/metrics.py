@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from deadpool.events import summary
+from deadpool.events import schema, summary
 
 log = logging.getLogger("deadpool.coordinator.metrics")
 
@@ -71,7 +71,7 @@ class CoordinatorMetrics:
 
     # -- events ---------------------------------------------------------------------------------
 
-    def on_event(self, record: dict[str, Any]) -> None:
+    def on_event(self, record: schema.EventRecord) -> None:
         """Count one event; never raises, since it runs inside the coordinator's ``emit``."""
         match summary.parse(record):
             case summary.Failure() as failure:

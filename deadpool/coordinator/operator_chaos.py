@@ -15,8 +15,9 @@ from deadpool.chaos import OPERATOR_ACTIONS, ChaosAction
 from deadpool.coordinator.outbox import Outbox
 from deadpool.coordinator.records import Agent, MemberRecord
 from deadpool.coordinator.views import Views
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
+from deadpool.events.vocabulary import ChaosVia
 from deadpool.protocol.messages import ChaosCommand, ChaosInjected, ChaosResult, SignalMember
 
 
@@ -90,9 +91,9 @@ class OperatorChaos:
         seat = view.seat_of(target) if view else None
         if command.action == ChaosAction.KILL:
             self._injected_at[target] = self._wall()
-        self._events.emit(Event.CHAOS_INJECTED, action=command.action, target_member=target,
+        self._events.emit(schema.ChaosInjected(action=ChaosAction(command.action), target_member=target,
                           target_rank=-1 if seat is None else seat, at_step=command.at_step,
-                          target_step=self._members[target].step, via="operator")
+                          target_step=self._members[target].step, via=ChaosVia.OPERATOR))
         for agent in self._agents.values():
             if target in agent.members:
                 self._out.send(agent.control_addr, SignalMember(target, command.action, "operator chaos"))

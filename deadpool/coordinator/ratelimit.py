@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 
 RATE_PER_S = 200.0  # sustained messages per member per second (heartbeats are 4/s)
@@ -29,8 +29,8 @@ class RateLimit:
             self.buckets[sender] = (tokens, now)
             count = self.refused[sender] = self.refused.get(sender, 0) + 1
             if count <= 5 or count % 1000 == 0:
-                self.events.emit(Event.REJECTED, reason="rate_limited", peer=sender, count=count,
-                                 detail=f"more than {RATE_PER_S:.0f} messages/s sustained")
+                self.events.emit(schema.Rejected(reason="rate_limited", peer=sender, count=count,
+                                 detail=f"more than {RATE_PER_S:.0f} messages/s sustained"))
             return False
         self.buckets[sender] = (tokens - 1.0, now)
         return True

@@ -28,7 +28,7 @@ from deadpool.coordinator.records import Agent, MemberRecord, Round
 from deadpool.coordinator.swaps import Swaps
 from deadpool.coordinator.terms import Terms
 from deadpool.coordinator.views import Views
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import AckBatch, Message, Prepare, PrepareAck
 
@@ -98,9 +98,9 @@ class Rounds:
         chosen = {*replacements.values(), *(previous.replacements.values() if previous else ())}
         plan = self._out.broadcast([*told, *chosen], prepare)
         rnd.prepare, rnd.resend_at = prepare, now + self._fanout.grace if plan.relays else float("inf")
-        self._events.emit(Event.VIEW_PREPARED, epoch=epoch, failed_seats=sorted(failed), reason=rnd.reason,
+        self._events.emit(schema.ViewPrepared(epoch=epoch, failed_seats=sorted(failed), reason=rnd.reason,
                           replacements={str(k): v for k, v in replacements.items()}, trigger=trigger,
-                          told=plan.count, through_agents=plan.relayed)
+                          told=plan.count, through_agents=plan.relayed))
         self.try_commit()
 
     def take_spares(self, now: float, joining: list[str], names: str) -> bool:
@@ -176,7 +176,7 @@ class Rounds:
         rnd = self.current
         if rnd is None or not rnd.first_epoch <= ack.epoch <= rnd.epoch:  # or a full answer after an early one
             if rnd is not None or ack.epoch != self._views.epoch():
-                self._events.emit(Event.REJECTED, reason="stale_ack", peer=ack.sender, ack_epoch=ack.epoch)
+                self._events.emit(schema.Rejected(reason="stale_ack", peer=ack.sender, ack_epoch=ack.epoch))
             return
         held = rnd.acks.get(ack.sender)
         if ack.early and held is not None and not held.early:
@@ -194,8 +194,8 @@ class Rounds:
         count = len(batch.members)
         if not (count == len(batch.epochs) == len(batch.steps) == len(batch.local_steps) == len(batch.ward_steps)
                 == len(batch.disk_steps) == len(batch.dirty_groups) == len(batch.early)):  # no generator per batch
-            self._events.emit(Event.REJECTED, reason="bad_field", peer=batch.sender,
-                              detail="AckBatch columns of different lengths")
+            self._events.emit(schema.Rejected(reason="bad_field", peer=batch.sender,
+                              detail="AckBatch columns of different lengths"))
             return
         agent, rnd, records = self._agents.get(batch.sender), self.current, self._members
         if agent is not None:
@@ -236,7 +236,7 @@ class Rounds:
         if not held:
             if not rnd.withheld:
                 rnd.withheld = True
-                self._events.emit(Event.COMMIT_WITHHELD, epoch=rnd.epoch, reason=why)
+                self._events.emit(schema.CommitWithheld(epoch=rnd.epoch, reason=why))
             return  # tick retries while the lease comes back
         resume, sources, why = decisions.plan_restore(view, sorted(rnd.failed), rnd.acks)
         from_disk = False
@@ -250,7 +250,7 @@ class Rounds:
                 return
             from_disk = True
             why = f"{why}; every seat rolls back to the disk checkpoint of step {resume}"
-            self._events.emit(Event.DISK_FALLBACK, resume_step=resume, reason=why)
+            self._events.emit(schema.DiskFallback(resume_step=resume, reason=why))
         seated = {*rnd.replacements.values(), *self._fenced}  # a set: a dict's values are searched one by one
         spares = [s for s in [*view.spares, *rnd.joined] if s not in seated]
         new_view = decisions.next_view(view, rnd.epoch, rnd.replacements, spares, resume, self._addrs.host,

@@ -39,8 +39,9 @@ from deadpool.coordinator.status import Status
 from deadpool.coordinator.swaps import Swaps
 from deadpool.coordinator.terms import Terms
 from deadpool.coordinator.views import Views
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
+from deadpool.events.vocabulary import Detector, RejectReason
 from deadpool.protocol.link import StandDown
 from deadpool.protocol.messages import (
     AckBatch,
@@ -162,7 +163,7 @@ class Coordinator:
         self._tick(now)
         return self._out.drain()
 
-    def declare_dead(self, now: float, member: str, detected_by: str, detail: str) -> list[Send]:
+    def declare_dead(self, now: float, member: str, detected_by: Detector, detail: str) -> list[Send]:
         """Fence `member` forever and start (or extend) the view change that replaces it."""
         self._deaths.declare(now, [(member, detail)], detected_by)
         return self._out.drain()
@@ -173,13 +174,14 @@ class Coordinator:
         if type(message) not in _NOT_A_MEMBERS_OWN:  # a member's own (or relayed): the most frequent, first
             sender = getattr(message, "sender", None)
             if not isinstance(sender, str) or sender not in self.members:
-                self.events.emit(Event.REJECTED, reason="unknown_peer",
-                                 detail=f"{type(message).__name__} from {sender}")
+                self.events.emit(schema.Rejected(reason="unknown_peer",
+                                 detail=f"{type(message).__name__} from {sender}"))
                 if isinstance(message, Heartbeat):
                     self.ask_to_rejoin(message.sender, message.control_addr, now)
                 return
             if sender in self.fenced:
-                self.events.emit(Event.REJECTED, reason="fenced_peer", peer=sender, kind=type(message).__name__)
+                self.events.emit(schema.Rejected(reason=RejectReason.FENCED_PEER, peer=sender,
+                                                 kind=type(message).__name__))
                 fenced = Fenced(sender, self._views.epoch(), self.fenced[sender])
                 self._out.send(self.members[sender].control_addr, fenced)
                 return
@@ -210,7 +212,7 @@ class Coordinator:
             self._hostbeats.relay(message, now, self._handle)
         elif isinstance(message, StandbyHello):
             if self.terms.standby_hello(now, message.sender):
-                self.events.emit(Event.STANDBY_JOINED, standby=message.sender, term=self.terms.term)
+                self.events.emit(schema.StandbyJoined(standby=message.sender, term=self.terms.term))
                 self._tell_coordinators()
             self._out.send(message.sender, self.terms.coordinators())
         elif isinstance(message, Coordinators):
@@ -264,15 +266,15 @@ class Coordinator:
         elif isinstance(message, ViewRequest) and self.view is not None and message.epoch <= self.view.epoch:
             self._views.resend(sender, -1)  # it missed a delta's base: the whole view
         else:
-            self.events.emit(Event.REJECTED, reason="unexpected_type", detail=type(message).__name__)
+            self.events.emit(schema.Rejected(reason="unexpected_type", detail=type(message).__name__))
 
     def _on_join(self, join: Join, now: float) -> None:
         if join.sender in self.fenced:
             self._out.send(join.control_addr, Fenced(join.sender, self._views.epoch(), self.fenced[join.sender]))
             return
         if join.world_size != self.world_size and not (join.role == Role.SPARE and join.world_size == 0):
-            self.events.emit(Event.REJECTED, reason="wrong_world_size", peer=join.sender,
-                             detail=f"member has WORLD_SIZE={join.world_size}, job has {self.world_size}")
+            self.events.emit(schema.Rejected(reason="wrong_world_size", peer=join.sender,
+                             detail=f"member has WORLD_SIZE={join.world_size}, job has {self.world_size}"))
             return
         known = join.sender in self.members
         self._addrs.keep(self.members, MemberRecord(join.sender, join.role, join.host, join.pid, join.control_addr,
@@ -285,8 +287,8 @@ class Coordinator:
         self._rounds.rejoined(join.sender, join.control_addr)  # a re-join during a round needs its Prepare
         if known:
             return
-        self.events.emit(Event.MEMBER_JOINED, member=join.sender, role=join.role, host=join.host, pid=join.pid,
-                         seat_hint=join.seat_hint)
+        self.events.emit(schema.MemberJoined(member=join.sender, role=join.role, host=join.host, pid=join.pid,
+                         seat_hint=join.seat_hint))
         if self.view is None:
             if not self._recovering:
                 self._maybe_first_view()
@@ -300,7 +302,7 @@ class Coordinator:
         re-join (a Prepare could not reach it); after a takeover it may still follow the lost term: told ours.
         """
         if self._rejoins.due(member, control_addr, now):
-            self.events.emit(Event.REJOIN_ASKED, member=member)
+            self.events.emit(schema.RejoinAsked(member=member))
             if self.terms.term > 1:
                 self._out.send(control_addr, self.terms.coordinators())
             self._out.send(control_addr, Rejoin(self._views.epoch(), member))
@@ -320,8 +322,8 @@ class Coordinator:
                     member, Role.ACTIVE if seat_hint >= 0 else Role.SPARE, reported.hosts.get(member, ""), 0, "",
                     reported.bulk_addrs.get(member, ""), seat_hint, now, now - self.handed_silence.get(member, 0.0)))
                 self._live.seen(member, self.members[member].last_seen)
-        self.events.emit(Event.VIEW_ADOPTED, epoch=reported.epoch, seats=reported.seats, spares=reported.spares,
-                         resume_step=reported.resume_step, reported_by=report.sender)
+        self.events.emit(schema.ViewAdopted(epoch=reported.epoch, seats=reported.seats, spares=reported.spares,
+                         resume_step=reported.resume_step, reported_by=report.sender))
         for finished in self.handed_finished:  # seats that finished while the old term's coordinator was lost
             self._on_finished(finished)
 
@@ -378,8 +380,8 @@ class Coordinator:
         if digest is None:
             self._ending.fail(why)
             return
-        self.events.emit(Event.TRAINING_FINISHED, step=message.step, state_digest=digest, epoch=self.view.epoch,
-                         **self._finished.untracked_rollback())
+        self.events.emit(schema.TrainingFinished(step=message.step, state_digest=digest, epoch=self.view.epoch,
+                         untracked_rollback=self._finished.untracked_rollback()))
         self._ending.end(True, f"training finished at step {message.step}; final state digest {digest}")
 
     def _tell_coordinators(self) -> None:
@@ -392,8 +394,8 @@ class Coordinator:
         """The standby's silence, the older coordinators still to tell, and the lease."""
         silent = self.terms.standby_silent(now)
         if silent is not None:
-            self.events.emit(Event.STANDBY_LOST, standby=self.terms.standby, silent_s=round(silent, 3),
-                             term=self.terms.term)
+            self.events.emit(schema.StandbyLost(standby=self.terms.standby, silent_s=round(silent, 3),
+                             term=self.terms.term))
             self.terms.lose_standby(now)
             self._tell_coordinators()
         if self.terms.standby_due(now):

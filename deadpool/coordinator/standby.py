@@ -20,7 +20,7 @@ from deadpool.coordinator import decisions
 from deadpool.coordinator.records import Agent, Send
 from deadpool.coordinator.service import Coordinator
 from deadpool.coordinator.terms import Terms, takeover_bound
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import (
     AgentHello,
@@ -94,7 +94,7 @@ class Standby:
         elif isinstance(message, StatusRequest):
             self._send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status(now))))
         else:
-            self.events.emit(Event.REJECTED, reason="unexpected_type", detail=f"{type(message).__name__} at a standby")
+            self.events.emit(schema.Rejected(reason="unexpected_type", detail=f"{type(message).__name__} at a standby"))
         return self._drain()
 
     def tick(self, now: float) -> list[Send]:
@@ -114,13 +114,13 @@ class Standby:
             decided, why = decisions.takeover(silent, self.bound, self._reports, self.hosts)
             if decided:
                 self.took_over = why
-                self.events.emit(Event.TAKEOVER, term=self.term + 1, old_active=self.active,
-                                 silent_s=round(silent, 3), confirmed_by=sorted(self._reports), reason=why)
+                self.events.emit(schema.Takeover(term=self.term + 1, old_active=self.active,
+                                 silent_s=round(silent, 3), confirmed_by=sorted(self._reports), reason=why))
             else:
                 if not self._declined:  # once per silence: it may last long (a cut between two hosts only)
                     self._declined = True
-                    self.events.emit(Event.TAKEOVER_DECLINED, term=self.term, silent_s=round(silent, 3),
-                                     reports={a: round(s, 3) for a, s in self._reports.items()}, reason=why)
+                    self.events.emit(schema.TakeoverDeclined(term=self.term, silent_s=round(silent, 3),
+                                     reports={a: round(s, 3) for a, s in self._reports.items()}, reason=why))
                 self._query_at = now - QUERY_EVERY_S + QUERY_WAIT_S  # ask again soon
         return self._drain()
 
@@ -150,8 +150,8 @@ class Standby:
 
     def _on_coordinators(self, now: float, message: Coordinators) -> None:
         if message.term < self.term:
-            self.events.emit(Event.REJECTED, reason="stale_term", kind="Coordinators",
-                             detail=f"term {message.term} < {self.term}")
+            self.events.emit(schema.Rejected(reason="stale_term", kind="Coordinators",
+                             detail=f"term {message.term} < {self.term}"))
             return
         if message.active != self.active:
             log.info("following the coordinator of term %d at %s", message.term, message.active)

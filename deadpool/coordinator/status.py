@@ -13,6 +13,7 @@ from deadpool.coordinator.rounds import Rounds
 from deadpool.coordinator.terms import Terms
 from deadpool.coordinator.views import Views
 from deadpool.events.log import EventLog
+from deadpool.events.schema import EventRecord
 
 RECENT_EVENTS = 20  # events kept for `deadpool status`
 
@@ -31,7 +32,7 @@ class Status:
         self._fenced = fenced
         self._coverage = coverage
         # The newest events, compacted when asked for (bounded: floods of joins or rejections).
-        self.recent_events: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
+        self.recent_events: deque[EventRecord] = deque(maxlen=RECENT_EVENTS)
         events.listeners.append(self.recent_events.append)
 
     def document(self, now: float) -> dict[str, Any]:
@@ -64,7 +65,7 @@ class Status:
             "seats": seats, "spares": spares, "fenced": sorted(fenced),
             "round": None if rnd is None else {"epoch": rnd.epoch, "failed_seats": sorted(rnd.failed)},
             "outcome": None if outcome is None else {"ok": outcome[0], "reason": outcome[1]},
-            "recent_events": [compact(record) for record in self.recent_events],
+            "recent_events": [compact(record.fields()) for record in self.recent_events],
         }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from deadpool.coordinator.records import PendingSwap
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import Recovered
 
@@ -37,7 +37,7 @@ class Swaps:
         """A member finished its first step under a view: the swaps that seated it are done."""
         for swap in [s for s in self._pending if s.new_member == message.sender and message.epoch >= s.epoch]:
             self._pending.remove(swap)
-            self._events.emit(Event.SWAP_COMPLETED, rank=swap.seat, old_member=swap.old_member,
+            self._events.emit(schema.SwapCompleted(rank=swap.seat, old_member=swap.old_member,
                               new_member=swap.new_member, recovery_s=round(message.ts - swap.failed_at, 4),
-                              step=message.step, epoch=message.epoch, member=message.sender,
-                              groups_rebuilt=message.groups_rebuilt, group_s=round(message.group_s, 6))
+                              step=message.step, epoch=message.epoch,
+                              groups_rebuilt=message.groups_rebuilt, group_s=round(message.group_s, 6)))

@@ -18,7 +18,7 @@ from deadpool.coordinator.outbox import Outbox
 from deadpool.coordinator.pools import Addresses
 from deadpool.coordinator.records import MemberRecord
 from deadpool.coordinator.terms import Terms
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol import viewsync
 from deadpool.protocol.messages import CommitView, Message, ViewChunk
@@ -55,10 +55,10 @@ class Views:
         changed = self._addrs.take_changed()  # the next view patches this one's addresses
         if previous is None or view.store_prefix != previous.store_prefix:
             self.groups_epoch = view.epoch
-        self._events.emit(Event.VIEW_COMMITTED, epoch=view.epoch, resume_step=view.resume_step, seats=view.seats,
+        self._events.emit(schema.ViewCommitted(epoch=view.epoch, resume_step=view.resume_step, seats=view.seats,
                           spares=view.spares, store_prefix=view.store_prefix, reason=reason,
                           rebuild_groups=view.rebuild_groups,
-                          failed_seats=sorted(failed), buddies=view.buddies, trigger=trigger, term=self._terms.term)
+                          failed_seats=sorted(failed), buddies=view.buddies, trigger=trigger, term=self._terms.term))
         for members, messages in self._sender.commit(previous, view, self._terms.term, changed):
             self._out.broadcast(members, *messages)
         self._catch_up.committed(view.epoch, self._out.now)

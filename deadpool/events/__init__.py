@@ -1,1 +1,1 @@
-"""The events file: the one writer, the catalogue of event names, and the one reader."""
+"""The events file: its schema (one typed record per event kind), the writer, and the summary readers share."""

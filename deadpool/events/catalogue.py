@@ -1,8 +1,9 @@
 """The catalogue of events: every name a DeadPool process writes to the events file, one place.
 
-Writers pass an :class:`Event` to ``EventLog.emit``; readers compare a record's ``event`` with
-these members (a ``StrEnum`` equals its string, so a file written by any version reads the same).
-Append new names; never rename one (operators' scripts and plots read them).
+Each name is the tag of one typed record in ``events.schema``, which holds its fields; writers
+build that record and readers match on its type.  A ``StrEnum`` equals its string, so the
+``event`` field on disk is the plain name.  Append new names; never rename one (operators'
+scripts and plots read them).
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ import enum
 
 
 class Event(enum.StrEnum):
-    """One kind of line in the events file; the comment lists the fields of its own."""
+    """One kind of line in the events file; the comment says what it records (its fields: ``events.schema``)."""
 
     COORDINATOR_STARTED = "coordinator_started"  # address, store_port
     MEMBER_JOINED = "member_joined"  # role, host
-    MEMBER_FAILED = "member_failed"  # detected_by (Detector), reason, detection_s
+    MEMBER_FAILED = "member_failed"  # member, rank: the dead member; detected_by (vocabulary.Detector), reason
     SPARE_LOST = "spare_lost"  # a spare died or was fenced before it was seated
     SPARE_RELEASED = "spare_released"  # a spare told to leave at the end of the job
     VIEW_PREPARED = "view_prepared"  # reason, trigger, seats being refilled, told (through_agents of them)

@@ -1,7 +1,8 @@
 """The facts the events file states: one frozen, typed record per event this project's readers know.
 
-The schema of the events as they are read (``summary.parse`` makes them from records); every reader,
-the closing lines, ``deadpool events``, the metrics and the simulator's checks, works on these.
+What the summary concludes from the typed records of ``events.schema`` (``summary.parse`` makes them):
+a fact joins a record with what the file says elsewhere (the seat of a member a line names without one),
+and the closing lines, ``deadpool events`` and the metrics work on these.
 """
 
 from __future__ import annotations
@@ -43,10 +44,9 @@ class Failure:
     ts: float | None  # when the failure was declared (unix seconds)
     member: str  # the dead member's id
     rank: int | None  # the seat it held (None: a spare or unknown)
-    detected_by: str  # heartbeat | collective_error | exit | report (UNKNOWN when absent)
-    reason: str  # free text from the detector ("" when absent)
+    detected_by: str  # a vocabulary.Detector
+    reason: str  # free text from the detector
     detection_s: float | None = None  # injected failure to its detection (known only for injected ones)
-    reporter: str = ""  # the member that wrote the record (the coordinator, usually)
 
 
 @dataclass(frozen=True, slots=True)

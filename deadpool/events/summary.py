@@ -1,11 +1,11 @@
 """The one reader of the events file: records in, typed facts and a job ``Summary`` out.
 
 Every tool that reads events (``deadpool events``, the launcher's progress line and closing
-summary, the coordinator's metrics, the simulator) reads them through here, so the name of
-a field is known in one place.  ``parse`` turns one record into one fact, dispatching on the
-``Event`` catalogue; ``SummaryBuilder`` folds facts record by record (a live reader feeds
-lines as they arrive) into a frozen ``Summary``.  Records are untrusted: every field may be
-missing or of the wrong type, and nothing here raises on an odd record.
+summary, the coordinator's metrics) condenses them through here.  The records are the typed
+lines of ``events.schema`` (``load`` reads and validates a file; the simulator's checks and the
+determinism check read the same records).  ``parse`` turns one record into one fact by its
+record type; ``SummaryBuilder`` folds facts record by record (a live reader feeds lines as they
+arrive) into a frozen ``Summary``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from deadpool.events import schema
 from deadpool.events.catalogue import Event
 
 # The facts, re-exported: readers name them as summary.Restore, summary.Failure, ...
@@ -80,21 +80,8 @@ from deadpool.events.facts import (
 from deadpool.events.facts import (
     ViewCommit as ViewCommit,
 )
-from deadpool.events.log import read_events
 
-Record = dict[str, Any]
-
-
-
-def event_of(record: Record) -> Event | None:
-    """The catalogue entry a record is a line of; None for a name the catalogue does not have."""
-    name = record.get("event")
-    if not isinstance(name, str):
-        return None
-    try:
-        return Event(name)
-    except ValueError:
-        return None
+Record = schema.Line  # what the summary reads: one typed line of the file
 
 
 def parse(record: Record, seats: Mapping[str, int] | None = None) -> Fact | None:
@@ -102,130 +89,63 @@ def parse(record: Record, seats: Mapping[str, int] | None = None) -> Fact | None
 
     ``seats`` (member -> seat) fills in the seat of a member a record names without one.
     """
-    if not isinstance(record, dict):
-        return None
-    event = event_of(record)
-    parser = _PARSERS.get(event) if event is not None else None
-    if parser is None:
-        return None
-    return parser(record, as_float(record.get("ts")), seats if seats is not None else {})
+    seats = seats if seats is not None else {}
+    ts = record.ts
+    match record:
+        case schema.CoordinatorStarted():
+            return CoordinatorStarted(ts, record.address)
+        case schema.MemberJoined():
+            return MemberJoined(ts, record.member or "", record.rank, record.role, record.source_process)
+        case schema.MemberFailed():
+            member, rank = _seated(record.member or "", record.rank, seats)
+            return Failure(ts, member, rank, record.detected_by, record.reason, record.detection_s)
+        case schema.SpareLost():
+            member, rank = _seated(record.member or "", record.rank, seats)
+            return SpareLost(ts, member, rank)
+        case schema.ViewCommitted():
+            return ViewCommit(ts, record.epoch, record.resume_step, tuple(record.seats), tuple(record.spares),
+                              tuple(record.failed_seats), record.reason)
+        case schema.Restored():
+            return Restore(ts, record.member or "", record.rank, record.source, record.bytes, record.s, record.step)
+        case schema.SwapCompleted():
+            return Swap(ts, record.rank, record.old_member, record.new_member, record.recovery_s)
+        case schema.StepFinished():
+            return StepDone(ts, record.epoch, record.step, record.rank, record.member or "", record.loss,
+                            record.tokens, record.tokens_per_s, record.step_s)
+        case schema.ChaosInjected():
+            member, rank = _seated(*record.target(), seats)
+            return ChaosInjection(ts, record.action, member, rank, record.spec)
+        case schema.Fenced():
+            return Fenced(ts, record.member or "", record.rank, record.reason)
+        case schema.Rejected():
+            return Rejection(ts, record.member or "", record.rank, record.reason)
+        case schema.TrainingFinished():
+            caveat = record.untracked_rollback
+            untracked = None if caveat is None else UntrackedRollback(caveat.loader or UNKNOWN, caveat.where,
+                                                                      caveat.view, caveat.rank)
+            return JobFinished(ts, record.member or "", record.rank, record.step, record.state_digest, untracked)
+        case schema.JobFailed():
+            if record.detail is None:
+                return JobFailed(ts, record.member or "", record.rank, record.reason)
+            # A stop with a machine cause (``reason: user_error``) carries its prose in ``detail``.
+            return JobFailed(ts, record.member or "", record.rank, record.detail, record.reason, record.traceback,
+                             record.raised_by)
+        case schema.ChaosPointUnseen():
+            return ChaosPointUnseen(ts, record.member or "", record.rank, record.step, record.spec,
+                                    record.at or UNKNOWN, tuple(record.seen))
+        case schema.ChaosNotFired():
+            return ChaosNotFired(ts, record.spec, record.at or UNKNOWN, record.target_member, record.target_rank,
+                                 record.last_step, tuple(record.seen), record.ended, record.why)
+        case schema.GroupsAborted():
+            return GroupsAborted(ts, record.member or "", record.rank, tuple(record.groups), record.reason, record.s)
+    return None
 
 
-def _coordinator(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    return CoordinatorStarted(ts, as_str(r.get("address")))
-
-
-def _joined(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    return MemberJoined(ts, as_str(r.get("member")), as_int(r.get("rank")), as_str(r.get("role")),
-                        as_str(r.get("source_process")))
-
-
-def _failed(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    member, rank = subject(r, "failed", seats)
-    return Failure(ts, member, rank, as_str(r.get("detected_by")) or UNKNOWN, as_str(r.get("reason")),
-                   as_float(r.get("detection_s")), as_str(r.get("member")))
-
-
-def _spare_lost(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    member, rank = subject(r, "lost", seats)
-    return SpareLost(ts, member, rank)
-
-
-def _view(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    members, spares = r.get("seats"), r.get("spares")
-    refilled = r.get("failed_seats")
-    return ViewCommit(
-        ts,
-        as_int(r.get("epoch")),
-        as_int(r.get("resume_step")),
-        tuple(as_str_list(members)) if isinstance(members, list) else None,
-        tuple(as_str_list(spares)) if isinstance(spares, list) else None,
-        tuple(n for n in map(as_int, refilled) if n is not None) if isinstance(refilled, list) else (),
-        as_str(r.get("reason")),
-    )
-
-
-def _restored(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    return Restore(ts, as_str(r.get("member")), as_int(r.get("rank")), as_str(r.get("source")) or UNKNOWN,
-                   as_int(r.get("bytes")), as_float(r.get("s")), as_int(r.get("step")))
-
-
-def _swap(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    return Swap(ts, as_int(r.get("rank")), as_str(r.get("old_member")), as_str(r.get("new_member")),
-                as_float(r.get("recovery_s")))
-
-
-def _step(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    return StepDone(ts, as_int(r.get("epoch")), as_int(r.get("step")), as_int(r.get("rank")), as_str(r.get("member")),
-                    as_float(r.get("loss")), as_float(r.get("tokens")), as_float(r.get("tokens_per_s")),
-                    as_float(r.get("step_s")))
-
-
-def _chaos(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    member, rank = subject(r, "target", seats)
-    return ChaosInjection(ts, as_str(r.get("action")) or UNKNOWN, member, rank, as_str(r.get("spec")))
-
-
-def _fenced(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    return Fenced(ts, as_str(r.get("member")), as_int(r.get("rank")), as_str(r.get("reason")))
-
-
-def _rejected(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    return Rejection(ts, as_str(r.get("member")), as_int(r.get("rank")), as_str(r.get("reason")))
-
-
-def _finished(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    caveat = r.get("untracked_rollback")
-    untracked = UntrackedRollback(as_str(caveat.get("loader")) or UNKNOWN, as_str(caveat.get("where")),
-                                  as_int(caveat.get("view")), as_int(caveat.get("rank"))) \
-        if isinstance(caveat, dict) else None
-    return JobFinished(ts, as_str(r.get("member")), as_int(r.get("rank")), as_int(r.get("step")),
-                       as_str(r.get("state_digest")), untracked)
-
-
-def _point_unseen(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    return ChaosPointUnseen(ts, as_str(r.get("member")), as_int(r.get("rank")), as_int(r.get("step")),
-                            as_str(r.get("spec")), as_str(r.get("at")) or UNKNOWN, tuple(as_str_list(r.get("seen"))))
-
-
-def _not_fired(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    return ChaosNotFired(ts, as_str(r.get("spec")), as_str(r.get("at")) or UNKNOWN, as_str(r.get("target_member")),
-                         as_int(r.get("target_rank")), as_int(r.get("last_step")), tuple(as_str_list(r.get("seen"))),
-                         as_str(r.get("ended")), as_str(r.get("why")))
-
-
-def _aborted(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    return GroupsAborted(ts, as_str(r.get("member")), as_int(r.get("rank")), tuple(as_str_list(r.get("groups"))),
-                         as_str(r.get("reason")), as_float(r.get("s")))
-
-
-def _job_failed(r: Record, ts: float | None, seats: Mapping[str, int]) -> Fact:
-    # A stop with a machine cause (``reason: user_error``) carries its prose in ``detail``.
-    member, rank, reason = as_str(r.get("member")), as_int(r.get("rank")), as_str(r.get("reason"))
-    detail = r.get("detail")
-    if not isinstance(detail, str):
-        return JobFailed(ts, member, rank, reason)
-    return JobFailed(ts, member, rank, detail, reason, as_str(r.get("traceback")), as_str(r.get("raised_by")))
-
-
-_PARSERS: dict[Event, Callable[[Record, float | None, Mapping[str, int]], Fact]] = {
-    Event.COORDINATOR_STARTED: _coordinator,
-    Event.MEMBER_JOINED: _joined,
-    Event.MEMBER_FAILED: _failed,
-    Event.VIEW_COMMITTED: _view,
-    Event.RESTORED: _restored,
-    Event.SWAP_COMPLETED: _swap,
-    Event.FENCED: _fenced,
-    Event.REJECTED: _rejected,
-    Event.TRAINING_FINISHED: _finished,
-    Event.JOB_FAILED: _job_failed,
-    Event.CHAOS_INJECTED: _chaos,
-    Event.SPARE_LOST: _spare_lost,
-    Event.STEP_FINISHED: _step,
-    Event.CHAOS_POINT_UNSEEN: _point_unseen,
-    Event.CHAOS_NOT_FIRED: _not_fired,
-    Event.GROUPS_ABORTED: _aborted,
-}
+def _seated(member: str, rank: int | None, seats: Mapping[str, int]) -> tuple[str, int | None]:
+    """A member a record is about, and its seat: the record's, else the seat it was seen in elsewhere."""
+    if rank is None or rank < 0:
+        return member, seats.get(member)
+    return member, rank
 
 
 # ---------------------------------------------------------------------------
@@ -296,19 +216,19 @@ class Summary:
 
 
 def load(path: str | os.PathLike[str]) -> list[Record]:
-    """Read every readable event of a file, in file order.
+    """Read every event of a file, in file order, each validated against its kind's schema.
 
-    Bad lines are skipped (and logged) by ``read_events``, so a file cut off by
-    a crash still loads.
+    A last line cut off by a crash is skipped, so such a file still loads.
 
     Raises:
         OSError: the file cannot be opened (missing, unreadable).
+        schema.SchemaError: a line does not match its kind's schema (the message names the line, kind and field).
     """
-    return list(read_events(path))
+    return schema.read(path)
 
 
 def summarize(events: Iterable[Record]) -> Summary:
-    """Condense a whole file's events into a ``Summary`` (in time order); never raises on odd records."""
+    """Condense a whole file's events into a ``Summary`` (in time order)."""
     ordered_events = ordered(events)
     builder = SummaryBuilder(seat_map(ordered_events))
     for _, record in ordered_events:
@@ -349,10 +269,8 @@ class SummaryBuilder:
 
     def feed(self, record: Record) -> Fact | None:
         """Fold one record in; returns the fact it stated (None: an event kept as a name only)."""
-        if not isinstance(record, dict):
-            return None
         self._events += 1
-        ts = as_float(record.get("ts"))
+        ts = record.ts
         if ts is not None:
             self._start_ts = ts if self._start_ts is None else min(self._start_ts, ts)
             self._end_ts = ts if self._end_ts is None else max(self._end_ts, ts)
@@ -360,7 +278,7 @@ class SummaryBuilder:
         fact = parse(record, self.seats)
         match fact:
             case None:
-                self._unknown.setdefault(as_str(record.get("event")) or UNKNOWN, None)
+                self._unknown.setdefault(record.event, None)
             case CoordinatorStarted():
                 pass
             case StepDone():
@@ -482,38 +400,10 @@ class SummaryBuilder:
 def ordered(events: Iterable[Record]) -> list[tuple[float | None, Record]]:
     """Records with their timestamp, sorted by time (stably, so ties keep file order).
 
-    Lines from several hosts may be slightly out of order in the file.  A record
-    without a usable ``ts`` keeps its place after the record before it.
+    Lines from several hosts may be slightly out of order in the file.
     """
-    out: list[tuple[float, int, float | None, Record]] = []
-    last = -math.inf
-    for index, record in enumerate(events):
-        if not isinstance(record, dict):
-            continue
-        ts = as_float(record.get("ts"))
-        if ts is not None:
-            last = ts
-        out.append((ts if ts is not None else last, index, ts, record))
-    out.sort(key=lambda item: (item[0], item[1]))
-    return [(ts, record) for _, _, ts, record in out]
-
-
-def subject(r: Record, prefix: str, seats: Mapping[str, int]) -> tuple[str, int | None]:
-    """The member an event is about, and its seat.
-
-    A writer may name the member it reports on in ``{prefix}_member`` (the
-    coordinator reporting a death); otherwise the event is about the writer
-    itself.  When the record gives no seat for that member, the seat it was
-    seen in elsewhere in the file is used.
-    """
-    named = as_str(r.get(f"{prefix}_member"))
-    member = named or as_str(r.get("member"))
-    rank = as_int(r.get(f"{prefix}_rank"))
-    if rank is None and (not named or named == as_str(r.get("member"))):
-        rank = as_int(r.get("rank"))
-    if rank is None or rank < 0:
-        rank = seats.get(member)
-    return member, rank
+    out = sorted(enumerate(events), key=lambda item: (item[1].ts or 0.0, item[0]))
+    return [(record.ts, record) for _, record in out]
 
 
 def learn_seats(seats: dict[str, int], r: Record) -> None:
@@ -522,14 +412,12 @@ def learn_seats(seats: dict[str, int], r: Record) -> None:
     Member ids are never reused and a member keeps its seat once adopted, so
     the first seat seen for a member is its seat for the whole file.
     """
-    event = event_of(r)
-    if event is Event.VIEW_COMMITTED and isinstance(r.get("seats"), list):
-        for seat, member in enumerate(r["seats"]):
-            seats.setdefault(as_str(member), seat)
-    elif event is Event.STEP_FINISHED:
-        rank = as_int(r.get("rank"))
-        if rank is not None and rank >= 0 and as_str(r.get("member")):
-            seats.setdefault(as_str(r.get("member")), rank)
+    match r:
+        case schema.ViewCommitted():
+            for seat, member in enumerate(r.seats):
+                seats.setdefault(member, seat)
+        case schema.StepFinished() if r.rank is not None and r.rank >= 0 and r.member:
+            seats.setdefault(r.member, r.rank)
 
 
 def seat_map(ordered_events: Iterable[tuple[float | None, Record]]) -> dict[str, int]:
@@ -538,43 +426,6 @@ def seat_map(ordered_events: Iterable[tuple[float | None, Record]]) -> dict[str,
     for _, r in ordered_events:
         learn_seats(seats, r)
     return seats
-
-
-def as_str(value: Any) -> str:
-    """A field as text ("" when absent)."""
-    return value if isinstance(value, str) else ("" if value is None else str(value))
-
-
-def as_int(value: Any) -> int | None:
-    """A field as an integer (None when absent or not one)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            return None
-    return None
-
-
-def as_float(value: Any) -> float | None:
-    """A field as a finite number (None when absent, not a number, NaN or infinite)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return None
-    try:
-        result = float(value)
-    except ValueError:
-        return None
-    return result if math.isfinite(result) else None
-
-
-def as_str_list(value: Any) -> list[str]:
-    """A list field as texts ([] when it is not a list)."""
-    return [as_str(v) for v in value] if isinstance(value, list) else []
 
 
 def _ts_key(item: Failure) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec
 from deadpool.protocol.messages import SnapshotHeader
@@ -77,15 +77,15 @@ class WardCopies:
     def take(self, header: SnapshotHeader, frames: list[memoryview], view: View) -> Taken:
         """Check a ward's header (and its payload `frames`, or the slot file it names) and keep the copy."""
         if header.shm_path and frames:
-            self._events.emit(Event.REJECTED, reason="unexpected_frames", peer=header.sender, kind="shm_snapshot")
+            self._events.emit(schema.Rejected(reason="unexpected_frames", peer=header.sender, kind="shm_snapshot"))
             return Taken(ack=False)
         if not header.shm_path and sum(len(f) for f in frames) != header.nbytes:
-            self._events.emit(Event.REJECTED, reason="size_mismatch", peer=header.sender)
+            self._events.emit(schema.Rejected(reason="size_mismatch", peer=header.sender))
             return Taken(ack=False)
         problem = self._check_ward_header(header, view)
         if problem is not None:
-            self._events.emit(Event.REJECTED, reason=problem[0], peer=header.sender, seat=header.seat,
-                              detail=problem[1])
+            self._events.emit(schema.Rejected(reason=problem[0], peer=header.sender, seat=header.seat,
+                              detail=problem[1]))
             return Taken(ack=False)
         mapping = None
         if header.shm_path:
@@ -93,7 +93,7 @@ class WardCopies:
                 mapping = shm.map_readonly(header.shm_path, self._shm_dir, header.shm_offset, header.nbytes,
                                            self.mappings.get(header.shm_path))
             except shm.ShmRefused as err:
-                self._events.emit(Event.REJECTED, reason="bad_shm_path", peer=header.sender, detail=str(err))
+                self._events.emit(schema.Rejected(reason="bad_shm_path", peer=header.sender, detail=str(err)))
                 return Taken(ack=True, error=str(err))
             self.mappings[header.shm_path] = mapping
             frames = payload_chunks(mapping.view[header.shm_offset : header.shm_offset + header.nbytes])
@@ -189,8 +189,8 @@ class WardCopies:
                 copy.frames = payload_chunks(copy.mapping.view[header.shm_offset : header.shm_offset + header.nbytes])
                 continue
             copy.valid, copy.head_frame = False, b""
-            self._events.emit(Event.REJECTED, reason=problem[0], peer=copy.header.sender, seat=seat, detail=problem[1],
-                              kind="slot_head")
+            self._events.emit(schema.Rejected(reason=problem[0], peer=copy.header.sender, seat=seat, detail=problem[1],
+                              kind="slot_head"))
 
     # -- letting go ---------------------------------------------------------------------------
 

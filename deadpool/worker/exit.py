@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from deadpool.actors.handoff import Handoff
 from deadpool.errors import DeadPoolError, JobStopped, MisuseError
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import TRACEBACK_LIMIT, Fenced, UserException
 from deadpool.worker.step import StepState
@@ -184,6 +184,6 @@ def exit_fenced(events: EventLog, member: str, command: Fenced) -> NoReturn:
         "and its seat was given to another member. This process changed nothing after that and exits now; "
         "the job goes on without it."
     )
-    events.emit(Event.FENCED_EXIT, reason=command.reason)
+    events.emit(schema.FencedExit(reason=command.reason))
     print(message, file=sys.stderr, flush=True)
     os._exit(FENCED_STATUS)

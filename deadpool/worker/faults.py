@@ -18,7 +18,7 @@ from deadpool import chaos
 from deadpool.actors.handoff import Handoff
 from deadpool.chaos import ChaosAction, ChaosPlan, ChaosPoint, Switch
 from deadpool.config import WorkerEnv
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import ChaosInjected
 from deadpool.worker.step import StepState
@@ -76,8 +76,8 @@ class FaultInjector:
         time.sleep(REPORT_LINGER_S)
         # The event is the injection's timestamp (what recovery times count from): taken once the report is
         # out, as the signal goes, not before the report's hand-over, which only an injected failure waits for.
-        self._events.emit(Event.CHAOS_INJECTED, action=spec.action, at=point, spec=str(spec),
-                          epoch=state.epoch, rank=state.rank, step=state.step)
+        self._events.emit(schema.ChaosInjected(action=spec.action, at=point, spec=str(spec),
+                          epoch=state.epoch, rank=state.rank, step=state.step))
         chaos.inject(spec, self._partition)
 
     def first_step_done(self, step: int) -> None:
@@ -89,8 +89,8 @@ class FaultInjector:
             return
         passed = [point for point in chaos.POINTS if point in seen]
         for spec in chaos.unseen(self._plan.pending(), seen, step):
-            self._events.emit(Event.CHAOS_POINT_UNSEEN, spec=str(spec), at=spec.at, seen=passed,
-                              epoch=self._state.epoch, rank=self._state.rank, step=step)
+            self._events.emit(schema.ChaosPointUnseen(spec=str(spec), at=spec.at, seen=[str(point) for point in passed],
+                              epoch=self._state.epoch, rank=self._state.rank, step=step))
             # On stderr whatever the script's logging: the operator must see it while the run can still be stopped.
             print(f"deadpool: warning: chaos spec {spec} will likely never fire: this member's first step (step "
                   f"{step}) passed no {spec.at} point ({chaos.WHERE[spec.at]}); it passed "
@@ -107,6 +107,6 @@ class FaultInjector:
             wait = max(0.01, min(wait, due - elapsed))
         spec = self._plan.spare_due(elapsed)
         if spec is not None:
-            self._events.emit(Event.CHAOS_INJECTED, action=spec.action, spec=str(spec), rank=-1)
+            self._events.emit(schema.ChaosInjected(action=spec.action, spec=str(spec), rank=-1))
             chaos.inject(spec, self._partition)
         return wait

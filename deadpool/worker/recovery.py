@@ -18,7 +18,7 @@ from deadpool.actors.handoff import Command, Handoff, PrepareReady, Progress
 from deadpool.chaos import ChaosPoint
 from deadpool.config import WorkerEnv
 from deadpool.errors import CollectiveAborted, JobStopped, RestoreFailed, WaitTimeout
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CollectiveFailed, CommitView, Fenced, Prepare, Recovered, Role, Stop
 from deadpool.protocol.view import FIRST_EPOCH, INITIAL_STEP, View
@@ -135,7 +135,7 @@ class Recovery:
             self._preload(offer)
             offer = self._seated_as_reserved(offer)
         if isinstance(offer, Stop):
-            self._events.emit(Event.SPARE_RELEASED, reason=offer.reason)
+            self._events.emit(schema.SpareReleased(reason=offer.reason))
             return None
         first = self._adopt_with_retry(offer.view)
         # Seated but interrupted (another failure during this swap): answer the next Prepare like
@@ -230,8 +230,8 @@ class Recovery:
         state = self._state
         self._snapshots.wait_copy(self._config.copy_timeout)
         if state.poison is not None:
-            self._events.emit(Event.PAUSED, epoch=state.epoch, rank=state.rank, step=state.step, reason=state.poison,
-                              backward_abandoned=state.abandoned, forward_abandoned=state.forward_abandoned)
+            self._events.emit(schema.Paused(epoch=state.epoch, rank=state.rank, step=state.step, reason=state.poison,
+                              backward_abandoned=state.abandoned, forward_abandoned=state.forward_abandoned))
         acked = 0
         while True:
             command = pending if pending is not None else self._handoff.take(
@@ -275,7 +275,7 @@ class Recovery:
         try:
             return self._adopt(view)
         except (CollectiveAborted, RestoreFailed, WaitTimeout) as err:
-            self._events.emit(Event.ADOPT_FAILED, epoch=view.epoch, error=str(err))
+            self._events.emit(schema.AdoptFailed(epoch=view.epoch, error=str(err)))
             if not (isinstance(err, CollectiveAborted) and err.interrupted):
                 # Interrupted by a newer view: the coordinator is already rebuilding, and a report would
                 # make it rebuild once more (each rebuild interrupting the adoption of the one before).
@@ -356,12 +356,12 @@ class Recovery:
             # and seat 0 (a rebuild that replaced nobody worked).  Not every seat: at 131,072 members that is
             # a message per member per view change, for what one of them says.
             self._recovering_epoch = view.epoch if seat == 0 or self._swap_unreported else 0
-            self._events.emit(Event.RESTORED, epoch=view.epoch, rank=seat, step=view.resume_step,
-                              source=plan.source.value, bytes=plan.nbytes,
+            self._events.emit(schema.Restored(epoch=view.epoch, rank=seat, step=view.resume_step,
+                              source=plan.source, bytes=plan.nbytes,
                               live_bytes=sum(t.nbytes for t in plan.kept.values()), s=round(restore_s, 6),
                               fetch_s=round(self._fetch.seconds, 6), group_s=round(group_s, 6),
                               wait_s=round(time.perf_counter() - ready, 6), preloaded=plan.preloaded,
-                              **self._mesh_fields())
+                              **self._mesh_fields()))
         return view.resume_step + 1
 
     def _plan(self, view: View, seat: int, initial: bool) -> Plan:

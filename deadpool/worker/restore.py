@@ -13,7 +13,6 @@ for the same reason.  The source is the ``restored`` event's ``source``.
 from __future__ import annotations
 
 import abc
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -21,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from deadpool.errors import RestoreFailed
+from deadpool.events.vocabulary import RestoreSource as Source
 from deadpool.protocol.view import View
 from deadpool.snapshot.checkpoint import load as checkpoint_load
 from deadpool.snapshot.statetree import Manifest, replicated_slice
@@ -29,15 +29,6 @@ from deadpool.worker import rng as rng_mod
 from deadpool.worker.fetch import Asked, Restored
 from deadpool.worker.groups.hub import GroupCollectives
 from deadpool.worker.tracked import TrackedState
-
-
-class Source(enum.StrEnum):
-    """Where an adopting seat's state comes from (the ``restored`` event's ``source``)."""
-
-    INITIAL = "initial"  # the job's initial state, as the script built it: nothing is restored
-    LOCAL = "local"  # this member's own snapshot (its live tensors where they still hold it)
-    BUDDY = "buddy"  # the copy the seat's buddy holds, with the peers' slices of the replicated region
-    DISK = "disk"  # the disk checkpoint
 
 
 @dataclass(frozen=True)

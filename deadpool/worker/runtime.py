@@ -30,7 +30,7 @@ from deadpool.actors.runtime_thread import RuntimeThread
 from deadpool.chaos import ChaosPoint
 from deadpool.config import WorkerEnv
 from deadpool.errors import MisuseError
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CommitView, Fenced, Finished, Join, Prepare, Role, Stop
 from deadpool.protocol.view import INITIAL_STEP
@@ -142,8 +142,8 @@ class Runtime:
             self._thread.control_addr, self._thread.bulk_addr,
             complete_steps(Path(self.config.checkpoint_dir), self._env_world_size) if disk else [],
         ))
-        self.events.emit(Event.MEMBER_JOINED, role=self.role, pid=os.getpid(), host=self.host,
-                         control_addr=self._thread.control_addr, bulk_addr=self._thread.bulk_addr)
+        self.events.emit(schema.MemberJoined(role=self.role, pid=os.getpid(), host=self.host,
+                         control_addr=self._thread.control_addr, bulk_addr=self._thread.bulk_addr))
 
     @property
     def rank(self) -> int:
@@ -411,11 +411,12 @@ class Runtime:
         self._progress.step = step
         self._loader_watch.first_step_done()
         self._faults.first_step_done(step)
-        fields: dict[str, Any] = {"step_s": round(elapsed, 6)}
-        fields.update(self._report)
-        if "tokens" in self._report and elapsed > 0:
-            fields["tokens_per_s"] = round(self._report["tokens"] / elapsed, 1)
-        self.events.emit(Event.STEP_FINISHED, epoch=self._state.epoch, rank=self.rank, step=step, **fields)
+        report = dict(self._report)
+        loss, tokens = report.pop("loss", None), report.pop("tokens", None)
+        rate = round(tokens / elapsed, 1) if tokens is not None and elapsed > 0 else None
+        self.events.emit(schema.StepFinished(epoch=self._state.epoch, rank=self.rank, step=step,
+                                             step_s=round(elapsed, 6), loss=loss, tokens=tokens, tokens_per_s=rate,
+                                             report=report))
         self._recovery.step_finished(step)
         return self._drain_commands()
 
@@ -445,8 +446,8 @@ class Runtime:
     def _untracked_loader(self, message: str, loader: UntrackedLoader) -> None:
         """The loader watch saw training iterate a loader no snapshot holds (warned once)."""
         self._tracked.note_untracked(loader)
-        self.events.emit(Event.DATA_LOADER_UNTRACKED, rank=self.rank, step=self._state.step, loader=loader.kind,
-                         where=loader.where)
+        self.events.emit(schema.DataLoaderUntracked(rank=self.rank, step=self._state.step, loader=loader.kind,
+                         where=loader.where))
 
     def _on_snapshot_copied(self, slot: Slot) -> None:
         """Copy thread: hand the finished snapshot to the SnapshotActor for streaming."""
@@ -521,14 +522,14 @@ class Runtime:
         loader, where, rolled_back = self._tracked.untracked_rollback()
         self._handoff.post(Finished(self.member, view.epoch, self.rank, max_steps - 1, self.final_digest,
                                     loader, where, rolled_back))
-        self.events.emit(Event.SEAT_FINISHED, epoch=view.epoch, rank=self.rank, step=max_steps - 1,
-                         state_digest=self.final_digest, seat_digest=seat_digest, parts=parts, rngs=rngs)
+        self.events.emit(schema.SeatFinished(epoch=view.epoch, rank=self.rank, step=max_steps - 1,
+                         state_digest=self.final_digest, seat_digest=seat_digest, parts=parts, rngs=rngs))
         stats = self.stats()
-        self.events.emit(Event.SNAPSHOT_MEMORY, rank=self.rank, own_snapshots_bytes=stats["own_snapshots_bytes"],
+        self.events.emit(schema.SnapshotMemory(rank=self.rank, own_snapshots_bytes=stats["own_snapshots_bytes"],
                          buddy_copies_bytes=stats["buddy_copies_bytes"],
                          buddy_copies_shared_bytes=stats["buddy_copies_shared_bytes"],
                          snapshot_bytes=stats["snapshot_bytes"], snapshot_copied_bytes=stats["snapshot_copied_bytes"],
-                         stall_p99_s=round(stats["stall_p99_s"], 6))
+                         stall_p99_s=round(stats["stall_p99_s"], 6)))
         return True
 
     def _left_early(self) -> str:

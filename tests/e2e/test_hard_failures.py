@@ -51,7 +51,7 @@ def test_second_failure_during_swap_converges(tmp_path: Path, baseline: LaunchRe
                     "--chaos", "kill:rank=0:step=6:at=recovery", steps=STEPS)
     assert result.returncode == 0, result.output[-4000:]
     assert result.digest == baseline.digest
-    assert sorted(f["failed_rank"] for f in result.of("member_failed")) == [0, 2]
+    assert sorted(f["rank"] for f in result.of("member_failed")) == [0, 2]
     assert sorted(s["rank"] for s in result.of("swap_completed")) == [0, 2]
     one_view_per_epoch(result)
 
@@ -107,7 +107,7 @@ def test_partitioned_member_cannot_split_the_brain(tmp_path: Path, baseline: Lau
     one_view_per_epoch(result)
     cut = result.of("chaos_injected")[0]
     victim = cut["member"]
-    assert [f["failed_member"] for f in result.of("member_failed")] == [victim]
+    assert [f["member"] for f in result.of("member_failed")] == [victim]
     # Its gloo sockets still work, and on one host its gate needs no message (its buddy maps its
     # slots and every snapshot is confirmed in place), so the cut member goes on training in
     # lockstep with the others until the coordinator declares it dead (failure_timeout) and the
@@ -151,7 +151,7 @@ def test_coordinator_restart_rebuilds_view_and_handles_next_failure(tmp_path: Pa
     adopted = result.of("view_adopted")
     assert adopted, "the restarted coordinator learned the view from the members"
     failed = result.of("member_failed")
-    assert len(failed) == 1 and failed[0]["failed_rank"] == 2 and failed[0]["ts"] > adopted[0]["ts"]
+    assert len(failed) == 1 and failed[0]["rank"] == 2 and failed[0]["ts"] > adopted[0]["ts"]
     assert result.of("swap_completed")
 
 

@@ -29,7 +29,7 @@ def assert_swapped(result: LaunchResult, baseline: LaunchResult, seat: int) -> N
     assert result.returncode == 0, result.output[-4000:]
     assert result.digest == baseline.digest, "a run with a failure must end bit-identical"
     failed = result.of("member_failed")
-    assert [f["failed_rank"] for f in failed] == [seat]
+    assert [f["rank"] for f in failed] == [seat]
     assert failed[0]["detected_by"] in ("exit", "heartbeat", "collective_error")
     swaps = [v for v in result.of("view_committed") if v.get("failed_seats")]
     assert len(swaps) == 1 and swaps[0]["failed_seats"] == [seat]
@@ -96,7 +96,7 @@ def test_killed_spare_shrinks_pool_and_training_goes_on(tmp_path: Path, baseline
     assert result.returncode == 0, result.output[-4000:]
     assert result.digest == baseline.digest
     failed = result.of("member_failed")
-    assert len(failed) == 1 and ":spare0:" in failed[0]["failed_member"]
+    assert len(failed) == 1 and ":spare0:" in failed[0]["member"]
     assert result.of("spare_lost")
     assert not [v for v in result.of("view_committed") if v.get("failed_seats")], "no seat changed"
     assert result.of("view_committed")[-1]["spares"] == []

@@ -26,7 +26,7 @@ STANDIN = {"DEADPOOL_NCCL_STANDIN": "1"}
 
 def assert_repaired_by_abort(result: LaunchResult, reference: LaunchResult, seat: int) -> None:
     assert result.returncode == 0, result.output[-4000:]
-    assert [f["failed_rank"] for f in result.of("member_failed")] == [seat], result.output[-3000:]
+    assert [f["rank"] for f in result.of("member_failed")] == [seat], result.output[-3000:]
     assert result.digest == reference.digest, "a repair on the stand-in must end bit-identical to plain gloo's run"
     aborted = result.of("groups_aborted")
     assert aborted, "the survivors aborted the communicators that held the lost seat"

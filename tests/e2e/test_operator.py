@@ -29,6 +29,7 @@ import pytest
 from deadpool.tools import request
 from deadpool.tools.chaos import RandomPick, pick_random
 from deadpool.tools.cli import main as cli_main
+from event_lines import line, typed
 from launch_util import DEMO, REPO, LaunchResult, assert_no_survivors, read_events, wait_for
 
 from deadpool.agent import jobfile
@@ -429,59 +430,60 @@ def test_random_picks_are_seeded_and_wait_for_a_ready_job() -> None:
 
 def test_progress_line_follows_the_events(tmp_path: Path) -> None:
     progress = JobProgress(seats=2, spares_started=1)
-    progress.feed({"event": "member_joined", "source_process": "worker", "role": "active"})
+    progress.feed(typed({"event": "member_joined", "source_process": "worker", "role": "active"}))
     assert progress.line().startswith("starting: 1/2 ranks and 0 spares joined")
-    progress.feed({"event": "view_committed", "epoch": 1, "spares": ["s"]})
+    progress.feed(typed({"event": "view_committed", "epoch": 1, "seats": ["m0", "m1"], "spares": ["s"]}))
     for step in range(4):
         for rank in range(2):
-            progress.feed({"event": "step_finished", "step": step, "rank": rank, "ts": 100.0 + step, "tokens": 512})
+            progress.feed(typed({"event": "step_finished", "step": step, "rank": rank, "ts": 100.0 + step,
+                                 "tokens": 512}))
     assert progress.line() == "step 3 | 1,024 tok/s | spares 1 | view epoch 1"
-    progress.feed({"event": "member_failed", "failed_rank": 1})
+    progress.feed(typed({"event": "member_failed", "member": "m1", "rank": 1}))
     assert progress.line().endswith("1 failure, 0 swaps | recovering")
-    progress.feed({"event": "view_committed", "epoch": 2, "spares": []})
-    progress.feed({"event": "swap_completed", "recovery_s": 0.93})
+    progress.feed(typed({"event": "view_committed", "epoch": 2, "seats": ["m0", "s"], "spares": []}))
+    progress.feed(typed({"event": "swap_completed", "recovery_s": 0.93}))
     assert "spares 0 | view epoch 2 | 1 failure, 1 swap (last 0.93 s)" in progress.line()
-    progress.feed({"event": "training_finished", "step": 3})
+    progress.feed(typed({"event": "training_finished", "step": 3}))
     assert progress.line().startswith("finished at step 3")
-    progress.feed({"event": "step_finished", "step": "garbage", "ts": None})  # untrusted records are ignored
 
     path = tmp_path / "events.jsonl"
     tail = EventTail(str(path))
     assert tail.read() == []  # not created yet
-    path.write_text('{"event": "a"}\n{"event": "b"')
-    assert [r["event"] for r in tail.read()] == ["a"]
+    a, b, c = (json.dumps(line("paused", ts=float(n))) for n in range(3))
+    path.write_text(f"{a}\n{b[:10]}")
+    assert [r.ts for r in tail.read()] == [0.0]
     with path.open("a") as handle:
-        handle.write('}\nnot json\n{"event": "c"}\n')
-    assert [r["event"] for r in tail.read()] == ["b", "c"]
+        handle.write(f'{b[10:]}\nnot json\n{c}\n')  # a line off the schema is logged and skipped: decoration
+    assert [r.ts for r in tail.read()] == [1.0, 2.0]
 
 
-def test_event_file_readers_leave_a_half_written_last_line(tmp_path: Path,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
+def test_event_file_readers_leave_a_half_written_last_line(tmp_path: Path) -> None:
     # A reader can see half of a writer's single write(): CI once failed on exactly that.
-    from deadpool.events.log import read_events as read_event_file
+    from deadpool.events import schema
 
+    a, b = json.dumps(line("paused", ts=1.0)), json.dumps(line("step_finished", ts=2.0, loss=5.7, tokens=512))
     path = tmp_path / "events.jsonl"
-    path.write_text('{"event": "a"}\nnot json\n{"event": "b", "loss": 5.7, "tok')
-    with caplog.at_level("WARNING", logger="deadpool.events.log"):
-        assert [r["event"] for r in read_event_file(path)] == ["a"]
-    assert [r.message for r in caplog.records] == [f"{path}:2 is not a JSON event line; skipped"]
-    path.write_text('{"event": "a"}\n{"event": "b", "loss": 5.7, "tok')
-    assert [r["event"] for r in read_events(path)] == ["a"]
+    path.write_text(f"{a}\n{b[:-12]}")
+    assert [r.ts for r in schema.read(path)] == [1.0]
+    assert [r["event"] for r in read_events(path)] == ["paused"]
     with path.open("a") as handle:
-        handle.write('ens": 512}\n')
-    assert [r["event"] for r in read_events(path)] == ["a", "b"]
-    assert [r["event"] for r in read_event_file(path)] == ["a", "b"]
+        handle.write(f"{b[-12:]}\n")
+    assert [r["event"] for r in read_events(path)] == ["paused", "step_finished"]
+    assert [r.ts for r in schema.read(path)] == [1.0, 2.0]
+    path.write_text(f"{a}\nnot json\n{b}\n")  # a whole line that is no event is an error that names it
+    with pytest.raises(schema.SchemaError, match=r"events\.jsonl:2: not a JSON event line"):
+        schema.read(path)
 
 
 def test_metrics_count_events_and_refresh_gauges() -> None:
     from prometheus_client import generate_latest
 
     metrics = CoordinatorMetrics()
-    metrics.on_event({"event": "member_failed", "detected_by": "exit", "detection_s": 0.02})
-    metrics.on_event({"event": "member_failed", "detected_by": "heartbeat", "detection_s": None})
-    metrics.on_event({"event": "swap_completed", "recovery_s": 0.9})
-    metrics.on_event({"event": "view_committed", "epoch": 3, "spares": ["a"]})
-    metrics.on_event({"event": "swap_completed", "recovery_s": "bogus"})  # counted, not observed
+    metrics.on_event(typed({"event": "member_failed", "detected_by": "exit", "detection_s": 0.02}))
+    metrics.on_event(typed({"event": "member_failed", "detected_by": "heartbeat", "detection_s": None}))
+    metrics.on_event(typed({"event": "swap_completed", "recovery_s": 0.9}))
+    metrics.on_event(typed({"event": "view_committed", "epoch": 3, "spares": ["a"]}))
+    metrics.on_event(typed({"event": "swap_completed", "recovery_s": -1.0}))  # counted, not observed
     metrics.refresh(_status(steps=(7, 6)) | {"epoch": 3, "world_size": 2, "fenced": ["x"]})
     text = generate_latest(metrics.registry).decode()
     assert "deadpool_swaps_total 2.0" in text and "deadpool_recovery_seconds_count 1.0" in text

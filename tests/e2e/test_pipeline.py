@@ -51,7 +51,7 @@ def test_a_kill_with_a_stages_send_in_flight_is_recovered_bit_identically(
     assert result.digest == baseline.digest, "a pipelined run with a failure must end bit-identical"
     [injected] = result.of("chaos_injected")
     assert injected["at"] == "p2p" and injected["step"] == 5
-    assert [f["failed_rank"] for f in result.of("member_failed")] == [1]
+    assert [f["rank"] for f in result.of("member_failed")] == [1]
     restored = {r["rank"]: r for r in result.of("restored")}
     assert restored[1]["source"] == "buddy", "the spare's stage comes from its buddy"
     rebuilt = {name for r in restored.values() for name in r.get("groups_rebuilt", [])}
@@ -64,7 +64,7 @@ def test_a_hung_stage_is_fenced_and_replaced_bit_identically(tmp_path: Path, bas
     assert result.returncode == 0, result.output[-4000:]
     assert result.digest == baseline.digest
     [failed] = result.of("member_failed")
-    assert failed["failed_rank"] == 3
+    assert failed["rank"] == 3
     assert "Traceback" not in result.output
 
 
@@ -78,6 +78,6 @@ def test_both_seats_of_one_pipeline_killed_are_replaced_bit_identically(
     result = launch(tmp_path, *args, steps=STEPS, script=LLAMA, script_args=PIPELINE)
     assert result.returncode == 0, result.output[-4000:]
     assert result.digest == baseline.digest
-    assert sorted(f["failed_rank"] for f in result.of("member_failed")) == [1, 3]
+    assert sorted(f["rank"] for f in result.of("member_failed")) == [1, 3]
     assert {r["rank"] for r in result.of("restored") if r["source"] == "buddy"} == {1, 3}
     assert "Traceback" not in result.output

@@ -56,7 +56,7 @@ def fsdp_baseline(references: References) -> LaunchResult:
 def assert_recovered(result: LaunchResult, baseline: LaunchResult, seats: list[int]) -> None:
     assert result.returncode == 0, result.output[-4000:]
     assert result.digest == baseline.digest, "a sharded run with failures must end bit-identical"
-    assert sorted(f["failed_rank"] for f in result.of("member_failed")) == seats
+    assert sorted(f["rank"] for f in result.of("member_failed")) == seats
     swapped = {r["rank"]: r for r in result.of("restored") if r["source"] == "buddy"}
     assert set(swapped) == set(seats), "each replaced seat restored its shards from its buddy"
     assert all(r["decisions_taken"] > 0 for r in swapped.values()), "and DTensor's decisions with them"
@@ -241,6 +241,6 @@ def test_compiled_blocks_survive_a_kill_in_every_collective_bit_identically(
     baseline = references.get(BLOCKS, job, ("--compile", form), 6)
     result = launch(tmp_path, *job, "--chaos", spec, script=BLOCKS, steps=6, script_args=("--compile", form))
     assert result.returncode == 0, result.output[-4000:]
-    assert [f["failed_rank"] for f in result.of("member_failed")] == [1]
+    assert [f["rank"] for f in result.of("member_failed")] == [1]
     assert result.digest == baseline.digest, "a compiled run with a failure must end bit-identical"
     assert "falling back to eager" not in result.output

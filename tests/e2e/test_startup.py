@@ -41,7 +41,7 @@ def mesh_reference(references: References) -> LaunchResult:
 def assert_started_again(result: LaunchResult, reference: LaunchResult, seat: int) -> None:
     """Seat `seat` failed before any step, a spare took it, and every seat began from the initial state."""
     assert result.returncode == 0, result.output[-4000:]
-    assert [f["failed_rank"] for f in result.of("member_failed")] == [seat], result.output[-3000:]
+    assert [f["rank"] for f in result.of("member_failed")] == [seat], result.output[-3000:]
     assert [s["rank"] for s in result.of("swap_completed")] == [seat]
     assert {v["resume_step"] for v in result.of("view_committed")} == {-1}, "nothing was trained before the kill"
     # The spare builds the seat's initial state itself, or takes its copy where the buddy confirmed one first.

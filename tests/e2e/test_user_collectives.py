@@ -82,7 +82,7 @@ def test_a_kill_during_the_scripts_all_reduce_is_recovered_bit_identically(
     assert result.digest == reference.digest, "a run with a failure must end bit-identical"
     [injected] = result.of("chaos_injected")
     assert injected["at"] == "usercollective" and injected["step"] == 6
-    assert [f["failed_rank"] for f in result.of("member_failed")] == [1]
+    assert [f["rank"] for f in result.of("member_failed")] == [1]
     paused = {e["rank"]: e["reason"] for e in result.of("paused") if e["step"] == 6}
     assert sorted(paused) == [0, 2], "both survivors lost step 6"
     # Killed with its all-reduce in flight; a survivor whose all-reduce had got the dead seat's part
@@ -124,7 +124,7 @@ def test_a_kill_inside_an_all_to_all_is_recovered_bit_identically(tmp_path: Path
     result = run(tmp_path, "--chaos", "kill:rank=1:step=6:at=usercollective", script_args=("--exchange",))
     assert result.returncode == 0, result.output[-4000:]
     assert result.digest == exchanging.digest, "a run with a failure must end bit-identical"
-    assert [f["failed_rank"] for f in result.of("member_failed")] == [1]
+    assert [f["rank"] for f in result.of("member_failed")] == [1]
     paused = {e["rank"]: e["reason"] for e in result.of("paused") if e["step"] == 6}
     assert sorted(paused) == [0, 2] and all("all_to_all_single of step 6" in r for r in paused.values()), paused
     assert "Traceback" not in result.output

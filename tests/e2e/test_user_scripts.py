@@ -47,7 +47,7 @@ def reference2(references: References) -> LaunchResult:
 
 def assert_recovered(result: LaunchResult, reference: LaunchResult, seat: int) -> None:
     assert result.returncode == 0, result.output[-4000:]
-    assert [f["failed_rank"] for f in result.of("member_failed")] == [seat], result.output[-3000:]
+    assert [f["rank"] for f in result.of("member_failed")] == [seat], result.output[-3000:]
     assert [s["rank"] for s in result.of("swap_completed")] == [seat]
     assert [r["rank"] for r in result.of("restored") if r["source"] == "buddy"] == [seat]
     assert result.digest == reference.digest, "a run with a failure must end bit-identical to its failure-free run"

@@ -98,7 +98,7 @@ class Member:
 
     def rejected(self) -> list[str]:
         assert self.events.records is not None
-        return [r["reason"] for r in self.events.records if r["event"] == "rejected"]
+        return [r["reason"] for r in (line.fields() for line in self.events.records) if r["event"] == "rejected"]
 
 
 @pytest_asyncio.fixture

@@ -23,6 +23,7 @@ from deadpool.coordinator.rounds import Rounds
 from deadpool.coordinator.service import Coordinator
 from deadpool.coordinator.views import Views
 from deadpool.events.log import EventLog
+from deadpool.events.vocabulary import Detector
 from deadpool.protocol import codec
 from deadpool.protocol.messages import AgentHello, Fenced, Heartbeat, HeartbeatBatch, Join
 
@@ -204,14 +205,14 @@ def test_heartbeat_batch_counts_only_the_agents_own_live_members() -> None:
     coordinator.handle(now[0], HeartbeatBatch("agent-x", [Heartbeat("m0", 1, 6, 6, 5, 0.0, "")]))
     assert coordinator.members["m0"].step == 5  # unknown agent: nothing accepted
 
-    coordinator.declare_dead(now[0], "m1", "test", "declared dead by the test")
+    coordinator.declare_dead(now[0], "m1", Detector.OPERATOR, "declared dead by the test")
     now[0] = 2.0
     sends = coordinator.handle(now[0], HeartbeatBatch("agent-a", [Heartbeat("m1", 1, 7, 7, 6, 0.0, "")]))
     assert coordinator.members["m1"].last_seen == 0.0  # fenced: not refreshed
     sent = [send.message for send in sends if send.address == "inproc://m1"]
     assert any(isinstance(message, Fenced) for message in sent)
 
-    reasons = [e.get("reason") for e in events.records if e["event"] == "rejected"]
+    reasons = [e.get("reason") for e in (line.fields() for line in events.records) if e["event"] == "rejected"]
     assert reasons.count("not_agents_member") == 2  # m2 and the stranger
     assert "unknown_agent" in reasons and "fenced_peer" in reasons
 

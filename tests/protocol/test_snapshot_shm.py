@@ -301,7 +301,7 @@ class Pair:
     def events_of(self, member: str, kind: str) -> list[dict[str, Any]]:
         records = self.events[member].records
         assert records is not None
-        return [r for r in records if r["event"] == kind]
+        return [r.fields() for r in records if r.event == kind]
 
     async def aclose(self) -> None:
         for task in self.tasks:

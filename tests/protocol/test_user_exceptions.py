@@ -81,7 +81,7 @@ class Job:
 
     def of(self, event: Event) -> list[dict[str, Any]]:
         assert self.events.records is not None
-        return [r for r in self.events.records if r["event"] == event]
+        return [r for r in (line.fields() for line in self.events.records) if r["event"] == event]
 
 
 def raised(member: str, step: int = 5, kind: str = "ValueError") -> UserException:
@@ -188,7 +188,7 @@ def test_an_active_raising_before_the_first_view_is_named_by_its_seat_not_as_a_s
     coordinator.handle(0.0, AgentHello("agent", "h0", "inproc://agent", {"m0": 1, "m1": 2}))
     coordinator.handle(0.0, Join("m1", Role.ACTIVE, 1, 2, 10, "h0", "inproc://m1", "tcp://h0:1"))
     coordinator.handle(0.0, UserException("m1", 0, -1, -1, "ValueError", "bad", "Traceback ...\n"))
-    [report] = [r for r in events.records if r["event"] == Event.USER_EXCEPTION]
+    [report] = [r for r in (line.fields() for line in events.records) if r["event"] == Event.USER_EXCEPTION]
     assert report["rank"] == 1 and "m1 (rank 1)" in report["reason"] and "a spare" not in report["reason"]
     assert coordinator.outcome is not None and not coordinator.outcome[0], "training never started: no swap"
 

@@ -114,7 +114,7 @@ def test_the_first_finished_step_warns_of_a_spec_whose_point_it_did_not_pass(
         faults.point(point)
     faults.first_step_done(0)
     assert events.records is not None
-    [record] = events.records
+    [record] = (line.fields() for line in events.records)
     assert (record["event"], record["spec"], record["at"], record["seen"], record["step"]) == (
         "chaos_point_unseen", "kill:rank=1:step=3:at=reducescatter", "reducescatter",
         ["boundary", "backward", "allreduce"], 0)

@@ -85,7 +85,7 @@ def test_a_lost_seat_aborts_together_every_communicator_holding_it_and_nothing_e
     starts = [when for _, when, _ in log]
     assert max(starts) - min(starts) < 0.15, "the batch's aborts run at once, not one after another"
     assert all(thread.startswith("deadpool-abort") for _, _, thread in log)
-    [record] = [r for r in events.records if r["event"] == Event.GROUPS_ABORTED]
+    [record] = [r for r in (line.fields() for line in events.records) if r["event"] == Event.GROUPS_ABORTED]
     assert record["groups"] == ["epoch-2", "epoch-2/mesh/deadpool:dp:0"] and record["reason"] == "seat 0 lost"
     assert record["s"] >= 0.2 and record["late"] == [] and record["failed"] == []
     # A communicator set aside by a rebuild is aborted too; an aborted one is not aborted again.

@@ -16,6 +16,7 @@ from deadpool.config import Config, FreezeOnCommit
 from deadpool.coordinator.decisions import Trigger
 from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import Coordinator
+from deadpool.events import schema
 from deadpool.events.catalogue import Event
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import (
@@ -94,7 +95,7 @@ class Job:
 
     def of(self, event: Event) -> list[dict[str, Any]]:
         assert self.events.records is not None
-        return [r for r in self.events.records if r["event"] == event]
+        return [r for r in (line.fields() for line in self.events.records) if r["event"] == event]
 
 
 def join(member: str, role: Role, seat: int, world: int) -> Join:
@@ -133,7 +134,7 @@ def test_an_exit_report_fences_the_member_and_prepares_the_survivors() -> None:
     job.handle(ProcessExited(AGENT, "m1", -9))
     assert "m1" in job.coordinator.fenced
     failed = job.of(Event.MEMBER_FAILED)
-    assert failed[0]["failed_member"] == "m1" and failed[0]["detected_by"] == "exit"
+    assert failed[0]["member"] == "m1" and failed[0]["detected_by"] == "exit"
     assert job.to("inproc://m1", Fenced)
     assert not job.to("inproc://agent", FenceKill), "the process is gone: nothing to kill"
     prepares = {s.address: s.message for s in job.sent if isinstance(s.message, Prepare)}
@@ -197,7 +198,7 @@ def test_missed_heartbeats_start_a_round() -> None:
     job.sent.clear()
     job.advance(2.5, alive=["m0", "m2", "s0"])  # m1 goes silent for more than failure_timeout (2 s)
     failed = job.of(Event.MEMBER_FAILED)
-    assert [f["failed_member"] for f in failed] == ["m1"] and failed[0]["detected_by"] == "heartbeat"
+    assert [f["member"] for f in failed] == ["m1"] and failed[0]["detected_by"] == "heartbeat"
     assert [k.member for k in job.to("inproc://agent", FenceKill)] == ["m1"]  # a hang becomes a crash
     assert {s.address for s in job.sent if isinstance(s.message, Prepare)} == {
         "inproc://m0", "inproc://m2", "inproc://s0"}  # the survivors and the spare chosen
@@ -361,10 +362,11 @@ def test_early_acks_that_would_restore_a_survivor_from_its_buddy_wait_for_the_fu
 def test_status_shows_the_newest_events_compacted() -> None:
     """Kept as emitted (compacting each of 131,072 joins cost startup time), compacted when status asks."""
     job = Job(seats=3, spares=1)
-    job.coordinator.events.emit(Event.REJECTED, reason="bad_field", detail="x" * 500, members=["m0"] * 1000)
+    job.coordinator.events.emit(schema.Rejected(reason="bad_field", detail="x" * 500))
+    job.coordinator.events.emit(schema.ViewAdopted(seats=["m0"] * 1000, spares=[], resume_step=0, reported_by="m0"))
     recent = job.coordinator.status(job.now)["recent_events"]
-    assert recent[0]["event"] == Event.MEMBER_JOINED and recent[-1]["event"] == Event.REJECTED
-    assert len(recent[-1]["detail"]) == 200 and "members" not in recent[-1]
+    assert recent[0]["event"] == Event.MEMBER_JOINED and recent[-1]["event"] == Event.VIEW_ADOPTED
+    assert len(recent[-2]["detail"]) == 200 and "seats" not in recent[-1]
     assert all(not isinstance(v, (list, dict)) for record in recent for v in record.values())
 
 
@@ -390,7 +392,7 @@ def test_members_found_silent_in_one_tick_are_replaced_by_one_round() -> None:
     job.advance(1.5, alive=["m0", "m1", "m2", "m3", "m4", "s0", "s1"])
     job.sent.clear()
     job.advance(2.5, alive=["m0", "m2", "m4", "s0", "s1"])  # m1 and m3 go silent together
-    assert sorted(f["failed_member"] for f in job.of(Event.MEMBER_FAILED)) == ["m1", "m3"]
+    assert sorted(f["member"] for f in job.of(Event.MEMBER_FAILED)) == ["m1", "m3"]
     prepared = job.of(Event.VIEW_PREPARED)
     assert [(p["epoch"], p["failed_seats"]) for p in prepared] == [(2, [1, 3])]
     assert "seat 1 lost" in prepared[0]["reason"] and "seat 3 lost" in prepared[0]["reason"]
@@ -486,7 +488,7 @@ def test_a_resumed_job_starts_every_seat_from_the_newest_checkpoint_all_of_them_
         coordinator.handle(0.0, dataclasses.replace(join(f"m{seat}", Role.ACTIVE, seat, 2), disk_steps=steps))
     view = coordinator.view
     assert view is not None and view.resume_step == 5 and view.restores_from_disk(0) and view.restores_from_disk(1)
-    assert "resuming from the disk checkpoint of step 5" in events.records[-1]["reason"]
+    assert "resuming from the disk checkpoint of step 5" in events.records[-1].fields()["reason"]
 
 
 def test_an_agents_repeated_hello_is_answered_with_the_same_welcome_until_the_epoch_moves() -> None:
@@ -522,9 +524,9 @@ def test_an_active_killed_before_the_first_view_is_replaced_in_it() -> None:
         view = coordinator.view
         assert view is not None and view.epoch == 1 and view.seats == ["m0", "s0", "m2"] and view.spares == []
         assert view.resume_step == -1 and view.restore_from == {}
-        failed = [r for r in events.records if r["event"] == Event.MEMBER_FAILED]
-        assert [f["failed_member"] for f in failed] == ["m1"]
-        committed = [r for r in events.records if r["event"] == Event.VIEW_COMMITTED][0]
+        failed = [r for r in (line.fields() for line in events.records) if r["event"] == Event.MEMBER_FAILED]
+        assert [f["member"] for f in failed] == ["m1"]
+        committed = [r for r in (line.fields() for line in events.records) if r["event"] == Event.VIEW_COMMITTED][0]
         assert committed["failed_seats"] == [1] and "seat 1 taken by spare s0" in committed["reason"]
 
 

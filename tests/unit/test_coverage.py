@@ -43,7 +43,7 @@ def run(job: Job, seconds: float, listed: list[str], direct: tuple[str, ...] = (
 
 
 def dead(job: Job) -> dict[str, str]:
-    return {r["failed_member"]: r["detected_by"] for r in job.of(Event.MEMBER_FAILED)}
+    return {r["member"]: r["detected_by"] for r in job.of(Event.MEMBER_FAILED)}
 
 
 def test_members_listed_by_their_agent_stay_alive_without_their_own_heartbeats() -> None:

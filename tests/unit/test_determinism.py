@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from event_lines import line, typed
 
 from deadpool.agent.determinism import Run, compare, digests_of, kill_spec
 from deadpool.chaos import NOT_FIRED_STATUS
@@ -65,8 +67,8 @@ def test_a_kill_run_whose_launch_says_its_spec_never_fired_fails_the_check_with_
     args = argparse.Namespace(nnodes=1, coordinator="", nproc=2, spares=0, chaos=["kill:rank=1:step=3:at=allgather"],
                               events="", resume=False, checkpoint_dir="", check_determinism=True, strict=True)
     events = tmp_path / "run.jsonl"
-    events.write_text('{"event": "seat_finished", "rank": 0, "parts": {"model": "a"}}\n'
-                      '{"event": "seat_finished", "rank": 1, "parts": {"model": "a"}}\n')
+    events.write_text("".join(json.dumps(line("seat_finished", rank=rank, parts={"model": "a"})) + "\n"
+                              for rank in (0, 1)))
     codes = iter([0, 0, NOT_FIRED_STATUS])
     stricts: list[bool] = []
     assert check(args, 8, lambda run_args: (stricts.append(run_args.strict) or next(codes), str(events))) == 4
@@ -76,11 +78,11 @@ def test_a_kill_run_whose_launch_says_its_spec_never_fired_fails_the_check_with_
 
 
 def test_digests_come_from_the_seat_finished_events() -> None:
-    records = [
-        {"event": "member_failed", "rank": 1},
+    records = [typed(r) for r in [
+        {"event": "member_failed", "member": "m1", "rank": 1},
         {"event": "seat_finished", "rank": 0, "parts": {"model": "a", "__rng__": "all"}, "rngs": {"torch": "t"}},
         {"event": "seat_finished", "rank": 1, "parts": {"model": "b", "__rng__": "all"}, "rngs": {"torch": "u"}},
-    ]
+    ]]
     assert digests_of(records) == ({0: {"model": "a", "rng:torch": "t"}, 1: {"model": "b", "rng:torch": "u"}}, 1)
 
 

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from deadpool.tools.events.plot import plot
 from deadpool.tools.events.text import format_timeline
+from event_lines import line, typed
 
+from deadpool.events import schema
 from deadpool.events.summary import load, summarize
 
 T0 = 1_700_000_000.0
@@ -40,15 +42,7 @@ class Job:
     ) -> None:
         self.now += dt
         self.records.append(
-            {
-                "ts": round(self.now, 6),
-                "event": event,
-                "epoch": epoch,
-                "member": member,
-                "rank": rank,
-                "step": step,
-                **fields,
-            }
+            line(event, ts=round(self.now, 6), epoch=epoch, member=member, rank=rank, step=step, **fields)
         )
 
     def start(self, spares: list[str]) -> None:
@@ -82,6 +76,10 @@ class Job:
                 "training_finished", member=member, rank=rank, epoch=epoch, step=step, state_digest=DIGEST, dt=0.002
             )
 
+    def lines(self) -> list[schema.Line]:
+        """The records as a reader gets them from the file."""
+        return [schema.validate(r) for r in self.records]
+
     def write(self, path: Path, garbage: bool = False) -> Path:
         lines = [json.dumps(r) for r in self.records]
         if garbage:
@@ -104,19 +102,11 @@ def swap_run() -> Job:
     job = Job()
     job.start(spares=[SPARE])
     job.steps(0, 32, MEMBERS)
-    job.emit("chaos_injected", member="launcher", action="kill", target_member=MEMBERS[2], target_rank=2, dt=0.05)
-    job.emit(
-        "member_failed",
-        member="coordinator",
-        failed_member=MEMBERS[2],
-        detected_by="exit",
-        reason="exit code -9",
-        dt=0.04,
-    )
-    # A survivor reports the same death: the summary must count it once.
-    job.emit(
-        "member_failed", member=MEMBERS[0], rank=0, failed_member=MEMBERS[2], detected_by="collective_error", dt=0.01
-    )
+    job.emit("chaos_injected", member="coordinator", action="kill", via="operator", target_member=MEMBERS[2],
+             target_rank=2, dt=0.05)
+    job.emit("member_failed", member=MEMBERS[2], rank=2, detected_by="exit", reason="exit code -9", dt=0.04)
+    # The same death written twice (a restarted coordinator, say): the summary must count it once.
+    job.emit("member_failed", member=MEMBERS[2], rank=2, detected_by="heartbeat", reason="again", dt=0.01)
     seats = [MEMBERS[0], MEMBERS[1], SPARE, MEMBERS[3]]
     job.emit("view_committed", member="coordinator", epoch=2, resume_step=31, seats=seats, spares=[], dt=0.3)
     for rank in (0, 1, 3):
@@ -159,11 +149,15 @@ def failed_run() -> Job:
     return job
 
 
-def test_load_skips_garbage_lines(tmp_path: Path) -> None:
-    path = clean_run().write(tmp_path / "events.jsonl", garbage=True)
-    events = load(path)
-    assert len(events) == len(clean_run().records)
-    assert all(isinstance(e, dict) for e in events)
+def test_load_skips_a_torn_last_line_and_names_a_bad_line(tmp_path: Path) -> None:
+    job = clean_run()
+    path = job.write(tmp_path / "events.jsonl")
+    with path.open("a") as handle:
+        handle.write('{"ts": 1700000999.0, "event": "step_fini')  # cut off by a crash
+    assert load(path) == job.lines()
+    path = job.write(tmp_path / "events.jsonl", garbage=True)
+    with pytest.raises(schema.SchemaError, match=r"events\.jsonl:4: not a JSON event line"):
+        load(path)
 
 
 def test_failure_free_run(tmp_path: Path) -> None:
@@ -212,7 +206,7 @@ def test_kill_and_swap(tmp_path: Path) -> None:
     assert s.final_digest == DIGEST and s.outcome == "finished"
 
     text = format_timeline(events)
-    assert f"member_failed       rank 2 ({MEMBERS[2]}) detected_by=exit reported_by=coordinator" in text
+    assert f"member_failed       rank 2 ({MEMBERS[2]}) detected_by=exit" in text
     assert "view_committed      epoch 2 resume_step=31 world=4 spares=0" in text
     assert f"restored            rank 2 ({SPARE}) from buddy step 31 12.0 MB in 0.050 s" in text
     assert f"swap_completed      rank 2: {MEMBERS[2]} -> {SPARE} recovery 0.840 s" in text
@@ -247,26 +241,25 @@ def test_failed_job(tmp_path: Path) -> None:
     assert "final digest     (none)" in text
 
 
-def test_defensive_about_missing_fields_and_unknown_events() -> None:
-    events: list[dict[str, Any]] = [
-        {"event": "coordinator_started"},  # no ts, no address
-        {"ts": T0 + 1, "event": "member_failed"},
-        {"ts": T0 + 2, "event": "view_committed", "epoch": "x", "seats": "not a list"},
-        {"ts": "late", "event": "restored", "bytes": "many"},
-        {"ts": T0 + 3, "event": "swap_completed", "recovery_s": None},
-        {"ts": T0 + 4, "event": "step_finished", "step": 3, "loss": "nan"},
-        {"ts": T0 + 5, "event": "disk_full", "member": "m-x", "rank": 1, "free_bytes": 0},
-        {"ts": T0 + 6, "event": "training_finished"},
-    ]
-    s = summarize(events)
-    assert len(s.failures) == 1 and s.failures[0].detected_by == "?"
-    assert len(s.swaps) == 1 and s.swaps[0].recovery_s is None
-    assert s.unknown_events == ("disk_full",)
-    assert s.steps_finished == 1 and s.outcome == "finished" and s.final_digest is None
+def test_a_line_off_its_schema_is_refused_and_an_unknown_kind_is_shown_generically(tmp_path: Path) -> None:
+    bad = [({"ts": T0, "event": "member_failed", "member": "m1", "reason": "r"},
+            "missing required field `detected_by`"),
+           ({**line("view_committed", ts=T0), "epoch": "x"}, "Expected `int | null`, got `str` - at `$.epoch`"),
+           ({**line("member_failed", ts=T0), "detected_by": "a hunch"}, "Invalid enum value 'a hunch'")]
+    for record, said in bad:
+        path = tmp_path / "events.jsonl"
+        path.write_text(json.dumps(line("paused", ts=T0)) + "\n" + json.dumps(record) + "\n")
+        with pytest.raises(schema.SchemaError) as raised:
+            load(path)
+        assert f"events.jsonl:2: a {record['event']!r} event does not match its schema" in str(raised.value)
+        assert said in str(raised.value)
 
+    events = [typed({"ts": T0 + 5, "event": "disk_full", "member": "m-x", "rank": 1, "free_bytes": 0}),
+              typed({"ts": T0 + 6, "event": "swap_completed", "recovery_s": 1.5})]
+    s = summarize(events)
+    assert s.unknown_events == ("disk_full",) and len(s.swaps) == 1
     text = format_timeline(events)
     assert "disk_full           rank 1 (m-x) free_bytes=0" in text
-    assert "recovery ?" in text
     assert format_timeline([]).startswith("(no events)")
 
 
@@ -283,10 +276,10 @@ def test_plot_writes_png(tmp_path: Path, make: Any) -> None:
 def test_spare_pool_follows_joins_views_and_losses() -> None:
     job = Job()
     job.start(spares=[SPARE, "m-host-106-ff"])
-    job.emit("spare_lost", member="coordinator", lost_member="m-host-106-ff", dt=1.0)
+    job.emit("spare_lost", member="m-host-106-ff", dt=1.0)
     job.emit("member_joined", member="m-host-107-gg", role="spare", dt=1.0)
     job.emit("rejected", member="coordinator", reason="join from an unknown job", dt=0.1)
-    s = summarize(job.records)
+    s = summarize(job.lines())
     assert [(c.cause, c.spares) for c in s.spare_changes] == [
         ("member_joined", 1),
         ("member_joined", 2),
@@ -294,7 +287,7 @@ def test_spare_pool_follows_joins_views_and_losses() -> None:
         ("member_joined", 2),
     ]
     assert s.rejected == 1 and s.outcome == "incomplete"
-    text = format_timeline(job.records)
+    text = format_timeline(job.lines())
     assert "spare_lost          m-host-106-ff" in text
     assert "spare pool       1 -> 2 -> 1 -> 2" in text
     assert "rejected            coordinator reason='join from an unknown job'" in text
@@ -303,11 +296,11 @@ def test_spare_pool_follows_joins_views_and_losses() -> None:
 def test_explicit_progress_interval_and_digest_disagreement() -> None:
     job = clean_run()
     job.records[-1]["state_digest"] = "ff" * 32  # rank 3 ends in another state
-    text = format_timeline(job.records, progress_every=30)
+    text = format_timeline(job.lines(), progress_every=30)
     assert text.count("progress") == 3  # steps 0, 30 and the last one, 59
     assert "(same from 3 ranks)" in text
     assert f"rank 3 ({MEMBERS[3]}) step 59 digest={'ff' * 32}" in text
-    assert summarize(job.records).final_digest == DIGEST  # rank 0 speaks for the job
+    assert summarize(job.lines()).final_digest == DIGEST  # rank 0 speaks for the job
 
 
 def test_plot_without_matplotlib_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -315,7 +308,7 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path: Path, monkeypatch:
 
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(MisuseError, match=r"deadpool\[plot\]"):
-        plot(clean_run().records, tmp_path / "never.png")
+        plot(clean_run().lines(), tmp_path / "never.png")
     assert not (tmp_path / "never.png").exists()
 
 
@@ -337,9 +330,9 @@ def test_events_the_summary_leaves_out_are_not_called_unknown_when_the_catalogue
         {"ts": T0 + 1, "event": "paused", "rank": 0, "step": 5},
         {"ts": T0 + 2, "event": "disk_full", "rank": 1},
     ]
-    lines = format_timeline(events).splitlines()
-    assert [line.split()[-1] for line in lines if "other events" in line] == ["paused"]
-    assert [line.split()[-1] for line in lines if "unknown events" in line] == ["disk_full"]
+    shown = format_timeline([typed(e) for e in events]).splitlines()
+    assert [text.split()[-1] for text in shown if "other events" in text] == ["paused"]
+    assert [text.split()[-1] for text in shown if "unknown events" in text] == ["disk_full"]
 
 
 def test_the_timeline_shows_chaos_that_never_fired_and_a_final_state_not_guaranteed() -> None:
@@ -353,7 +346,7 @@ def test_the_timeline_shows_chaos_that_never_fired_and_a_final_state_not_guarant
          "target_member": "m1", "target_rank": 1, "last_step": 9, "seen": [], "ended": "ran",
          "why": "rank 1's member finished step 3 (and steps up to 9) without passing a reducescatter point"},
     ]
-    text = format_timeline(events)
+    text = format_timeline([typed(e) for e in events])
     assert "chaos_point_unseen" in text and "seen=boundary,backward,allreduce" in text
     assert f"chaos not fired  {spec}: rank 1's member finished step 3" in text
     assert "chaos unseen     kill:rank=1:step=3:at=reducescatter: rank 1 (m1)'s first step (step 0) passed no " \

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from event_lines import line, typed
+
 from deadpool.agent import closing, verdict
 from deadpool.events import summary
 
@@ -17,7 +19,7 @@ DDP_SEEN = ("boundary", "backward", "allreduce")  # what an rt.ddp step passes
 
 
 def facts(records: list[dict[str, Any]]) -> list[summary.Fact | None]:
-    return [summary.parse(record) for record in records]
+    return [summary.parse(typed(record)) for record in records]
 
 
 def steps(member: str, rank: int, last: int) -> list[dict[str, Any]]:
@@ -41,7 +43,7 @@ def test_a_spec_whose_point_no_step_passes_says_what_the_member_did_pass() -> No
 def test_a_step_beyond_the_run_and_a_member_that_died_first_are_told_apart() -> None:
     late, killed = "kill:rank=0:step=20", "kill:rank=1:step=5:at=allreduce"
     records = [*steps("m0", 0, 9), *steps("m1", 1, 2),
-               {"event": "member_failed", "member": "coordinator", "failed_member": "m1", "detected_by": "exit",
+               {"event": "member_failed", "member": "m1", "detected_by": "exit",
                 "reason": "process ended (signal 9)"}]
     trails = verdict.trails_of(facts(records), ["m0", "m1"])
     first, second = verdict.not_fired([late, killed], {late: "m0", killed: "m1"}, trails)
@@ -79,7 +81,7 @@ def test_the_closing_lines_name_the_untracked_loader_and_the_view_of_the_swap(tm
     finished = {"event": "training_finished", "member": "coordinator", "step": 11, "state_digest": "ab" * 32,
                 "untracked_rollback": {"loader": "DataLoader", "where": "plain_loader_train.py:52", "view": 2,
                                        "rank": 0}}
-    events.write_text(json.dumps(finished) + "\n")
+    events.write_text(json.dumps(line(**finished)) + "\n")
     end = closing.read(str(events))
     assert end.untracked == summary.UntrackedRollback("DataLoader", "plain_loader_train.py:52", 2, 0)
     assert end.lines[-2] == (
@@ -89,6 +91,6 @@ def test_the_closing_lines_name_the_untracked_loader_and_the_view_of_the_swap(tm
         "run exit 5)")
     assert end.lines[-1] == f"final state digest: {'ab' * 32}"
     plain = {key: value for key, value in finished.items() if key != "untracked_rollback"}
-    events.write_text(json.dumps(plain) + "\n")
+    events.write_text(json.dumps(line(**plain)) + "\n")
     end = closing.read(str(events))
     assert end.untracked is None and not [line for line in end.lines if "may differ" in line]

@@ -41,14 +41,15 @@ def test_an_untaken_command_is_reported_once_after_the_bound_with_the_threads_st
         assert not watch.check(now + 5.0), "within the bound a step may still be finishing"
         assert watch.check(now + 11.0)
         assert not watch.check(now + 20.0), "each command is reported once"
-        late = [r for r in events.records if r["event"] == Event.COMPUTE_LATE]
+        late = [r for r in (line.fields() for line in events.records) if r["event"] == Event.COMPUTE_LATE]
         assert len(late) == 1
         assert late[0]["command"] == "Prepare" and late[0]["command_epoch"] == 3 and late[0]["waited_s"] >= 10
         assert "held_in_a_data_loader" in late[0]["stack"]
         handoff.deliver(Stop(False, "the job failed"))
         assert handoff.poll() is not None  # the Prepare taken: the Stop is now the oldest, and is late too
         assert watch.check(time.monotonic() + 11.0)
-        assert [r["command"] for r in events.records if r["event"] == Event.COMPUTE_LATE] == ["Prepare", "Stop"]
+        late = [r.fields()["command"] for r in events.records if r.event == Event.COMPUTE_LATE]
+        assert late == ["Prepare", "Stop"]
         assert handoff.poll() is not None and handoff.untaken() is None
     finally:
         release.set()
@@ -64,4 +65,4 @@ def test_a_thread_that_has_ended_is_reported_without_a_stack() -> None:
     assert thread.ident is not None
     handoff.deliver(Stop(False, "the job failed"))
     assert ComputeWatch(handoff, events, thread.ident, late_after=1.0).check(time.monotonic() + 2.0)
-    assert events.records[-1]["stack"] == ""
+    assert events.records[-1].fields()["stack"] == ""

@@ -2,9 +2,10 @@
 
 It answers the questions a person asks after a failure -- who died, how it was noticed,
 which spare took the seat, how long the job was down, where it resumed, and whether the
-final state digest matches a failure-free run.  It only reads records (through
-``deadpool.events.summary``), so it works on the file of a crashed job, a half-written
-file, or one copied from a cluster; unknown events are shown generically.
+final state digest matches a failure-free run.  It reads the file through the event schema
+(``events.schema``, condensed by ``events.summary``), so a line that does not match its kind's
+schema is an error that names it; a file cut off by a crash reads, and events of kinds this
+version does not know are shown generically.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Sequence
 
 from deadpool.events.catalogue import Event
 from deadpool.events.summary import (
-    UNKNOWN,
     ChaosInjection,
     ChaosNotFired,
     ChaosPointUnseen,
@@ -33,9 +33,6 @@ from deadpool.events.summary import (
     SummaryBuilder,
     Swap,
     ViewCommit,
-    as_int,
-    as_str,
-    event_of,
     ordered,
     seat_map,
 )
@@ -85,7 +82,7 @@ def format_timeline(events: Sequence[Record], progress_every: int | None = None)
             elif id(fact) in shown:
                 pending = (ts, fact)
             continue
-        if event_of(record) in _SHOW_STEP_BEFORE and pending is not None:
+        if record.event in _SHOW_STEP_BEFORE and pending is not None:
             lines.append(_line(pending[0], t0, "progress", _describe_progress(pending[1])))
             pending = None
         if isinstance(fact, ViewCommit):
@@ -97,7 +94,7 @@ def format_timeline(events: Sequence[Record], progress_every: int | None = None)
                 continue  # another rank already reported this digest
             if len(ranks) > 1:
                 text += f" (same from {len(ranks)} ranks)"
-        lines.append(_line(ts, t0, as_str(record.get("event")) or UNKNOWN, text))
+        lines.append(_line(ts, t0, record.event, text))
     if pending is not None:  # the job stopped (or the file ends) between round steps
         lines.append(_line(pending[0], t0, "progress", _describe_progress(pending[1])))
     if not lines:
@@ -200,8 +197,6 @@ def _describe(fact: Fact | None, r: Record) -> str:
             return who(fact.rank, fact.member) + (f" role={fact.role}" if fact.role else "")
         case Failure():
             text = f"{who(fact.rank, fact.member)} detected_by={fact.detected_by}"
-            if fact.reporter and fact.reporter != fact.member:
-                text += f" reported_by={fact.reporter}"
             return text + (f" reason={fact.reason!r}" if fact.reason else "")
         case ViewCommit():
             text = f"epoch {opt(fact.epoch)} resume_step={opt(fact.resume_step)}"
@@ -240,19 +235,24 @@ def _describe(fact: Fact | None, r: Record) -> str:
                 r, {"action", "target_member", "target_rank"}
             )
         case SpareLost():
-            return who(fact.rank, fact.member) + _extras(r, {"lost_member", "lost_rank"})
+            return who(fact.rank, fact.member) + _extras(r, set())
         case _:
-            return who(as_int(r.get("rank")), as_str(r.get("member"))) + _extras(r, set())
+            return who(r.rank, r.member or "") + _extras(r, set())
 
 
 def _extras(r: Record, known: set[str]) -> str:
     """``k=v`` for the fields that are neither identity nor already shown."""
-    parts = [f"{k}={clip(as_str(v), 60)}" for k, v in r.items() if k not in _IDENTITY and k not in known]
+    parts = [f"{k}={clip(_text(v), 60)}" for k, v in r.fields().items()
+             if k not in _IDENTITY and k not in known and v is not None]
     return (" " + " ".join(parts)) if parts else ""
 
 
 # ---------------------------------------------------------------------------
 # Small formatters (shared with the plot)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else str(value)
 
 
 def rel(ts: float | None, t0: float | None) -> str:

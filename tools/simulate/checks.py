@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from deadpool.config import Config
-from deadpool.coordinator.decisions import Trigger
 from deadpool.coordinator.service import Coordinator
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
+from deadpool.events.vocabulary import Trigger
 from deadpool.protocol.messages import AckBatch, HeartbeatBatch, HostHeartbeat, Message
 
 from .cluster import Failure, SimConfig
@@ -94,27 +94,34 @@ class Checker:
         if len(self.violations) < MAX_VIOLATIONS_LISTED:
             self.violations.append(f"t={self._run.now():.2f}s {text}")
 
-    def on_event(self, record: dict[str, Any]) -> None:
-        """Coordinator events, seen the moment they are emitted (state is exactly as it was then).
+    def on_line(self, line: bytes) -> None:
+        """One line of the coordinator's events, the moment it is written (state is exactly as it was then).
 
-        The simulator's one reader of event records.
+        Read through the event schema, as ``deadpool events`` reads a file.
+
+        Raises:
+            SchemaError: the line does not match its kind's schema.
         """
-        event = record["event"]
-        if event in (Event.VIEW_PREPARED, Event.VIEW_COMMITTED):
-            self.view_change_tick = True
-        if event == Event.VIEW_COMMITTED:
-            self._check_commit(record["epoch"], record["seats"], record["spares"])
-        elif event == Event.MEMBER_FAILED:
-            member = record["failed_member"]
-            self.failed_tick.setdefault(member, self._run.tick)
-            if self._run.healthy(member):
-                self._false_positives += 1  # declared dead while it was healthy
-        elif event == Event.REJECTED and record.get("reason") == "fenced_peer":
-            self._fenced_rejections += 1
-        elif event == Event.SWAP_COMPLETED:
-            self._swaps += 1
-        elif event == Event.VIEW_PREPARED and record.get("trigger") == Trigger.BLIND_REBUILD:
-            self._spurious_rebuilds += 1  # a CollectiveFailed named nobody dead
+        self.on_event(schema.decode(line, "the coordinator's events"))
+
+    def on_event(self, record: schema.Line) -> None:
+        """One typed coordinator event (see :meth:`on_line`)."""
+        match record:
+            case schema.ViewCommitted(epoch=int() as epoch):
+                self.view_change_tick = True
+                self._check_commit(epoch, record.seats, record.spares)
+            case schema.ViewPrepared():
+                self.view_change_tick = True
+                if record.trigger is Trigger.BLIND_REBUILD:
+                    self._spurious_rebuilds += 1  # a CollectiveFailed named nobody dead
+            case schema.MemberFailed(member=str() as member):
+                self.failed_tick.setdefault(member, self._run.tick)
+                if self._run.healthy(member):
+                    self._false_positives += 1  # declared dead while it was healthy
+            case schema.Rejected() if record.fenced_peer:
+                self._fenced_rejections += 1
+            case schema.SwapCompleted():
+                self._swaps += 1
 
     def _check_commit(self, epoch: int, seats: list[str], spares: list[str]) -> None:
         """One view per epoch, epochs growing, nobody fenced in it (checked at the moment of the commit)."""

@@ -22,7 +22,7 @@ from deadpool.config import FreezeOnCommit, relax_gc
 from deadpool.coordinator import fanout
 from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import Coordinator
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol import codec, viewsync
 from deadpool.protocol.messages import (
@@ -64,8 +64,8 @@ class Simulation:
         self.checker = Checker(self)
         self.costs = Costs()
         self._events = EventLog(None, member="coordinator", source="coordinator", clock=self.now)
-        self._events.records = []
-        self._events.listeners.append(functools.partial(self._checked, self.checker.on_event))
+        # The checks read each line as written, through the event schema (as ``deadpool events`` reads a file).
+        self._events.listeners.append(lambda record: self._checked(self.checker.on_line, schema.encode(record)))
         self._checking = 0.0  # this tick's CPU of the checker inside the coordinator's calls: not the coordinator's
         self.coordinator = coordinator_class(self.coordinator_config, cfg.seats, "sim-store:29400", self._events,
                                              started=self.now(), wall_clock=self.now)
@@ -441,7 +441,7 @@ class Simulation:
         for frame in inbound:
             message = self._recent.decode(frame)
             if isinstance(message, codec.DecodeError):
-                self._events.emit(Event.REJECTED, reason=message.reason, detail=message.detail)
+                self._events.emit(schema.Rejected(reason=message.reason, detail=message.detail))
                 continue
             handled.append(type(message))  # the kind only: the message must die when handled, as it does there
             fenced = self._checked(checker.fenced_state, message) if coordinator.fenced else None

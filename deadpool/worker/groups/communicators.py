@@ -35,7 +35,7 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store, TCP
 
 from deadpool.config import Backend, WorkerEnv
 from deadpool.errors import CollectiveAborted, MisuseError, WaitTimeout
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol.view import View
 from deadpool.worker.exit import GUARD
@@ -188,8 +188,8 @@ class Communicators:
             if late or failed:
                 log.warning("aborting %s: %d did not return within %.0fs, %d raised", [c.name for c in batch],
                             len(late), ABORT_BOUND_S, len(failed))
-            self._events.emit(Event.GROUPS_ABORTED, groups=sorted(c.name for c in batch), reason=why,
-                              s=round(seconds, 6), late=sorted(futures[f].name for f in late), failed=sorted(failed))
+            self._events.emit(schema.GroupsAborted(groups=sorted(c.name for c in batch), reason=why,
+                              s=round(seconds, 6), late=sorted(futures[f].name for f in late), failed=sorted(failed)))
             with self._lock:
                 self._pending -= 1
                 if not self._pending:

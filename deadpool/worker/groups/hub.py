@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from deadpool.actors.handoff import Handoff
 from deadpool.chaos import ChaosPoint
 from deadpool.errors import CollectiveAborted, MisuseError, WaitTimeout
-from deadpool.events.catalogue import Event
+from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CollectiveFailed
 from deadpool.protocol.view import View
@@ -206,7 +206,7 @@ class GroupCollectives:
         self.retire()
         if isinstance(err, CollectiveAborted) and err.interrupted:
             return
-        self._events.emit(Event.COLLECTIVE_FAILED, epoch=state.epoch, rank=state.rank, step=state.step, error=str(err))
+        self._events.emit(schema.CollectiveFailed(epoch=state.epoch, rank=state.rank, step=state.step, error=str(err)))
         self._handoff.post(CollectiveFailed(self._member, state.epoch, state.step, str(err)[:500]))
 
     # -- StepCollectives (rt.ddp) -------------------------------------------------------------
