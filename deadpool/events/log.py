@@ -10,6 +10,7 @@ the file never interleave inside a line.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -19,7 +20,7 @@ from typing import TypeVar
 
 import msgspec
 
-from deadpool.events.schema import EventRecord, Record, encode
+from deadpool.events.schema import EventRecord, Record, encode, validate
 
 log = logging.getLogger("deadpool.events.log")
 
@@ -59,6 +60,8 @@ class EventLog:
             step=self.step if record.step is None else record.step,
             source_process=record.source_process or self.source,
         )
+        line = encode(full)
+        validate(json.loads(line), f"{full.event} as written")  # a wrong type fails here, not in a reader
         if self.records is not None:
             self.records.append(full)  # type: ignore[arg-type]
         for listener in self.listeners:
@@ -66,7 +69,6 @@ class EventLog:
         if log.isEnabledFor(logging.INFO):
             log.info("%s %s", full.event, {k: v for k, v in full.fields().items() if k not in ("ts", "event")})
         if self._fd >= 0:
-            line = encode(full)
             with self._lock:
                 os.write(self._fd, line)
         return full

@@ -369,8 +369,8 @@ class Restored(Record, frozen=True, kw_only=True, tag=Event.RESTORED.value):
     group_s: float
     wait_s: float
     preloaded: bool
-    groups_rebuilt: int | None = None  # with a mesh: its groups rebuilt and kept
-    groups_kept: int | None = None
+    groups_rebuilt: list[str] | None = None  # with a mesh: the names of its groups rebuilt and kept
+    groups_kept: list[str] | None = None
     mesh_group_s: float | None = None
     decisions_taken: int | None = None
 

@@ -108,3 +108,13 @@ def test_a_value_outside_its_vocabulary_fails_both(tmp_path: Path) -> None:
     bad.write_bytes(line + b"\n")
     with pytest.raises(schema.SchemaError, match=r"vocabulary\.jsonl:1: .*\$\.trigger"):
         schema.read(bad)
+
+
+def test_a_record_built_with_a_wrong_type_is_refused_where_it_is_written(tmp_path: Path) -> None:
+    events = EventLog(str(tmp_path / "events.jsonl"), member="host:rank1:ab12", source="worker")
+    restored = schema.Restored(source=RestoreSource.BUDDY, bytes=8, live_bytes=0, s=0.1, fetch_s=0.0, group_s=0.0,
+                               wait_s=0.0, preloaded=False, groups_rebuilt=[7])  # type: ignore[list-item]
+    with pytest.raises(schema.SchemaError, match=r"'restored' event does not match its schema.*groups_rebuilt"):
+        events.emit(restored)
+    events.close()
+    assert (tmp_path / "events.jsonl").read_bytes() == b"", "nothing of a refused record reaches the file"
