@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 import zmq
-from launch_util import DEMO, REFERENCE_STEPS, REPO, LaunchResult, assert_no_survivors, read_events, wait_for
+from launch_util import (
+    DEMO,
+    GPT_WORKLOAD,
+    REFERENCE_STEPS,
+    REPO,
+    LaunchResult,
+    assert_no_survivors,
+    read_events,
+    wait_for,
+)
 
 from deadpool.protocol import codec
 from deadpool.protocol.messages import PROTOCOL_VERSION, CommitView, Heartbeat, Join, Prepare, SnapshotHeader
@@ -27,7 +36,7 @@ def start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
     events = tmp_path / "events.jsonl"
     proc = subprocess.Popen(
         [sys.executable, "-m", "deadpool", "launch", "--events", str(events), *args, str(DEMO),
-         "--steps", str(STEPS), "--step-delay", "0.1"],
+         "--steps", str(STEPS), *GPT_WORKLOAD, "--step-delay", "0.4"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
         env={**os.environ, "DEADPOOL_SECRET": SECRET},
     )

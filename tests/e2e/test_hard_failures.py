@@ -13,7 +13,17 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from launch_util import DEMO, REFERENCE_STEPS, REPO, LaunchResult, assert_no_survivors, launch, read_events, wait_for
+from launch_util import (
+    DEMO,
+    GPT_WORKLOAD,
+    REFERENCE_STEPS,
+    REPO,
+    LaunchResult,
+    assert_no_survivors,
+    launch,
+    read_events,
+    wait_for,
+)
 
 STEPS = REFERENCE_STEPS  # their digests are the shared reference run's (gpt_reference)
 SLOW = ("--step-delay", "0.15")
@@ -132,7 +142,7 @@ def test_coordinator_restart_rebuilds_view_and_handles_next_failure(tmp_path: Pa
     events = tmp_path / "events.jsonl"
     proc = subprocess.Popen(
         [sys.executable, "-m", "deadpool", "launch", "--events", str(events), "--nproc", "4", "--spares", "1",
-         "--chaos", "kill:rank=2:step=12", str(DEMO), "--steps", str(STEPS), *SLOW],
+         "--chaos", "kill:rank=2:step=12", str(DEMO), "--steps", str(STEPS), *GPT_WORKLOAD, *SLOW],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     try:
         started = wait_for(events, lambda ev: any(e["event"] == "step_finished" and e["step"] >= 3 for e in ev), 120)
@@ -160,7 +170,7 @@ def test_spare_joins_running_job_and_is_adopted_later(tmp_path: Path, baseline: 
     env = {**os.environ, "DEADPOOL_SECRET": "joining-spare-secret"}
     job = subprocess.Popen(
         [sys.executable, "-m", "deadpool", "launch", "--events", str(events), "--nproc", "4", "--spares", "0",
-         "--chaos", "kill:rank=1:step=13", str(DEMO), "--steps", str(STEPS), "--step-delay", "0.6"],
+         "--chaos", "kill:rank=1:step=13", str(DEMO), "--steps", str(STEPS), *GPT_WORKLOAD, "--step-delay", "0.6"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
     extra = None
     try:
@@ -168,7 +178,7 @@ def test_spare_joins_running_job_and_is_adopted_later(tmp_path: Path, baseline: 
         address = next(e for e in started if e["event"] == "coordinator_started")["address"]
         extra = subprocess.Popen(
             [sys.executable, "-m", "deadpool", "launch", "--events", str(events), "--nproc", "0", "--spares", "1",
-             "--coordinator", address, str(DEMO), "--steps", str(STEPS), "--step-delay", "0.6"],
+             "--coordinator", address, str(DEMO), "--steps", str(STEPS), *GPT_WORKLOAD, "--step-delay", "0.6"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
         joined = wait_for(events, lambda ev: any(e["event"] == "view_committed" and e["spares"] for e in ev), 120)
         joined_at_step = max(e["step"] for e in joined if e["event"] == "step_finished")
