@@ -111,6 +111,7 @@ def test_rank_and_its_buddy_lost_stops_with_error_naming_the_seat(tmp_path: Path
 def test_partitioned_member_cannot_split_the_brain(tmp_path: Path, baseline: LaunchResult, point: str) -> None:
     result = launch(tmp_path, "--nproc", "4", "--spares", "1", "--no-fence-kill",
                     "--chaos", f"partition:rank=1:step=6:at={point}", steps=STEPS,
+                    script_args=("--step-delay", "0.3"),  # the steps after the cut outlast the failure timeout
                     env={"DEADPOOL_VIEW_TIMEOUT": "10"})
     assert result.returncode == 0, result.output[-4000:]
     assert result.digest == baseline.digest
