@@ -10,7 +10,6 @@ the file never interleave inside a line.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -20,7 +19,7 @@ from typing import TypeVar
 
 import msgspec
 
-from deadpool.events.schema import EventRecord, Record, encode, validate
+from deadpool.events.schema import EventRecord, Record, decode, encode
 
 log = logging.getLogger("deadpool.events.log")
 
@@ -61,7 +60,7 @@ class EventLog:
             source_process=record.source_process or self.source,
         )
         line = encode(full)
-        validate(json.loads(line), f"{full.event} as written")  # a wrong type fails here, not in a reader
+        decode(line, f"{full.event} as written")  # a wrong type fails here, not in a reader
         if self.records is not None:
             self.records.append(full)  # type: ignore[arg-type]
         for listener in self.listeners:
