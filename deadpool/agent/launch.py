@@ -34,6 +34,7 @@ from typing import Any
 
 from deadpool.agent import closing, coordinators, determinism, exits, jobfile, progress, relay, verdict
 from deadpool.agent.checks import validate, visible_steps
+from deadpool.agent.forked import ForkedWorker, Starter
 from deadpool.agent.heapenv import worker_heap_env
 from deadpool.agent.relay import AckBatcher, BeatRelay
 from deadpool.agent.threadenv import omp_threads_env
@@ -76,7 +77,7 @@ class Worker:
     label: str
     member: str
     role: str
-    proc: asyncio.subprocess.Process
+    proc: asyncio.subprocess.Process | ForkedWorker
     seat_hint: int = -1  # RANK, -1 for a spare
     returncode: int | None = None
 
@@ -133,14 +134,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-determinism", action="store_true",
                         help="run the script failure-free twice and once with a kill (--chaos, or rank 1 killed "
                              "half-way through --steps), and report the first tracked object or RNG that differs")
+    parser.add_argument("--start-method", choices=("fork", "exec"), default="fork",
+                        help="fork: this host imports torch once, in a fork server, and forks every worker from it "
+                             "(a worker starts in a fraction of a second); exec: every worker is a fresh "
+                             "interpreter (for a script that must set up the environment before torch loads)")
     parser.add_argument("script", help="training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
-
-
-def _normal_priority(pid: int) -> None:
-    """Workers run at the default priority even though the launcher raised its own."""
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, pid, 0)
 
 
 async def _forward(worker: Worker, labels: SeatLabels) -> None:
@@ -223,6 +222,7 @@ class Launcher:
         self.coordinator_gone = False  # the job's outcome is known here: nobody needs this host's reports
         self.coordinator_proc: asyncio.subprocess.Process | None = None  # the local coordinator, if this agent runs it
         self.standby_proc: asyncio.subprocess.Process | None = None  # the local standby coordinator, if any
+        self.starter = Starter()  # forks this host's workers from one server, or starts fresh interpreters
         self._outcome: asyncio.Future[int] | None = None  # this host's exit status, once known
         self.job_file: Path | None = None  # where operator tools on this host find the job (coordinator hosts)
         self._kept: set[asyncio.Task[None]] = set()  # tasks started from the inbox (a standby asked for)
@@ -270,6 +270,8 @@ class Launcher:
         if stale:
             print(f"deadpool: removed {len(stale)} snapshot slot file(s) of processes that no longer exist "
                   f"from {self.shm_dir}", file=sys.stderr, flush=True)
+        shared_env = {**env, **worker_heap_env(env), **threads, "PYTHONUNBUFFERED": "1"}
+        await self.starter.open(getattr(args, "start_method", "fork"), shared_env)  # torch loads meanwhile
         coordinator_proc = None
         if args.node_rank == 0 and not args.coordinator:
             coordinator_proc, self.link.active, store = await coordinators.start(args, self.world, events, env)
@@ -282,12 +284,12 @@ class Launcher:
         self.transport = open_transport(f"tcp://{bind}:0", AGENT_LIMITS)
         store_host, store_port = store.rsplit(":", 1)
         spec = ",".join(args.chaos)
-        base = {**env, **worker_heap_env(env), **threads, "DEADPOOL_COORDINATOR": self.link.active,
+        base = {**shared_env, "DEADPOOL_COORDINATOR": self.link.active,
                 "DEADPOOL_EVENTS": events, "DEADPOOL_CHAOS": spec, "DEADPOOL_HOST": self.host,
                 "DEADPOOL_BACKEND": getattr(args, "backend", Backend.AUTO),
                 "DEADPOOL_BIND_HOST": bind, "WORLD_SIZE": str(self.world if args.nproc else 0),
                 "MASTER_ADDR": store_host, "MASTER_PORT": store_port,
-                "LOCAL_WORLD_SIZE": str(args.nproc), "PYTHONUNBUFFERED": "1",
+                "LOCAL_WORLD_SIZE": str(args.nproc),
                 "DEADPOOL_AGENT": self.transport.address, "DEADPOOL_AGENT_PID": str(os.getpid())}  # relay.py
         for local in range(args.nproc + args.spares):
             spare = local >= args.nproc
@@ -297,12 +299,9 @@ class Launcher:
             worker_env = {**base, "RANK": str(rank), "LOCAL_RANK": str(local), "DEADPOOL_MEMBER_ID": member,
                           "DEADPOOL_ROLE": "spare" if spare else "active",
                           "DEADPOOL_SPARE_INDEX": str(local - args.nproc if spare else -1)}
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-u", args.script, *args.script_args, env=worker_env,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-            )
-            _normal_priority(proc.pid)
+            proc = await self.starter.start(args.script, args.script_args, worker_env)
             self.workers.append(Worker(label, member, "spare" if spare else "active", proc, rank))
+        await self.starter.close()  # every worker has started: the fork server's memory goes back
         self.relay = BeatRelay(self.agent_id, [w.member for w in self.workers])
         self.acks = AckBatcher(self.agent_id, [w.member for w in self.workers])
         if coordinator_proc is not None or self.standby_proc is not None:
@@ -361,6 +360,7 @@ class Launcher:
                                                               Config.from_env(self.env).heartbeat_interval,
                                                               self.secret)))
             background.append(tasks.create_task(self._watch_contact()))
+            background.append(tasks.create_task(self.starter.reap_orphans()))
             if not getattr(self.args, "no_progress", False):
                 background.append(tasks.create_task(progress.follow(self.events_path, self.world,
                                                                     self.args.spares)))
