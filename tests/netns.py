@@ -86,7 +86,7 @@ def describe(pid: int) -> str:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         cmd = "?"
-    return f"{pid} ({cmd[:120]})"
+    return f"{pid} ({cmd[:300]})"
 
 
 def _kill_all(pids: Sequence[int]) -> None:

@@ -1,4 +1,4 @@
-"""The ``deadpool`` command: launch, coordinator, status, chaos, events, simulate."""
+"""The ``deadpool`` command: launch, coordinator, status, chaos, move, drain, events, simulate."""
 
 from __future__ import annotations
 
@@ -12,20 +12,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="deadpool", description="Hot-swap failed ranks in PyTorch training.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    from deadpool.agent import launch
+    from deadpool.agent import arguments, launch
 
     launch_parser = commands.add_parser("launch", help="start the coordinator and this host's workers")
-    launch.add_arguments(launch_parser)
+    arguments.add_arguments(launch_parser)
 
     coordinator_parser = commands.add_parser("coordinator", help="run the membership service on its own")
     coordinator_parser.add_argument("rest", nargs=argparse.REMAINDER)
 
-    from . import chaos, status
+    from . import chaos, move, status
 
     status_parser = commands.add_parser("status", help="the live view: seats, members, steps, snapshots, spares")
     status.add_status_arguments(status_parser)
     chaos_parser = commands.add_parser("chaos", help="kill, stop or continue a member of a live job")
     chaos.add_chaos_arguments(chaos_parser)
+
+    move_parser = commands.add_parser("move", help="hand a live seat to a spare at its next step boundary")
+    move.add_move_arguments(move_parser)
+    drain_parser = commands.add_parser("drain", help="move every seat of a host to spares on other hosts")
+    move.add_drain_arguments(drain_parser)
 
     events_parser = commands.add_parser("events", help="timeline of failures, swaps and loss")
     events_parser.add_argument("file")
@@ -58,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
             return status.run_status(args)
         if args.command == "chaos":
             return chaos.run_chaos(args)
+        if args.command == "move":
+            return move.run_move(args)
+        if args.command == "drain":
+            return move.run_drain(args)
         if args.command == "simulate":
             import dataclasses
             import json

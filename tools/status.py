@@ -70,6 +70,12 @@ def render_status(status: dict[str, Any], events: int = 8) -> Any:
         rnd = status["round"]
         parts.append(Text(f"view change in progress: epoch {rnd.get('epoch')}, seats {rnd.get('failed_seats')} "
                           "being refilled", style="yellow"))
+    for move in [m for m in status.get("moves", []) if isinstance(m, dict)]:
+        parts.append(Text(f"moving: rank {move.get('rank')} ({move.get('member')}) to {move.get('spare') or 'a spare'}"
+                          f" at its next step boundary ({move.get('trigger')}: {move.get('reason')}; asked "
+                          f"{move.get('asked_s')} s ago)", style="yellow"))
+    if status.get("drained_hosts"):
+        parts.append(Text(f"drained hosts: {', '.join(map(str, status['drained_hosts']))}"))
     if status.get("outcome"):
         outcome = status["outcome"]
         parts.append(Text(f"job ended: {outcome.get('reason')}", style="green" if outcome.get("ok") else "red"))

@@ -21,7 +21,7 @@ from typing import Any
 
 from deadpool.actors.inbox import Drain
 from deadpool.errors import WaitTimeout
-from deadpool.protocol.messages import CommitView, Fenced, Prepare, RestorePart, Stop
+from deadpool.protocol.messages import CommitView, Fenced, Leave, Prepare, RestorePart, Stop
 from deadpool.snapshot.arena import Slot
 from deadpool.snapshot.statetree import Manifest
 
@@ -108,6 +108,7 @@ class Handoff:
         self._paused: dict[str, tuple[int, int, bool, bool]] = {}  # mesh peer -> (Prepare epoch, step begun,
         # abandoned, in its forward)
         self._terminal: Stop | Fenced | None = None  # a command after which nothing else matters
+        self._leave: Leave | None = None  # a planned move asked this seat to leave at its next boundary
         self._confirmed: set[tuple[str, int]] = set()  # (generation, step) copies confirmed by the buddy
         self._post: Callable[[Any], None] | None = None
         self._on_loss: Callable[[frozenset[int]], None] | None = None  # told a Prepare's failed seats at once
@@ -218,6 +219,25 @@ class Handoff:
     @property
     def terminal(self) -> Stop | Fenced | None:
         return self._terminal
+
+    def request_leave(self, leave: Leave) -> None:
+        """The coordinator asked this seat to hand itself to a spare after the step in progress."""
+        with self.condition:
+            self._leave = leave
+            self.condition.notify_all()
+
+    @property
+    def leave(self) -> Leave | None:
+        """The planned move this seat is to make at its next step boundary (None: none asked)."""
+        return self._leave
+
+    def wait_terminal(self, timeout: float) -> Stop | Fenced | None:
+        """The coordinator's Fenced or Stop, waited for at most `timeout` seconds (None: none came)."""
+        deadline = time.monotonic() + timeout
+        with self.condition:
+            while self._terminal is None and (remaining := deadline - time.monotonic()) > 0:
+                self.condition.wait(min(remaining, 0.5))
+            return self._terminal
 
     def is_confirmed(self, generation: str, step: int) -> bool:
         with self.condition:

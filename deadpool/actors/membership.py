@@ -26,6 +26,7 @@ from deadpool.protocol.messages import (
     Fenced,
     Finished,
     Join,
+    Leave,
     Message,
     Prepare,
     PrepareAck,
@@ -239,6 +240,11 @@ class MembershipActor:
             self._handoff.deliver(message)
         elif isinstance(message, Stop):
             self._handoff.deliver(message)
+        elif isinstance(message, Leave):
+            if message.member != self._member:
+                self._events.emit(schema.Rejected(reason="misaddressed", detail=f"leave for {message.member}"))
+                return
+            self._handoff.request_leave(message)
         elif isinstance(message, Rejoin):
             if message.member != self._member:
                 self._events.emit(schema.Rejected(reason="misaddressed", detail=f"rejoin for {message.member}"))

@@ -77,12 +77,14 @@ class ForkServer:
         self.open = True  # False once closed: its workers are still reaped, no new one is forked
 
     @classmethod
-    async def start(cls, env: dict[str, str]) -> ForkServer:
-        """Start the server with the environment every worker shares (it imports torch under it)."""
+    async def start(cls, env: dict[str, str], script: str, args: list[str]) -> ForkServer:
+        """Start the server with the environment every worker shares (it imports torch under it); its command
+        line, which its forks keep, ends with the script and its arguments, so ``ps`` and ``pkill -f`` find
+        the workers by them as they would workers started by exec."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-u", "-m", "deadpool.worker.forkserver", str(theirs.fileno()),
+                sys.executable, "-u", "-m", "deadpool.worker.forkserver", str(theirs.fileno()), "--", script, *args,
                 env=env, pass_fds=(theirs.fileno(),))
         except OSError:
             ours.close()
@@ -175,7 +177,7 @@ class Starter:
     def __init__(self) -> None:
         self._server: ForkServer | None = None
 
-    async def open(self, method: str, env: dict[str, str]) -> None:
+    async def open(self, method: str, env: dict[str, str], script: str, args: list[str]) -> None:
         """Start the fork server under `env` (what every worker shares) if `method` is fork."""
         if method != "fork":
             return
@@ -183,7 +185,7 @@ class Starter:
             _say("this kernel cannot make the launcher a subreaper: every worker starts as a fresh interpreter")
             return
         try:
-            self._server = await ForkServer.start(env)
+            self._server = await ForkServer.start(env, script, args)
         except OSError as err:
             _say(f"the fork server did not start ({err}): every worker starts as a fresh interpreter")
 

@@ -36,6 +36,7 @@ from deadpool.agent import closing, coordinators, determinism, exits, jobfile, p
 from deadpool.agent.checks import validate, visible_steps
 from deadpool.agent.forked import ForkedWorker, Starter
 from deadpool.agent.heapenv import worker_heap_env
+from deadpool.agent.preemption import Drain
 from deadpool.agent.relay import AckBatcher, BeatRelay
 from deadpool.agent.threadenv import omp_threads_env
 from deadpool.chaos import SIGNALS, ChaosAction, applies, host_specs
@@ -51,6 +52,7 @@ from deadpool.protocol.messages import (
     Coordinators,
     FenceKill,
     Heartbeat,
+    MoveResult,
     PrepareAck,
     ProcessExited,
     Relay,
@@ -80,66 +82,6 @@ class Worker:
     proc: asyncio.subprocess.Process | ForkedWorker
     seat_hint: int = -1  # RANK, -1 for a spare
     returncode: int | None = None
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """torchrun-style arguments, plus DeadPool's."""
-    parser.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int, default=1,
-                        help="active workers on this host")
-    parser.add_argument("--spares", type=int, default=0, help="spare workers on this host")
-    parser.add_argument("--nnodes", type=int, default=1, help="number of hosts (one launch per host)")
-    parser.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
-                        help="this host's index, 0..nnodes-1 (host 0 runs the coordinator)")
-    parser.add_argument("--coordinator", default="", help="coordinator address tcp://HOST:PORT (hosts other than 0)")
-    parser.add_argument("--master-addr", "--master_addr", dest="master_addr", default="",
-                        help="address to bind and advertise the coordinator and store on (host 0)")
-    parser.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=0,
-                        help="TCPStore port on host 0 (0: pick a free one)")
-    parser.add_argument("--coordinator-port", type=int, default=0,
-                        help="coordinator control port on host 0 (0: pick a free one); fix it so that the other "
-                             "hosts can be given --coordinator tcp://HOST:PORT before host 0 starts")
-    parser.add_argument("--bind-host", default="",
-                        help="address this host's agent and workers listen on (default: --master-addr or 127.0.0.1)")
-    parser.add_argument("--events", default="", help="append JSON-lines events here (default: a temp file)")
-    parser.add_argument("--chaos", action="append", default=[], metavar="SPEC",
-                        help="inject a failure, e.g. kill:rank=2:step=20 (repeatable)")
-    parser.add_argument("--failure-timeout", type=float, default=None, help="seconds of silence before death")
-    parser.add_argument("--heartbeat-interval", type=float, default=None, help="seconds between heartbeats")
-    parser.add_argument("--snapshot-every", type=int, default=None, help="snapshot every N steps (default 1)")
-    parser.add_argument("--checkpoint-dir", default="", help="disk checkpoints here (fallback when a seat and its "
-                        "buddy die together); a shared filesystem across hosts")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="write a disk checkpoint every N steps")
-    parser.add_argument("--resume", action="store_true", help="start from the newest disk checkpoint under "
-                        "--checkpoint-dir that every seat sees (relaunching a job that failed), not from step 0")
-    parser.add_argument("--shm-dir", default=None, metavar="DIR",
-                        help="snapshot slots are files in this shared-memory directory, so a buddy on the same host "
-                             "maps them instead of receiving them over TCP (default: /dev/shm; \"\" turns it off)")
-    parser.add_argument("--no-fence-kill", action="store_true",
-                        help="do not kill members declared dead (testing zombies)")
-    parser.add_argument("--standby-coordinator", action="store_true",
-                        help="this host runs the standby coordinator (default: host 1 of a job of 3 hosts or more)")
-    parser.add_argument("--no-standby", action="store_true",
-                        help="no standby coordinator: losing host 0 then ends the job (give it to host 1's launch)")
-    parser.add_argument("--host-name", default="", help="failure-domain name of this host (default: hostname)")
-    parser.add_argument("--metrics-port", type=int, default=-1,
-                        help="the coordinator serves Prometheus metrics on 127.0.0.1:PORT (0: any free port)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress line (steps, tokens/s, spares)")
-    parser.add_argument("--backend", choices=tuple(Backend), default=Backend.AUTO,
-                        help="what carries CUDA tensors: nccl, gloo, or auto (NCCL where the workers have CUDA and "
-                             "NCCL); CPU tensors always go to gloo")
-    parser.add_argument("--strict", action="store_true",
-                        help=f"exit {verdict.NOT_GUARANTEED_STATUS} instead of 0 when training finished but its final "
-                             "state is not guaranteed to be a failure-free run's (a restore left a data loader no "
-                             "snapshot holds where it was)")
-    parser.add_argument("--check-determinism", action="store_true",
-                        help="run the script failure-free twice and once with a kill (--chaos, or rank 1 killed "
-                             "half-way through --steps), and report the first tracked object or RNG that differs")
-    parser.add_argument("--start-method", choices=("fork", "exec"), default="fork",
-                        help="fork: this host imports torch once, in a fork server, and forks every worker from it "
-                             "(a worker starts in a fraction of a second); exec: every worker is a fresh "
-                             "interpreter (for a script that must set up the environment before torch loads)")
-    parser.add_argument("script", help="training script")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
 
 async def _forward(worker: Worker, labels: SeatLabels) -> None:
@@ -222,6 +164,9 @@ class Launcher:
         self.coordinator_gone = False  # the job's outcome is known here: nobody needs this host's reports
         self.coordinator_proc: asyncio.subprocess.Process | None = None  # the local coordinator, if this agent runs it
         self.standby_proc: asyncio.subprocess.Process | None = None  # the local standby coordinator, if any
+        self._early: list[asyncio.Task[None]] = []  # the transport and the hellos, started before the workers
+        self.drain: Drain | None = None  # a preemption notice (SIGTERM to this host alone) being answered
+        self.drained = False  # this host's seats moved to other hosts and its workers left: it exits 0
         self.starter = Starter()  # forks this host's workers from one server, or starts fresh interpreters
         self._outcome: asyncio.Future[int] | None = None  # this host's exit status, once known
         self.job_file: Path | None = None  # where operator tools on this host find the job (coordinator hosts)
@@ -271,7 +216,7 @@ class Launcher:
             print(f"deadpool: removed {len(stale)} snapshot slot file(s) of processes that no longer exist "
                   f"from {self.shm_dir}", file=sys.stderr, flush=True)
         shared_env = {**env, **worker_heap_env(env), **threads, "PYTHONUNBUFFERED": "1"}
-        await self.starter.open(getattr(args, "start_method", "fork"), shared_env)  # torch loads meanwhile
+        await self.starter.open(getattr(args, "start_method", "fork"), shared_env, args.script, args.script_args)
         coordinator_proc = None
         if args.node_rank == 0 and not args.coordinator:
             coordinator_proc, self.link.active, store = await coordinators.start(args, self.world, events, env)
@@ -291,6 +236,12 @@ class Launcher:
                 "MASTER_ADDR": store_host, "MASTER_PORT": store_port,
                 "LOCAL_WORLD_SIZE": str(args.nproc),
                 "DEADPOOL_AGENT": self.transport.address, "DEADPOOL_AGENT_PID": str(os.getpid())}  # relay.py
+        if coordinator_proc is not None or self.standby_proc is not None:
+            self._write_job_file()
+            if coordinator_proc is not None:
+                print(f"deadpool: coordinator {self.link.active}; events {events}", flush=True)
+        # The coordinator hears this host while its workers start (the fork server may take seconds to load).
+        self._early = [asyncio.create_task(self.transport.run()), asyncio.create_task(self._hello())]
         for local in range(args.nproc + args.spares):
             spare = local >= args.nproc
             rank = -1 if spare else args.node_rank * args.nproc + local
@@ -304,10 +255,6 @@ class Launcher:
         await self.starter.close()  # every worker has started: the fork server's memory goes back
         self.relay = BeatRelay(self.agent_id, [w.member for w in self.workers])
         self.acks = AckBatcher(self.agent_id, [w.member for w in self.workers])
-        if coordinator_proc is not None or self.standby_proc is not None:
-            self._write_job_file()
-            if coordinator_proc is not None:
-                print(f"deadpool: coordinator {self.link.active}; events {events}", flush=True)
         self.coordinator_proc = coordinator_proc
         main = asyncio.current_task()
         assert main is not None
@@ -321,6 +268,8 @@ class Launcher:
                 raise
             return 128 + self.stopped_by
         finally:
+            for early in self._early:
+                early.cancel()
             await self._terminate_all()
             for child in (self.coordinator_proc, self.standby_proc):
                 if child is not None and child.returncode is None:
@@ -343,6 +292,14 @@ class Launcher:
         their files.  Another one meanwhile (Ctrl-C pressed twice) does not cut that short: the workers run in
         sessions of their own, where no terminal's signal reaches them, and would be left running."""
         name = signal.Signals(signum).name
+        if (signum == signal.SIGTERM and self.args.nnodes > 1 and self.drain is None and not self.stopped_by
+                and self.transport is not None and self.welcomed):
+            timeout = getattr(self.args, "drain_timeout", 25.0)
+            print(f"deadpool: SIGTERM: a preemption notice; draining this host (its seats move to spares on other "
+                  f"hosts within {timeout:g} s)", file=sys.stderr, flush=True)
+            self.drain = Drain(self.host, self.secret, timeout)
+            self._keep(self._drain(main))
+            return
         if self.stopped_by:
             print(f"deadpool: {name}: still stopping this host's workers (SIGKILL after 3 s)", file=sys.stderr,
                   flush=True)
@@ -351,11 +308,23 @@ class Launcher:
         self.stopped_by = signum
         main.cancel()
 
+    async def _drain(self, main: asyncio.Task[int]) -> None:
+        """Answer a preemption notice: drain this host and exit 0, or stop its workers as on any SIGTERM."""
+        assert self.drain is not None and self.transport is not None
+        why = await self.drain.run(self.transport, self.link, lambda: sum(w.returncode is None for w in self.workers))
+        if why:
+            print(f"deadpool: {why}; stopping this host's workers instead", file=sys.stderr, flush=True)
+            self._on_stop_signal(main, signal.SIGTERM)
+            return
+        self.drained = True
+        print(f"deadpool: host {self.host} drained: its seats moved to spares on other hosts", flush=True)
+        self._decide(0)
+
     async def _supervise(self, coordinator_proc: asyncio.subprocess.Process | None) -> int:
         assert self.transport is not None
         async with asyncio.TaskGroup() as tasks:
-            background = [tasks.create_task(self.transport.run()), tasks.create_task(self._inbox())]
-            background.append(tasks.create_task(self._hello()))
+            background = [tasks.create_task(_awaited(early)) for early in self._early]
+            background.append(tasks.create_task(self._inbox()))
             background.append(tasks.create_task(relay.forward(self.relay, self.transport, self.link,
                                                               Config.from_env(self.env).heartbeat_interval,
                                                               self.secret)))
@@ -488,10 +457,12 @@ class Launcher:
     async def _hello(self) -> None:
         """Register with the coordinator, and keep repeating it: a restarted coordinator must re-learn us."""
         assert self.transport is not None
-        hello = AgentHello(self.agent_id, self.host, self.transport.address,
-                           {w.member: w.proc.pid for w in self.workers})
+        hello, frame = None, b""
         while True:
-            frame = codec.encode(hello, self.secret)
+            if hello is None or len(hello.members) != len(self.workers):  # the workers as they start
+                hello = AgentHello(self.agent_id, self.host, self.transport.address,
+                                   {w.member: w.proc.pid for w in self.workers})
+                frame = codec.encode(hello, self.secret)
             for addr in dict.fromkeys([self.link.active, self.link.standby]):  # the standby learns the hosts so
                 if addr:
                     with contextlib.suppress(TransportError):
@@ -541,6 +512,9 @@ class Launcher:
                 self._fence_kill(message.member)
             elif isinstance(message, SignalMember):
                 self._signal(message.member, message.action)
+            elif isinstance(message, MoveResult):
+                if self.drain is None or not self.drain.answered(message):
+                    self._drops.note("a MoveResult for no drain of this host")
             elif isinstance(message, Stop):
                 self.stop = message
                 self.stop_event.set()
@@ -644,6 +618,11 @@ class Launcher:
             await exits.ended(worker.proc.pid)  # SIGKILL (and SIGCONT, for a stopped one) cannot be ignored
 
 
+async def _awaited(task: asyncio.Task[None]) -> None:
+    """`task`, started before a task group, awaited inside it (its failure ends the group, its cancel ends it)."""
+    await task
+
+
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``deadpool launch``; returns the process exit code."""
     validate(args)
@@ -675,8 +654,10 @@ def launch_once(args: argparse.Namespace) -> tuple[int, str]:
     if end.not_fired:
         _record_not_fired(launcher, end.not_fired)
     status, why = verdict.exit_status(code, end.not_fired, end.untracked, getattr(args, "strict", False))
-    print("deadpool: " + ("training finished" if code == 0 else "job FAILED") + f" (events: {launcher.events_path})",
-          flush=True)
+    headline = "training finished" if code == 0 else "job FAILED"
+    if launcher.drained:
+        headline = f"host {launcher.host} drained; the job goes on without it"
+    print(f"deadpool: {headline} (events: {launcher.events_path})", flush=True)
     for line in end.lines:
         print(line, flush=True)
     if why:

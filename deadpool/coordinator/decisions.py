@@ -266,6 +266,54 @@ def _nothing_held(seat: int, buddy_seat: int, failed: set[int]) -> str:
     return f"seat {seat} holds no snapshot and seat {buddy_seat} no copy of it"
 
 
+def check_moves(
+    view: View, seats: Sequence[int], host: str, spare: str, hosts: Mapping[str, str], moving: Container[int],
+    reserved: Container[str], round_running: bool, drained: Container[str],
+) -> tuple[dict[int, str], str, int]:
+    """The spare each of `seats` moves to (a planned move, or a drain of `host`), or why not.
+
+    Returns (moves, reason, spares missing); moves is empty when the request is refused. A spare is free when
+    no other move reserved it and its host is not drained (nor the host being drained). A seat moves to a
+    spare on another host than its own where one is free, so a drain never seats a spare it is emptying.
+    """
+    world = view.world_size
+    known = sorted({hosts.get(member, "") for member in (*view.seats, *view.spares)} - {""})
+    if host and host not in known:
+        return {}, f"no host {host!r} in the job (hosts: {', '.join(known)})", 0
+    if host and host in drained:
+        return {}, f"host {host} is drained already", 0
+    if host and not seats:
+        return {}, f"host {host} holds no seat: nothing to move", 0
+    if host and len(seats) == world:
+        return {}, f"host {host} holds every seat of the job: draining it would leave none", 0
+    bad = [seat for seat in seats if not 0 <= seat < world]
+    if bad:
+        return {}, f"no rank {bad[0]} in the job (ranks 0..{world - 1})", 0
+    busy = sorted(seat for seat in seats if seat in moving)
+    if busy:
+        return {}, f"rank {busy[0]} is already moving", 0
+    pool = [s for s in view.spares if s not in reserved and hosts.get(s, "") not in drained
+            and not (host and hosts.get(s, "") == host)]
+    if spare:
+        if spare not in pool:
+            return {}, f"spare {spare} is not free in the pool (free: {', '.join(pool) or 'none'})", 0
+        pool = [spare]
+    if round_running:
+        return {}, "a view change is in progress: ask again once it has committed", 0
+    if len(pool) < len(seats):
+        missing = len(seats) - len(pool)
+        where = f" on hosts other than {host}" if host else ""
+        return {}, (f"{len(seats)} seat(s) to move but {len(pool)} free spare(s){where}: {missing} spare(s) missing"), \
+            missing
+    chosen: dict[int, str] = {}
+    for seat in seats:
+        own = hosts.get(view.seats[seat], "")
+        pick = next((s for s in pool if hosts.get(s, "") != own), pool[0])
+        pool.remove(pick)
+        chosen[seat] = pick
+    return chosen, ", ".join(f"rank {seat} moves to {spare}" for seat, spare in sorted(chosen.items())), 0
+
+
 def unanswered_prepare(
     now: float, deadline: float, survivors: Sequence[str], acked: Container[str], epoch: int,
     prepare_timeout: float,

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deadpool.coordinator.decisions import Trigger
-from deadpool.protocol.messages import AgentHello, Message, Prepare, PrepareAck, Relay, Role, Welcome, immutable
+from deadpool.protocol.immutable import immutable
+from deadpool.protocol.messages import AgentHello, Message, Prepare, PrepareAck, Relay, Role, Welcome
 
 
 @immutable
@@ -64,6 +65,9 @@ class Round:
     first_epoch: int = 0  # the epoch of its first Prepare: answers to any Prepare of the round count
     prepare: Prepare | None = None  # its newest Prepare, sent again directly to the silent at `resend_at`
     resend_at: float = float("inf")  # some of it went through agents (fanout.py): when to resend it directly
+    # A planned move's: the step its seats left after (each confirmed at its buddy). Early answers, which name only
+    # the newest snapshot complete then, commit only at this step or later; the full ones decide otherwise.
+    wanted: int = -2
 
 
 @dataclass(slots=True)

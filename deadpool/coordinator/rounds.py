@@ -67,15 +67,19 @@ class Rounds:
 
     # -- starting (and growing) a round --------------------------------------------------------
 
-    def start(self, now: float, newly_failed: dict[int, str], reason: str, trigger: Trigger) -> None:
+    def start(self, now: float, newly_failed: dict[int, str], reason: str, trigger: Trigger,
+              preferred: dict[int, str] | None = None, wanted: int = -2) -> None:
         """Replace the seats of `newly_failed` (with those of the running round, if any): choose spares, tell the
-        survivors and the chosen spares to pause (Prepare), and commit at once if nobody is left to answer."""
+        survivors and the chosen spares to pause (Prepare), and commit at once if nobody is left to answer.
+        `preferred`: a spare reserved for a seat (a planned move's), kept like one an earlier Prepare chose;
+        `wanted`: the step a moving seat left after (``Round.wanted``)."""
         view = self._views.current
         assert view is not None
         previous = self.current
         failed = {**(previous.failed if previous else {}), **newly_failed}
         joined = list(previous.joined) if previous else []
-        replacements, why = self._pick_spares(failed, joined, previous.replacements if previous else {})
+        kept = {**(previous.replacements if previous else {}), **(preferred or {})}
+        replacements, why = self._pick_spares(failed, joined, kept)
         waiting_since = None
         if replacements is None:
             waiting_since = previous.waiting_since if previous and previous.waiting_since is not None else now
@@ -88,7 +92,8 @@ class Rounds:
         acks = previous.acks if previous else {}  # kept (the same dict): a survivor's state does not change paused
         rnd = self.current = Round(epoch, failed, replacements, acks, now + self._config.prepare_timeout,
                                    f"{reason}; {why}", trigger, joined, waiting_since,
-                                   first_epoch=previous.first_epoch if previous else epoch)
+                                   first_epoch=previous.first_epoch if previous else epoch,
+                                   wanted=max(wanted, previous.wanted if previous else -2))
         prepare = Prepare(epoch, sorted(failed), rnd.reason, dict(replacements), reanswer=previous is None,
                           failure_step=self._chaos.failure_step(failed.values()))
         # The chosen spares hear it too: one that wraps its model for its seat (rt.device_mesh) does it now,
@@ -240,7 +245,8 @@ class Rounds:
             return  # tick retries while the lease comes back
         resume, sources, why = decisions.plan_restore(view, sorted(rnd.failed), rnd.acks)
         from_disk = False
-        if any(ack.early for ack in rnd.acks.values()) and (resume is None or set(sources) - rnd.failed.keys()):
+        if any(ack.early for ack in rnd.acks.values()) and (resume is None or set(sources) - rnd.failed.keys()
+                                                              or resume < rnd.wanted):
             return  # early answers name only the newest snapshots: the full ones may find a step, or a local copy
         if resume is None:
             resume = decisions.disk_resume_step(rnd.acks)

@@ -29,6 +29,7 @@ from deadpool.coordinator.finishes import Finishes
 from deadpool.coordinator.first_view import FirstSeats, Outcome
 from deadpool.coordinator.hostbeats import HostBeats
 from deadpool.coordinator.liveness import Liveness
+from deadpool.coordinator.moves import Moves
 from deadpool.coordinator.operator_chaos import OperatorChaos
 from deadpool.coordinator.outbox import Outbox
 from deadpool.coordinator.pools import Addresses, JoiningSpares, RejoinAsks
@@ -56,7 +57,9 @@ from deadpool.protocol.messages import (
     HeartbeatBatch,
     HostHeartbeat,
     Join,
+    Leaving,
     Message,
+    MoveCommand,
     PrepareAck,
     ProcessExited,
     Recovered,
@@ -79,7 +82,7 @@ log = logging.getLogger("deadpool.coordinator.service")
 # Handled by kind (an agent's, an operator tool's, a coordinator's, a Join); any other message is a member's own.
 # A set of the exact classes (messages are final): one hash lookup per message, not ten isinstance tests.
 _NOT_A_MEMBERS_OWN = frozenset({HostHeartbeat, HeartbeatBatch, AckBatch, Join, AgentHello, StandbyHello, Coordinators,
-                                ChaosCommand, StatusRequest, ProcessExited})
+                                ChaosCommand, MoveCommand, StatusRequest, ProcessExited})
 
 
 class Coordinator:
@@ -117,6 +120,8 @@ class Coordinator:
                               self.fanout, self._out, self.members, self.agents, self._addrs, self.fenced,
                               self._hostbeats.coverage, self._live, self._finished, unjoined_exits, wall_clock,
                               self.seat_lost_before_start)
+        self._moves = Moves(events, self._views, self._rounds, self._swaps, self._out, self.members, self._addrs,
+                            self.fenced, self._hostbeats.coverage, wall_clock)
         self._first = FirstSeats()  # the seats before the first view: joined, or lost
         self._joining = JoiningSpares()  # spares that joined the running job, pooled by one view at a time
         self._rejoins = RejoinAsks()  # when we last sent each unreachable member a Rejoin
@@ -222,6 +227,9 @@ class Coordinator:
         elif isinstance(message, ChaosCommand):
             self._hostbeats.settle()  # a command for a later step compares the target's step with it
             self._chaos.command(message)
+        elif isinstance(message, MoveCommand):
+            self._hostbeats.settle()
+            self._moves.command(message, now)
         elif isinstance(message, StatusRequest):
             self._out.send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status(now))))
         elif isinstance(message, ProcessExited):
@@ -263,6 +271,8 @@ class Coordinator:
             self._adopt_reported_view(message, now)
         elif isinstance(message, UserException):
             self._deaths.raised(message, now)
+        elif isinstance(message, Leaving):
+            self._moves.leaving(message, now)
         elif isinstance(message, ViewRequest) and self.view is not None and message.epoch <= self.view.epoch:
             self._views.resend(sender, -1)  # it missed a delta's base: the whole view
         else:
@@ -446,6 +456,7 @@ class Coordinator:
                     self._on_finished(finished)
                 return
             self._maybe_first_view()
+        self._moves.tick(now)  # preemption notices whose window passed
         self._deaths.silent(now)  # heartbeats and host beats
         if self.view is not None and self._joining.due(now):
             self._pool_spares(now)
@@ -459,4 +470,4 @@ class Coordinator:
     def status(self, now: float) -> dict[str, Any]:
         """The live state at `now` as a JSON-able document (``deadpool status``)."""
         self._hostbeats.settle()
-        return self._status.document(now)
+        return {**self._status.document(now), **self._moves.status()}

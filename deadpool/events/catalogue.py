@@ -19,6 +19,12 @@ class Event(enum.StrEnum):
     MEMBER_FAILED = "member_failed"  # member, rank: the dead member; detected_by (vocabulary.Detector), reason
     SPARE_LOST = "spare_lost"  # a spare died or was fenced before it was seated
     SPARE_RELEASED = "spare_released"  # a spare told to leave at the end of the job
+    # Planned moves. move_requested: the coordinator accepted a move (rank, member, spare, host of a drain, trigger,
+    # reason); seat_left: the member stopped after `step` with its snapshot confirmed and hands its seat over;
+    # moved_exit: the member's own last line before it exits 0.
+    MOVE_REQUESTED = "move_requested"
+    SEAT_LEFT = "seat_left"
+    MOVED_EXIT = "moved_exit"
     VIEW_PREPARED = "view_prepared"  # reason, trigger, seats being refilled, told (through_agents of them)
     VIEW_COMMITTED = "view_committed"  # resume_step, reason, seats refilled
     VIEW_ADOPTED = "view_adopted"  # a worker took a committed view

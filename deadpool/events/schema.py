@@ -29,6 +29,7 @@ from deadpool.events.vocabulary import (
     ChaosAction,
     ChaosVia,
     Detector,
+    MoveTrigger,
     Raised,
     RejectReason,
     RestoreSource,
@@ -146,6 +147,28 @@ class SpareLost(Record, frozen=True, kw_only=True, tag=Event.SPARE_LOST.value):
 class SpareReleased(Record, frozen=True, kw_only=True, tag=Event.SPARE_RELEASED.value):
     """A spare told to leave at the end of the job."""
 
+    reason: str
+
+
+class MoveRequested(Record, frozen=True, kw_only=True, tag=Event.MOVE_REQUESTED.value):
+    """The coordinator accepted a planned move: ``member`` at ``rank`` to ``spare``."""
+
+    spare: str
+    trigger: MoveTrigger
+    reason: str
+    host: str = ""  # a drain: the host drained
+
+
+class SeatLeft(Record, frozen=True, kw_only=True, tag=Event.SEAT_LEFT.value):
+    """A moving member stopped after ``step`` (its buddy holds that snapshot) and hands its seat over."""
+
+    step: int
+
+
+class MovedExit(Record, frozen=True, kw_only=True, tag=Event.MOVED_EXIT.value):
+    """A moved member's last line: it stopped after ``step`` and exits 0."""
+
+    step: int
     reason: str
 
 
@@ -498,7 +521,8 @@ class Unrecognised(msgspec.Struct, frozen=True, kw_only=True):
 
 
 EventRecord = (
-    CoordinatorStarted | StandbyStarted | MemberJoined | MemberFailed | SpareLost | SpareReleased | ViewPrepared
+    CoordinatorStarted | StandbyStarted | MemberJoined | MemberFailed | SpareLost | SpareReleased | MoveRequested
+    | SeatLeft | MovedExit | ViewPrepared
     | ViewCommitted | ViewAdopted | SwapCompleted | DiskFallback | CollectiveErrorReported | ChaosInjected
     | Rejected | RejoinAsked | TrainingFinished | JobFailed | UserException | StandbyJoined | StandbyLost
     | Takeover | TakeoverDeclined | CoordinatorStoodDown | CommitWithheld | TermFollowed | ChaosNotFired | Paused

@@ -33,6 +33,16 @@ class Trigger(enum.StrEnum):
     SPARE_FAILED = "spare_failed"  # the spare chosen for a swap failed: choosing again
     SPARE_JOINED = "spare_joined"  # a spare joined the pool (or the seat that waited for one)
     SPARE_LOST = "spare_lost"  # a spare in the pool was declared dead
+    MOVE = "move"  # a seated member left at a step boundary for a planned move
+    DRAIN = "drain"  # the spares of a drained host left the pool
+
+
+class MoveTrigger(enum.StrEnum):
+    """Why a planned move was asked for (``move_requested``'s ``trigger``)."""
+
+    OPERATOR = "operator"  # ``deadpool move``
+    DRAIN = "drain"  # ``deadpool drain``: every seat of a host
+    PREEMPTION = "preemption"  # a host's launcher got SIGTERM: its host is drained
 
 
 class RestoreSource(enum.StrEnum):

@@ -177,6 +177,14 @@ class ExceptionReport:
                 handoff.condition.wait(min(remaining, 0.5))
 
 
+def exit_moved(events: EventLog, member: str, rank: int, step: int, reason: str) -> NoReturn:
+    """A moved member's seat is a spare's now: it says so and exits 0, touching nothing shared."""
+    events.emit(schema.MovedExit(step=step, reason=reason))
+    print(f"deadpool: rank {rank} ({member}) was moved ({reason}): it stopped after step {step}, its buddy holds "
+          "that snapshot for the spare that takes the seat, and this process exits 0", file=sys.stderr, flush=True)
+    os._exit(0)
+
+
 def exit_fenced(events: EventLog, member: str, command: Fenced) -> NoReturn:
     """A fenced member leaves at once, touching nothing shared (no snapshot, no store, no peers)."""
     message = (

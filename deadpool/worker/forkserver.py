@@ -10,7 +10,9 @@ its exit status as for a process it started itself. In the fork the worker becom
 the request's environment, working directory, ``sys.argv`` and ``sys.path[0]``, then the script runs as
 ``__main__``. The server never touches CUDA (it checks), so a forked worker starts CUDA as a fresh one.
 
-    python -u -m deadpool.worker.forkserver FD     # FD: the launcher's SOCK_SEQPACKET end
+    python -u -m deadpool.worker.forkserver FD -- SCRIPT ARGS   # FD: the launcher's SOCK_SEQPACKET end
+
+(SCRIPT and ARGS are only shown: ``ps`` lists every worker with them, as it would a worker started by exec.)
 """
 
 from __future__ import annotations
@@ -43,9 +45,12 @@ def preload() -> None:
 
 def serve(control: socket.socket) -> forks.ForkRequest:
     """Answer fork requests until the launcher closes its end; returns only in a new worker, with its request."""
-    control.send(forks.encode(forks.ServerReady(os.getpid())))
+    _tell(control, forks.ServerReady(os.getpid()))
     while True:
-        data, fds, _flags, _addr = socket.recv_fds(control, forks.MAX_MESSAGE, 1)
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(control, forks.MAX_MESSAGE, 1)
+        except OSError:
+            data, fds = b"", []
         if not data:
             os._exit(0)  # the launcher is gone
         try:
@@ -55,12 +60,20 @@ def serve(control: socket.socket) -> forks.ForkRequest:
         except forks.ForkProtocolError as err:
             for fd in fds:
                 os.close(fd)
-            control.send(forks.encode(forks.ForkRefused(str(err))))
+            _tell(control, forks.ForkRefused(str(err)))
             continue
         found, reply = _fork(control, fds[0], request)
         if found is not None:
             return found
+        _tell(control, reply)
+
+
+def _tell(control: socket.socket, reply: forks.ServerReady | forks.Forked | forks.ForkRefused) -> None:
+    """Answer the launcher; one that is gone (stopped while this server started) ends the server quietly."""
+    try:
         control.send(forks.encode(reply))
+    except OSError:
+        os._exit(0)
 
 
 def _fork(control: socket.socket, output: int,
@@ -120,7 +133,7 @@ def main() -> forks.ForkRequest:
     try:
         preload()
     except BaseException as err:
-        control.send(forks.encode(forks.ForkRefused(f"preloading failed: {type(err).__name__}: {err}")))
+        _tell(control, forks.ForkRefused(f"preloading failed: {type(err).__name__}: {err}"))
         os._exit(1)
     return serve(control)
 

@@ -32,7 +32,7 @@ from deadpool.config import WorkerEnv
 from deadpool.errors import MisuseError
 from deadpool.events import schema
 from deadpool.events.log import EventLog
-from deadpool.protocol.messages import CommitView, Fenced, Finished, Join, Prepare, Role, Stop
+from deadpool.protocol.messages import CommitView, Fenced, Finished, Join, Leaving, Prepare, Role, Stop
 from deadpool.protocol.view import INITIAL_STEP
 from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
 from deadpool.snapshot.statetree import state_digest
@@ -41,7 +41,7 @@ from deadpool.worker import dcp, dtensors
 from deadpool.worker import rng as rng_mod
 from deadpool.worker.data import DataSeats, LoaderWatch, TrackedLoader, UntrackedLoader
 from deadpool.worker.ddp import DEFAULT_BUCKET_MB, DataParallel
-from deadpool.worker.exit import GUARD, ExceptionReport
+from deadpool.worker.exit import GUARD, ExceptionReport, exit_moved
 from deadpool.worker.faults import FaultInjector
 from deadpool.worker.groups.communicators import Communicators, communicator_kind
 from deadpool.worker.groups.default import DefaultGroup, refuse_env_rendezvous
@@ -418,7 +418,32 @@ class Runtime:
                                              step_s=round(elapsed, 6), loss=loss, tokens=tokens, tokens_per_s=rate,
                                              report=report))
         self._recovery.step_finished(step)
+        if self._handoff.leave is not None and self._state.poison is None:
+            self._leave(step)
         return self._drain_commands()
+
+    def _leave(self, step: int) -> None:
+        """A planned move: hand this seat over after `step`, once the buddy confirmed this boundary's snapshot, then
+        exit 0 (``exit_moved``). A Prepare meanwhile (a failure elsewhere) interrupts it: the seat leaves at the
+        first boundary after that repair."""
+        leave = self._handoff.leave
+        view, state = self._state.view, self._state
+        assert leave is not None
+        if view is None or self.rank < 0:
+            return
+        if not self._snapshots_on or (step + 1) % self.config.snapshot_every:
+            self._capture(step)  # the spare takes the seat from this boundary's snapshot
+        self._snapshots.wait_copy(self.config.copy_timeout)
+        newest = self._snapshots.newest_started()
+        if newest is None or newest.step != step:
+            return
+        if not self._handoff.wait_until(lambda: self._handoff.is_confirmed(newest.generation, step), state.epoch,
+                                        self.config.view_timeout, f"moving: the buddy's copy of step {step}"):
+            return
+        self._handoff.post(Leaving(self.member, state.epoch, step))
+        answer = self._handoff.wait_terminal(self.config.view_timeout)
+        if isinstance(answer, Fenced):
+            exit_moved(self.events, self.member, self.rank, step, leave.reason)
 
     def _drain_commands(self) -> Command | None:
         """Apply views that need no pause; return the first command that does."""

@@ -22,6 +22,8 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -367,3 +369,94 @@ def test_head_host_cut_from_host_1_only_no_takeover(tmp_path: Path, namespaces: 
     assert [e["standby"] for e in run.of("standby_lost")] == [run.of("standby_started")[0]["address"]]
     replacement = [e for e in run.of("standby_started") if e["address"].startswith(f"tcp://{netns.SUBNET}.12:")]
     assert replacement, [e["address"] for e in run.of("standby_started")]
+
+
+# -- planned moves: a preemption notice, a drain, and SIGTERM to every host ---------------------------
+
+MOVE_AFTER_STEP = 4  # the notice or the drain comes once rank 0 has printed this step
+DRAIN_SECRET = "7" * 32  # the job's secret, given to `deadpool drain` run on host 0
+DRAIN_TIMEOUT = 25.0  # the launcher's default --drain-timeout
+
+
+Drained = tuple[Run, dict[int, float], subprocess.CompletedProcess[str] | None]
+
+
+def _run_planned(tmp: Path, name: str, how: str) -> Drained:
+    """One 3-host job in which host 1 gets a preemption notice (`how` = 'sigterm'), is drained by an operator
+    ('drain'), or every host gets SIGTERM ('sigterm_all'). Returns the run, each launcher's exit time after
+    the fault, and the drain command's result."""
+    drain = None
+    exited: dict[int, float] = {}
+    with netns.Cluster(3) as cluster:
+        job = netns.Job(cluster, tmp, STEPS, env=ENV, script_args=(*BATCH, "--step-delay", "0.2"),
+                        secret=DRAIN_SECRET)
+        run = Run(name, {}, [], [], None, job.started)
+        try:
+            job.wait_line(0, rf"^\[rank0\] step +{MOVE_AFTER_STEP} ", 150)
+            run.fault_at = time.time()
+            if how == "drain":
+                command = [sys.executable, "-m", "deadpool", "drain", "--host", "host1", "--coordinator",
+                           f"tcp://{cluster.hosts[0].addr}:{netns.COORDINATOR_PORT}"]
+                proc = cluster.popen(cluster.hosts[0], command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env={**os.environ, "DEADPOOL_SECRET": DRAIN_SECRET}, cwd=netns.REPO)
+                out, err = proc.communicate(timeout=60)
+                drain = subprocess.CompletedProcess(command, proc.returncode, out, err)
+            else:
+                for host in (1,) if how == "sigterm" else (0, 1, 2):
+                    job.procs[host].send_signal(signal.SIGTERM)
+            for host in range(3):  # in order: host 1 leaves first in every case
+                run.codes[host] = job.wait([host], JOB_TIMEOUT)[host]
+                exited[host] = time.time() - run.fault_at
+        finally:
+            run.outputs = [job.output(h.index) for h in cluster.hosts]
+    run.leftovers_killed = cluster.killed_at_teardown
+    run.events = job.events()
+    run.digest = job.digest(0)
+    return run, exited, drain
+
+
+def _assert_host1_moved(run: Run, baseline: Run, trigger: str) -> None:
+    """Host 1's seats (2 and 3) moved to the spares of hosts 0 and 2 with no finished step redone."""
+    assert run.codes == {0: 0, 1: 0, 2: 0}, run.tail()
+    assert run.digest == baseline.digest, f"a drained host must leave the job bit-identical\n{run.tail()}"
+    asked = run.of("move_requested")
+    assert sorted(e["rank"] for e in asked) == [2, 3] and {e["trigger"] for e in asked} == {trigger}, asked
+    assert {_host(e["spare"]) for e in asked} == {"host0", "host2"}, "one spare from each other host"
+    assert not run.of("member_failed"), "a planned move is not a failure"
+    assert sorted(e["rank"] for e in run.of("seat_left")) == [2, 3]
+    for commit in [v for v in run.of("view_committed") if v.get("trigger") == "move"]:
+        before = max(e["step"] for e in run.of("step_finished") if e["ts"] < commit["ts"])
+        assert commit["resume_step"] == before, f"no finished step is redone: resume {commit['resume_step']}"
+    assert sorted(e["rank"] for e in run.of("moved_exit")) == [2, 3]
+    final = run.of("view_committed")[-1]
+    assert not any(_host(m) == "host1" for m in [*final["seats"], *final["spares"]]), final
+    assert "drained" in run.outputs[1] or trigger == "drain", run.outputs[1][-2000:]
+    assert run.of("training_finished")[0]["step"] == STEPS - 1
+
+
+@pytest.mark.e2e
+def test_sigterm_to_one_host_drains_it_to_the_other_hosts_spares_bit_identical(
+        tmp_path: Path, namespaces: None, baseline: Run) -> None:
+    run, exited, _ = _run_planned(tmp_path, "preempt", "sigterm")
+    _assert_host1_moved(run, baseline, "preemption")
+    assert exited[1] < DRAIN_TIMEOUT, f"host 1's launcher exited {exited[1]:.1f} s after SIGTERM"
+    assert "deadpool: host host1 drained" in run.outputs[1], run.outputs[1][-2000:]
+    print(f"preemption: host 1 drained and its launcher exited {exited[1]:.1f} s after SIGTERM")
+
+
+@pytest.mark.e2e
+def test_an_operators_drain_moves_the_hosts_seats_and_refuses_what_it_cannot(
+        tmp_path: Path, namespaces: None, baseline: Run) -> None:
+    run, _, drain = _run_planned(tmp_path, "drain", "drain")
+    assert drain is not None and drain.returncode == 0, drain
+    assert "rank 2 moves to host" in drain.stdout and "rank 3 moves to host" in drain.stdout, drain.stdout
+    _assert_host1_moved(run, baseline, "drain")
+
+
+@pytest.mark.e2e
+def test_sigterm_to_every_host_stops_the_job_without_a_move(tmp_path: Path, namespaces: None) -> None:
+    run, _, _ = _run_planned(tmp_path, "stop-all", "sigterm_all")
+    assert run.codes == {0: 143, 1: 143, 2: 143}, run.tail()
+    assert not run.of("move_requested") and not run.of("seat_left")
+    assert "SIGTERM reached every host of the job (3)" in run.tail(), run.tail()
+    assert not run.leftovers_killed, f"processes outlived the job: {run.leftovers_killed}"

@@ -1,0 +1,188 @@
+"""Planned moves: a seated member hands its seat to a spare at a step boundary, with no finished step redone.
+
+An operator asks (``deadpool move``, ``deadpool drain``) or a host's launcher does on a preemption notice.
+The coordinator checks the request (``decisions.check_moves``: the seats exist, none is moving already,
+there are spares enough where they may go), reserves a spare per seat and tells each moving member to
+leave (``Leave``). The member stops after the step it is in, waits until its buddy confirmed its snapshot
+of that step, says so (``Leaving``) and exits 0. Its seat is then replaced as a dead one's is, by a round
+whose Prepare names the reserved spare; every seat holds that step's snapshot, so the job resumes after
+it. A drain first takes the host's spares out of the pool (they are released, as at the job's end).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from deadpool.coordinator import decisions
+from deadpool.coordinator.coverage import Coverage
+from deadpool.coordinator.outbox import Outbox
+from deadpool.coordinator.pools import Addresses
+from deadpool.coordinator.records import MemberRecord
+from deadpool.coordinator.rounds import Rounds
+from deadpool.coordinator.swaps import Swaps
+from deadpool.coordinator.views import Views
+from deadpool.events import schema
+from deadpool.events.log import EventLog
+from deadpool.events.vocabulary import MoveTrigger, Trigger
+from deadpool.protocol.messages import Fenced, Leave, Leaving, MoveCommand, MoveResult, Stop
+
+PREEMPTION = "preemption"  # a MoveCommand reason starting with this is a launcher's notice (agent/preemption.py)
+PREEMPTION_WINDOW_S = 1.5  # notices are held this long: one from every host means the whole job is being stopped
+
+
+@dataclass
+class Move:
+    """One seat on its way to a spare."""
+
+    seat: int
+    member: str
+    spare: str
+    trigger: MoveTrigger
+    reason: str
+    asked: float  # when the coordinator told the member to leave
+
+
+class Moves:
+    """The moves in progress (by moving member) and the hosts drained."""
+
+    def __init__(self, events: EventLog, views: Views, rounds: Rounds, swaps: Swaps, outbox: Outbox,
+                 members: Mapping[str, MemberRecord], addrs: Addresses, fenced: dict[str, str], coverage: Coverage,
+                 wall: Callable[[], float]) -> None:
+        self._events = events
+        self._views = views
+        self._rounds = rounds
+        self._swaps = swaps
+        self._out = outbox
+        self._members = members
+        self._addrs = addrs
+        self._fenced = fenced
+        self._coverage = coverage
+        self._wall = wall
+        self._moving: dict[str, Move] = {}
+        self.drained: set[str] = set()  # hosts whose seats moved away and whose spares left
+        self._notices: dict[str, tuple[MoveCommand, float]] = {}  # host -> a launcher's preemption notice, held
+
+    def command(self, command: MoveCommand, now: float) -> None:
+        """An operator's (or a launcher's) request: refused with one line, or started (every Leave sent). A
+        launcher's preemption notice waits out the window first (``tick``)."""
+        if command.host and command.reason.startswith(PREEMPTION):
+            self._notices.setdefault(command.host, (command, now))
+            return
+        self._start(command, now)
+
+    def tick(self, now: float) -> None:
+        """Preemption notices whose window passed: all refused when every host of the job sent one (the job is
+        being stopped), else each started in turn."""
+        if not self._notices or now - min(at for _, at in self._notices.values()) < PREEMPTION_WINDOW_S:
+            return
+        notices, self._notices = self._notices, {}
+        view = self._views.current
+        hosts = {self._addrs.host.get(m, "") for m in (*view.seats, *view.spares)} - {""} if view else set()
+        if hosts and hosts <= notices.keys():
+            why = (f"SIGTERM reached every host of the job ({len(hosts)}) within {PREEMPTION_WINDOW_S:g} s: the job "
+                   "is being stopped, not drained")
+            for command, _ in notices.values():
+                self._out.send(command.reply_to, MoveResult(command.nonce, False, why))
+            return
+        for command, _ in sorted(notices.values(), key=lambda item: item[1]):
+            self._start(command, now)
+
+    def _start(self, command: MoveCommand, now: float) -> None:
+        self._prune()
+        view = self._views.current
+        detail, missing = "no view committed yet: the job has not started", 0
+        moves: dict[int, str] = {}
+        trigger = MoveTrigger.DRAIN if command.host else MoveTrigger.OPERATOR
+        if command.reason.startswith(PREEMPTION):
+            trigger = MoveTrigger.PREEMPTION
+        if view is not None:
+            seats = self._seats_asked(command)
+            moves, detail, missing = decisions.check_moves(
+                view, seats, command.host, command.spare, self._addrs.host,
+                {move.seat for move in self._moving.values()}, {move.spare for move in self._moving.values()},
+                self._rounds.current is not None, self.drained)
+        if not moves or view is None:
+            self._out.send(command.reply_to, MoveResult(command.nonce, False, detail, missing))
+            return
+        if command.host:
+            self._release_spares(command.host, command.reason)
+        reason = command.reason or ("drain of host " + command.host if command.host else "operator move")
+        for seat, spare in sorted(moves.items()):
+            member = view.seats[seat]
+            self._moving[member] = Move(seat, member, spare, trigger, reason, now)
+            self._events.emit(schema.MoveRequested(member=member, rank=seat, spare=spare, trigger=trigger,
+                                                   reason=reason, host=command.host))
+            record = self._members.get(member)
+            if record is not None:
+                self._out.send(record.control_addr, Leave(member, view.epoch, reason))
+        self._out.send(command.reply_to, MoveResult(command.nonce, True, detail))
+
+    def leaving(self, message: Leaving, now: float) -> None:
+        """A moving member stopped after `message.step`: fence it (it exits 0 on the answer) and start the round
+        that seats its reserved spare."""
+        self._prune()
+        move = self._moving.pop(message.sender, None)
+        view = self._views.current
+        if move is None or view is None or view.seat_of(message.sender) != move.seat:
+            self._events.emit(schema.Rejected(reason="unexpected_type", peer=message.sender,
+                                              detail="Leaving from a member not asked to move"))
+            return
+        why = f"moved to {move.spare} after step {message.step} ({move.reason})"
+        self._fenced[message.sender] = why
+        self._coverage.forget(message.sender)
+        self._swaps.failed(message.sender, self._wall())
+        self._events.emit(schema.SeatLeft(member=message.sender, rank=move.seat, step=message.step))
+        record = self._members.get(message.sender)
+        if record is not None:
+            self._out.send(record.control_addr, Fenced(message.sender, view.epoch, why))  # its cue to exit 0
+        self._rounds.start(now, {move.seat: message.sender}, f"seat {move.seat} moves: {move.reason}", Trigger.MOVE,
+                           preferred={move.seat: move.spare} if move.spare else None, wanted=message.step)
+
+    def _prune(self) -> None:
+        """A moving member that died is replaced by the failure's repair instead; a reserved spare that died
+        leaves its move to the round's own choice."""
+        for member, move in list(self._moving.items()):
+            if member in self._fenced:
+                del self._moving[member]
+            elif move.spare in self._fenced:
+                move.spare = ""
+
+    def status(self) -> dict[str, object]:
+        """Moves in progress and drained hosts, for ``deadpool status``."""
+        self._prune()
+        return {"moves": [{"rank": m.seat, "member": m.member, "spare": m.spare, "trigger": m.trigger,
+                           "reason": m.reason, "asked_s": round(self._out.now - m.asked, 3)}
+                          for m in self._moving.values()],
+                "drained_hosts": sorted(self.drained)}
+
+    def _seats_asked(self, command: MoveCommand) -> list[int]:
+        view = self._views.current
+        assert view is not None
+        if command.host:
+            return [seat for seat, member in enumerate(view.seats) if self._addrs.host.get(member) == command.host]
+        if command.member:
+            seat = view.seat_of(command.member)
+            return [-1 if seat is None else seat]
+        return [command.seat]
+
+    def _release_spares(self, host: str, reason: str) -> None:
+        """The drained host's spares leave the pool in a view of their own and are released."""
+        view = self._views.current
+        assert view is not None
+        self.drained.add(host)
+        gone = [s for s in view.spares if self._addrs.host.get(s) == host]
+        if not gone:
+            return
+        why = f"host {host} drained ({reason})" if reason else f"host {host} drained"
+        for spare in gone:
+            self._fenced[spare] = why
+            self._coverage.forget(spare)
+            record = self._members.get(spare)
+            if record is not None:
+                self._out.send(record.control_addr, Stop(True, why))
+        if self._rounds.current is None:
+            spares = [s for s in view.spares if s not in gone]
+            new_view = decisions.next_view(view, view.epoch + 1, {}, spares, view.resume_step, self._addrs.host,
+                                           self._addrs.bulk, rebuild=False, changed=self._addrs.changed)
+            self._views.commit(new_view, why, failed={}, trigger=Trigger.DRAIN)
