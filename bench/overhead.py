@@ -47,6 +47,7 @@ Usage::
     python bench/overhead.py               # all sizes; about 10-12 minutes on 2 cores
     python bench/overhead.py --quick       # small model only, fewer steps
     python bench/overhead.py --json        # the rows as a JSON list instead of the table
+    python bench/overhead.py --json docs/results/overhead.json   # a results file: date, machine, commit, rows
 
 Every worker process is bounded by a timeout and its whole process group is
 killed afterwards.  The machine may be shared: each row also records the
@@ -463,6 +464,8 @@ def _raise_on_terminate() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench import results
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="small,large,llama",
                         help="comma-separated model sizes (small: 3.3M GPT, large: 48M GPT, llama: the sharded rows)")
@@ -477,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
                              "CPUs idle (a shared host); 0: never wait")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where every row trains (cuda: one GPU per LOCAL_RANK %% GPU count; gloo all-reduce)")
-    parser.add_argument("--json", action="store_true", help="print the rows as a JSON list of objects")
+    results.json_option(parser, "the rows (a list of objects)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, results, events)")
     args = parser.parse_args(argv)
     sizes = ["small"] if args.quick else [s.strip() for s in args.sizes.split(",") if s.strip()]
@@ -509,7 +512,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     elapsed = time.monotonic() - began
-    if args.json:
+    if args.json and args.json != "-":
+        results.write(args.json, "overhead", [asdict(r) for r in rows], elapsed_s=round(elapsed, 1),
+                      repeat=max(1, args.repeat), device=args.device,
+                      steps={size: list(table[size][:2]) for size in sizes})
+    if args.json == "-":
         print(json.dumps([asdict(r) for r in rows], indent=1))
     else:
         print(render(rows, elapsed, max(1, args.repeat)))

@@ -152,12 +152,14 @@ def render(rows: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench import results
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parallel", default="ddp,fsdp,fsdp-tp", help="comma-separated: ddp, fsdp, fsdp-tp")
     parser.add_argument("--rounds", type=int, default=0, help="rounds per parallelism (default: by parallelism)")
     parser.add_argument("--block-steps", type=int, default=6)
     parser.add_argument("--quick", action="store_true", help="a few rounds each (a smoke check)")
-    parser.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    results.json_option(parser, "the rows as a JSON list")
     parser.add_argument("--keep", default="", help="a folder to keep each job's step times and events in")
     parser.add_argument("--nproc", type=int, default=4,
                         help="ranks (4: the demos' size; 2: one rank per core here, fsdp-tp a 1x2 mesh)")
@@ -174,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--parallel: unknown {parallel!r} (ddp, fsdp, fsdp-tp)")
             rounds = args.rounds or (3 if args.quick else defaults[parallel])
             rows += rows_of(parallel, run(parallel, rounds, args.block_steps, work, args.nproc))
-    print(json.dumps([asdict(r) for r in rows], indent=1) if args.json else render(rows))
+    if args.json and args.json != "-":
+        results.write(args.json, "overhead_injob", [asdict(r) for r in rows], nproc=args.nproc,
+                      block_steps=args.block_steps)
+    print(json.dumps([asdict(r) for r in rows], indent=1) if args.json == "-" else render(rows))
     return 0
 
 

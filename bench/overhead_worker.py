@@ -30,6 +30,7 @@ step has a successor; rank 0 writes the per-step times (and, for DeadPool, ``rt.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -68,7 +69,8 @@ def _parse() -> argparse.Namespace:
                         help="cuda: GPU LOCAL_RANK %% device count (gloo still carries the all-reduce)")
     parser.add_argument("--shard", choices=SHARDS, default="none",
                         help="deadpool mode: the Llama model on rt.device_mesh (fsdp: 4-way; fsdp_tp: 2x2)")
-    parser.add_argument("--ckpt-dir", default="", help="where checkpoints go (shared by all ranks; the caller removes it)")
+    parser.add_argument("--ckpt-dir", default="",
+                        help="where checkpoints go (shared by all ranks; the caller removes it)")
     parser.add_argument("--out", required=True, help="JSON result file, written by rank 0")
     return parser.parse_args()
 
@@ -219,7 +221,7 @@ def _train_step(step: int, rank: int, args: argparse.Namespace, corpus: torch.Te
 
 def _summary(args: argparse.Namespace, starts: list[float], bodies: list[float], losses: list[float],
              params: int, world: int) -> dict[str, Any]:
-    periods = [b - a for a, b in zip(starts, starts[1:])]
+    periods = [b - a for a, b in itertools.pairwise(starts)]
     return {
         "mode": args.mode, "size": args.size, "params": params, "world_size": world,
         "warmup": args.warmup, "steps": args.steps,

@@ -12,18 +12,22 @@ For the same model (demos/gpt.py 'small', 3.3M parameters), world size (4), step
   (bench/baselines/torchft_baseline.py), where it installs and runs; otherwise one line says why;
 - plain DDP without checkpoints, failure-free: the reference for the overhead ratio;
 - ``sharded``: DeadPool on the Llama demo (13M parameters) under FSDP2 x tensor parallel on a 2x2
-  mesh, the same kill (its overhead ratio is left out: another model than the DDP reference's).
+  mesh, the same kill (its overhead ratio is left out: another model than the DDP reference's);
+- ``move``: DeadPool with no failure, but ``deadpool move --rank 2`` once every rank finished step 19:
+  a planned move, timed from the moment the seat left (``seat_left``) instead of from a kill.
 
 Columns: time from the kill to the first step every rank finished after recovery
 (``recovery_s``), steps recomputed, total wall time of the run with one failure, and the
 failure-free median step time as a ratio to plain DDP; for DeadPool's rows, where the recovery
 went (``detect_s``, ``pause_s``, ``commit_s``, ``restore_s``, ``first_step_s``: see ``phases``),
-printed under the table and in ``--json``.  Medians over ``--repeat`` runs (3 by default).  ``--json`` prints the rows; ``--plot OUT.png`` draws every system's step timeline.
+printed under the table and in ``--json``.  Medians over ``--repeat`` runs (3 by default).  ``--json`` prints the
+rows (``--json PATH`` writes them with the date, machine and commit: docs/results/); ``--plot OUT.png`` draws every
+system's step timeline.
 
 ``--at boundary,allreduce,backward`` adds DeadPool rows with the same kill inside step 20 (``--chaos ... at=``).
 
-    python bench/recovery.py [--repeat 3] [--json] [--plot recovery.png] [--systems deadpool,sharded,torchrun,torchft]
-                             [--at boundary,allreduce,backward]
+    python bench/recovery.py [--repeat 3] [--json [PATH]] [--plot recovery.png]
+                             [--systems deadpool,move,sharded,torchrun,torchft] [--at boundary,allreduce,backward]
 """
 
 from __future__ import annotations
@@ -44,12 +48,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench import results  # noqa: E402
 from bench.baselines._common import read_events  # noqa: E402  (the baselines' own files: not DeadPool events)
 from bench.baselines.restart_baseline import run_restart_baseline  # noqa: E402
 from deadpool.events import schema  # noqa: E402
 
 STEPS, KILL_RANK, KILL_STEP, WORLD = 40, 2, 20, 4
 SHARDED = "DeadPool hot-swap, FSDP2 x TP (Llama 13M)"
+MOVE = "DeadPool planned move, deadpool move of rank 2"
 
 
 def _all_ranks_finished(events: list[schema.Line]) -> list[tuple[float, int, int]]:
@@ -76,7 +82,8 @@ def phases(events: list[schema.Line], kill_ts: float, kill_epoch: int) -> dict[s
     def first(kind: type[schema.Record]) -> float | None:
         return min((r.ts for r in events if isinstance(r, kind) and r.ts >= kill_ts), default=None)
 
-    detected, committed = first(schema.MemberFailed), first(schema.ViewCommitted)
+    detected = first(schema.MemberFailed) or first(schema.SeatLeft)  # a planned move: the seat left
+    committed = first(schema.ViewCommitted)
     if detected is None or committed is None:
         return {}
     paused = [r.ts for r in events if isinstance(r, schema.Paused) and detected <= r.ts <= committed]
@@ -89,18 +96,23 @@ def phases(events: list[schema.Line], kill_ts: float, kill_epoch: int) -> dict[s
 
 
 def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/train_gpt.py",),
-                 at: str = "boundary") -> dict[str, Any]:
-    """One DeadPool job of `demo` (script and arguments), killed `at` a chaos point of the kill step; the same
-    numbers as the baselines' drivers report."""
+                 at: str = "boundary", move: bool = False) -> dict[str, Any]:
+    """One DeadPool job of `demo` (script and arguments), killed `at` a chaos point of the kill step, or with
+    rank KILL_RANK moved (`move`) once every rank finished the step before it; the same numbers as the
+    baselines' drivers report, timed from the kill or from the moment the moving seat left."""
     workdir.mkdir(parents=True, exist_ok=True)
     events_path = workdir / "events.jsonl"
     command = [sys.executable, "-m", "deadpool", "launch", "--no-progress", "--events", str(events_path),
                "--nproc", str(WORLD), "--spares", "1"]
-    if kill:
+    if kill and not move:
         command += ["--chaos", f"kill:rank={KILL_RANK}:step={KILL_STEP}" + ("" if at == "boundary" else f":at={at}")]
     command += [str(REPO / demo[0]), *demo[1:], "--steps", str(STEPS)]
     started = time.monotonic()
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    if move:
+        _move_when(events_path, job)
+    stdout, stderr = job.communicate(timeout=600)
+    proc = subprocess.CompletedProcess(command, job.returncode, stdout, stderr)
     total = time.monotonic() - started
     events = schema.read(events_path) if events_path.exists() else []
     steps = _all_ranks_finished(events)
@@ -109,12 +121,15 @@ def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/trai
         failed = [r for r in events if isinstance(r, schema.JobFailed)]
         tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         result["error"] = (failed[0].detail or failed[0].reason) if failed else tail
-    same_epoch_gaps = [b[0] - a[0] for a, b in zip(steps, steps[1:]) if a[2] == b[2] and b[1] == a[1] + 1]
+    same_epoch_gaps = [b[0] - a[0] for a, b in itertools.pairwise(steps) if a[2] == b[2] and b[1] == a[1] + 1]
     if same_epoch_gaps:
         result["median_step_s"] = round(statistics.median(same_epoch_gaps), 4)
-    kills = [r for r in events if isinstance(r, schema.ChaosInjected)]
+    kills: list[schema.ChaosInjected | schema.SeatLeft] = [r for r in events if isinstance(r, schema.ChaosInjected)]
+    if move:
+        kills = [r for r in events if isinstance(r, schema.SeatLeft)]
     if kills:
-        kill_ts, kill_epoch = kills[0].ts, kills[0].epoch or 0
+        kill_ts = kills[0].ts
+        kill_epoch = max((s[2] for s in steps if s[0] <= kill_ts), default=0) if move else kills[0].epoch or 0
         # Steps every rank finished in the view the kill hit (some may have finished just after the kill),
         # and the first step every rank finished under the view that replaced it.
         last_before = max((s[1] for s in steps if s[2] == kill_epoch), default=-1)
@@ -129,6 +144,21 @@ def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/trai
     if kills and steps:
         result["kill_at_s"] = round(kills[0].ts - steps[0][0], 3)
     return result
+
+
+def _move_when(events_path: Path, job: subprocess.Popen[str]) -> None:
+    """``deadpool move --rank KILL_RANK`` once every rank finished step KILL_STEP - 1 (the job's own address)."""
+    deadline = time.monotonic() + 300
+    while job.poll() is None and time.monotonic() < deadline:
+        events = schema.read(events_path) if events_path.exists() else []
+        if any(step >= KILL_STEP - 1 for _, step, _ in _all_ranks_finished(events)):
+            address = next(r.address for r in events if isinstance(r, schema.CoordinatorStarted))
+            moved = subprocess.run([sys.executable, "-m", "deadpool", "move", "--rank", str(KILL_RANK),
+                                    "--coordinator", address], capture_output=True, text=True, timeout=60, cwd=REPO)
+            if moved.returncode:
+                print(f"deadpool move failed: {moved.stderr.strip()}", file=sys.stderr, flush=True)
+            return
+        time.sleep(0.05)
 
 
 def _timeline_from(result: dict[str, Any], workdir: Path) -> None:
@@ -179,6 +209,9 @@ def measure(systems: set[str], repeat: int, root: Path,
             if at != "boundary":  # the same failure-free run: its step time is the row's too
                 plan.append((name, False, None))
             plan.append((name, True, lambda w, at=at: run_deadpool(True, w, at=at)))
+    if "move" in systems:
+        plan.append((MOVE, False, None))  # the failure-free run is DeadPool hot-swap's
+        plan.append((MOVE, True, lambda w: run_deadpool(True, w, move=True)))
     if "sharded" in systems:
         plan.append((SHARDED, False, lambda w: run_deadpool(False, w, LLAMA)))
         plan.append((SHARDED, True, lambda w: run_deadpool(True, w, LLAMA)))
@@ -272,8 +305,8 @@ def plot(timelines: dict[str, Any], out: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--systems", default="deadpool,sharded,torchrun,torchft")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--systems", default="deadpool,move,sharded,torchrun,torchft")
+    results.json_option(parser, "the rows")
     parser.add_argument("--plot", default="")
     parser.add_argument("--save", default="", help="also write the rows (the --json list) to this file")
     parser.add_argument("--at", default="boundary",
@@ -288,7 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     rows, timelines, notes = measure(set(args.systems.split(",")), args.repeat, root, kill_points)
     if args.save:
         Path(args.save).write_text(json.dumps(rows, indent=2) + "\n")
-    if args.json:
+    if args.json and args.json != "-":
+        results.write(args.json, "recovery", rows, notes, repeat=args.repeat,
+                      config={"world": WORLD, "steps": STEPS, "kill_rank": KILL_RANK, "kill_step": KILL_STEP})
+    if args.json == "-":
         print(json.dumps(rows, indent=2))
     else:
         header = f"{'system':36s} {'recovery_s':>10s} {'recomputed':>10s} {'total_s':>8s} {'overhead':>8s} {'ok':>5s}"

@@ -68,15 +68,18 @@ def fmt(value: Any, spec: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench import results
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1,024 to 16,384 members only")
-    parser.add_argument("--json", action="store_true", help="one JSON object per row")
+    results.json_option(parser, "one JSON object per row")
     parser.add_argument("--failures", type=int, default=100)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--plain-max", type=int, default=16384, help="largest job run without batching")
     args = parser.parse_args(argv)
     sizes = QUICK_SIZES if args.quick else SIZES
     started = time.perf_counter()
+    measured: list[dict[str, Any]] = []
     if not args.json:
         print(f"coordinator scale, simulated: up to {args.failures} failures, seed {args.seed}, 10 ms ticks; "
               "detect/change: virtual s; cpu: real s")
@@ -85,13 +88,18 @@ def main(argv: list[str] | None = None) -> int:
               f"{'job':<7} {'wall s':>6}")
     for mode, config in rows(sizes, args.failures, args.seed, args.plain_max):
         if config is None:
+            measured.append({"mode": mode, "not_run": f"above --plain-max {args.plain_max} members"})
             if not args.json:
                 print(f"{'':>7} {mode:<8} (not run: above --plain-max {args.plain_max:,} members, every member's "
                       "beat costs the coordinator more than a core)")
             continue
         result = simulate(config)
-        if args.json:
+        measured.append({"mode": mode, "members": config.members, "heartbeat_interval": config.heartbeat_interval,
+                         **result})
+        if args.json == "-":
             print(json.dumps({"mode": mode, **result}), flush=True)
+            continue
+        if args.json:
             continue
         print(f"{config.members:>7} {mode:<8} {config.heartbeat_interval:>5.3g} {result['failures_injected']:>5} "
               f"{result['coordinator_msgs_per_s']:>8,.0f} {result['coordinator_cpu_s_per_s']:>7.3f} "
@@ -100,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt(result['view_change_s_p99'], '.2f'):>5} {result['max_frame_bytes'] / 1024:>9,.0f} "
               f"{result['invariant_violations']:>4} {result['swaps_completed']:>5} {result['job']:<7} "
               f"{result['wall_s']:>6.1f}", flush=True)
+    if args.json and args.json != "-":
+        results.write(args.json, "simulate_scale", measured, failures=args.failures, seed=args.seed,
+                      wall_s=round(time.perf_counter() - started, 1))
     if not args.json:
         print(f"(total {time.perf_counter() - started:.0f} s)")
     return 0

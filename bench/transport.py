@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
@@ -467,9 +467,11 @@ def render(rows: list[dict[str, Any]], settings: Settings) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench import results
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes, 3 reps: a few seconds")
-    parser.add_argument("--json", action="store_true", help="print one JSON object per row instead of the table")
+    results.json_option(parser, "one JSON object per row instead of the table")
     parser.add_argument("--messages", type=int, help="heartbeats per control round (default 20000, quick 2000)")
     parser.add_argument("--snapshot-mb", type=int, help="MB per streamed snapshot (default 256, quick 32)")
     parser.add_argument("--frame-mb", type=int, default=8, help="MB per zero-copy frame (default 8)")
@@ -495,7 +497,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = collect(settings, Urls(ipc_dir), progress)
     finally:
         shutil.rmtree(ipc_dir, ignore_errors=True)
-    if args.json:
+    if args.json and args.json != "-":
+        results.write(args.json, "transport", rows, settings=asdict(settings))
+    if args.json == "-":
         for row in rows:
             print(json.dumps(row))
     else:

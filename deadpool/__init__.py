@@ -2,8 +2,8 @@
 
 A spare process takes a dead rank's seat while the job runs, the dead rank's
 state comes back from an in-memory snapshot held by a peer, and the process
-group is rebuilt in place.  See README.md for the tour and DESIGN for the
-protocol.
+group is rebuilt in place.  See README.md for the tour and docs/ (the
+documentation site) for the guide and the design.
 
     rt = deadpool.init()
     rt.track(model=model, optimizer=opt, sched=sched)

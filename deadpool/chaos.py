@@ -6,6 +6,13 @@ Grammar: ``ACTION:KEY=VALUE[:KEY=VALUE...]`` with
   wedged host would) or ``partition`` (every DeadPool message to and from the
   member is dropped from then on, both ways, as a cut link would; its
   process and its gloo sockets live on)
+- ACTION ``slow`` with ``rank=R:step=N:factor=F`` (F > 1): from step N on, the
+  member's compute takes F times as long (it sleeps (F - 1) times its recent
+  compute time at every step's start): the others wait for it in every
+  collective, as for a throttled GPU
+- ACTION ``preempt`` with ``host=H:step=N``: SIGTERM to the launcher of host
+  H (its ``--node-rank``) once one of its workers reports step N, which a
+  job of several hosts answers by draining that host (a preemption notice)
 - target: ``rank=R`` (the member that starts in seat R) or ``spare=J`` (the
   J-th spare started by the launcher)
 - when: ``step=N`` for ranks (the step at which it fires) and ``after=SECONDS``
@@ -92,7 +99,8 @@ STARTUP = frozenset({ChaosPoint.JOIN, ChaosPoint.GROUPS, ChaosPoint.SNAPSHOT})  
 NOT_PER_STEP = frozenset({ChaosPoint.BOUNDARY, ChaosPoint.RECOVERY, *STARTUP})
 
 SIGNALS = {ChaosAction.KILL: signal.SIGKILL, ChaosAction.STOP: signal.SIGSTOP, ChaosAction.CONT: signal.SIGCONT}
-SPEC_ACTIONS = (ChaosAction.KILL, ChaosAction.STOP, ChaosAction.PARTITION)  # what a --chaos spec may declare
+SPEC_ACTIONS = (ChaosAction.KILL, ChaosAction.STOP, ChaosAction.PARTITION, ChaosAction.PREEMPT,
+                ChaosAction.SLOW)  # what a --chaos spec may declare
 OPERATOR_ACTIONS = (ChaosAction.KILL, ChaosAction.STOP, ChaosAction.CONT)  # what `deadpool chaos` may send
 POINTS = tuple(ChaosPoint)
 
@@ -107,8 +115,14 @@ class ChaosSpec:
     step: int = -1  # step at which a rank's spec fires
     after: float = -1.0  # seconds after start at which a spare's spec fires
     at: ChaosPoint = ChaosPoint.BOUNDARY  # point inside the step
+    host: int = -1  # a preempt spec's host (its launcher's --node-rank), or -1
+    factor: float = 0.0  # a slow spec's: how many times as long the member's compute takes
 
     def __str__(self) -> str:
+        if self.action is ChaosAction.PREEMPT:
+            return f"preempt:host={self.host}:step={self.step}"
+        if self.action is ChaosAction.SLOW:
+            return f"slow:rank={self.rank}:step={self.step}:factor={self.factor:g}"
         target = f"rank={self.rank}:step={self.step}" if self.rank >= 0 else f"spare={self.spare}:after={self.after}"
         suffix = f":at={self.at}" if self.at is not ChaosPoint.BOUNDARY else ""
         return f"{self.action}:{target}{suffix}"
@@ -120,14 +134,14 @@ def parse(spec: str) -> ChaosSpec:
     Raises:
         MisuseError: with what is wrong and an example of a valid spec.
     """
-    example = "e.g. kill:rank=2:step=20, stop:rank=1:step=35:at=allreduce, kill:spare=0:after=3"
+    example = "e.g. kill:rank=2:step=20, stop:rank=1:step=35:at=allreduce, kill:spare=0:after=3, preempt:host=1:step=6"
     action, _, rest = spec.partition(":")
     if action not in SPEC_ACTIONS:
         raise MisuseError(f"chaos spec {spec!r}: action must be one of {', '.join(SPEC_ACTIONS)} ({example})")
     fields: dict[str, str] = {}
     for part in rest.split(":") if rest else []:
         key, sep, value = part.partition("=")
-        if not sep or key not in ("rank", "spare", "step", "after", "at") or key in fields:
+        if not sep or key not in ("rank", "spare", "step", "after", "at", "host", "factor") or key in fields:
             raise MisuseError(f"chaos spec {spec!r}: bad or repeated field {part!r} ({example})")
         fields[key] = value
     at = fields.get("at", ChaosPoint.BOUNDARY)
@@ -141,9 +155,29 @@ def parse(spec: str) -> ChaosSpec:
             step=int(fields.get("step", -1)),
             after=float(fields.get("after", -1.0)),
             at=ChaosPoint(at),
+            host=int(fields.get("host", -1)),
+            factor=float(fields.get("factor", 0.0)),
         )
     except ValueError:
-        raise MisuseError(f"chaos spec {spec!r}: rank, spare and step take integers, after takes seconds") from None
+        raise MisuseError(f"chaos spec {spec!r}: rank, spare, step and host take integers, after takes seconds") \
+            from None
+    if parsed.action is ChaosAction.PREEMPT:
+        if parsed.host < 0 or parsed.step < 0 or set(fields) != {"host", "step"}:
+            raise MisuseError(f"chaos spec {spec!r}: preempt takes host=H:step=N and nothing else "
+                              "(e.g. preempt:host=1:step=6)")
+        return parsed
+    if parsed.host >= 0:
+        raise MisuseError(f"chaos spec {spec!r}: host= is for preempt only ({example})")
+    if parsed.action is ChaosAction.SLOW:
+        if parsed.rank < 0 or parsed.step < 0 or set(fields) != {"rank", "step", "factor"}:
+            raise MisuseError(f"chaos spec {spec!r}: slow takes rank=R:step=N:factor=F and nothing else "
+                              "(e.g. slow:rank=1:step=8:factor=3)")
+        if not parsed.factor > 1:
+            raise MisuseError(f"chaos spec {spec!r}: factor must be more than 1 (a seat F times slower), "
+                              f"got {fields['factor']}")
+        return parsed
+    if "factor" in fields:
+        raise MisuseError(f"chaos spec {spec!r}: factor= is for slow only ({example})")
     if (parsed.rank >= 0) == (parsed.spare >= 0):
         raise MisuseError(f"chaos spec {spec!r}: name exactly one target, rank=R or spare=J ({example})")
     if parsed.at in STARTUP and parsed.step != -1:
@@ -155,15 +189,19 @@ def parse(spec: str) -> ChaosSpec:
     return parsed
 
 
-def unreachable(spec: ChaosSpec, world: int | None, spares: int, steps: int | None) -> tuple[str, str]:
+def unreachable(spec: ChaosSpec, world: int | None, spares: int, steps: int | None,
+                hosts: int | None = None) -> tuple[str, str]:
     """Why `spec` can never fire in a launch: (refusal, warning), "" for none.
 
     `world` is the job's seat count (None when unknown: a launch that only adds spares),
     `spares` the launch's ``--spares`` (a spare index counts on its own host), and `steps`
     the script's step count when the launcher can see it (``--steps N`` in its arguments).
     A rank or spare beyond what is started is certain; a step beyond the end is only as sure
-    as that argument, so it is a warning.
+    as that argument, so it is a warning. `hosts`: the job's ``--nnodes`` (a preempt spec's host).
     """
+    if spec.action is ChaosAction.PREEMPT and hosts is not None and spec.host >= hosts:
+        return (f"chaos spec {str(spec)!r} names host {spec.host}, but the job has {hosts} host(s) "
+                f"(--nnodes {hosts}; hosts 0..{hosts - 1}): it could never fire"), ""
     if spec.rank >= 0 and world is not None and spec.rank >= world:
         return (f"chaos spec {str(spec)!r} names rank {spec.rank}, but the world has {world} seat(s) "
                 f"(ranks 0..{world - 1}): it could never fire"), ""

@@ -59,6 +59,12 @@ class Config:
     resume: bool = False  # the first view restores every seat from the newest disk checkpoint all of them see
     shm_dir: str = field(default_factory=default_shm_dir)  # same-host buddy copies via files here; "" = off
     relay_broadcasts: bool = True  # views and Prepares go to a host's workers through its agent (fanout.py)
+    # Fail-slow seats (coordinator/slowness.py): a seat whose compute time is this many times the job's median ...
+    slow_threshold: float = 1.5
+    slow_steps: int = 5  # ... for this many steps is reported (seat_slow) ...
+    replace_slow: bool = False  # ... and moved to a spare when the cost model says it pays (--replace-slow) ...
+    slow_reserve: int = 1  # ... while more spares than this stay free for failures
+    total_steps: int = 0  # the script's --steps as the launcher saw it (0: unknown), the cost model's horizon
 
     @property
     def pg_timeout(self) -> float:
@@ -79,6 +85,9 @@ class Config:
             raise MisuseError("checkpoint_every needs a checkpoint_dir and must be >= 0")
         if self.resume and not self.checkpoint_dir:
             raise MisuseError("resume needs a checkpoint_dir")
+        if self.slow_threshold <= 1 or self.slow_steps < 1 or self.slow_reserve < 0:
+            raise MisuseError(f"slow_threshold must exceed 1 (got {self.slow_threshold}), slow_steps be at least 1 "
+                              f"(got {self.slow_steps}) and slow_reserve at least 0 (got {self.slow_reserve})")
         if self.snapshot_every < 1:
             raise MisuseError(f"snapshot_every must be at least 1, got {self.snapshot_every}")
         if self.shm_dir and not os.path.isabs(self.shm_dir):

@@ -138,7 +138,7 @@ def main() -> None:
 
 def stage_shapes(index: int, stages: int, micro: int, block: int, cfg: Any) -> dict[str, Any]:
     """A pipeline stage's input and output shapes (and their gradients'), so that it infers none: inferring them
-    runs a real forward and backward in the schedule's set-up, FSDP2's collectives included (README, "Pipeline")."""
+    runs a real forward and backward in the schedule's set-up, FSDP2's collectives included (docs/guide/sharded.md)."""
     hidden = torch.empty(micro, block, cfg.dim, requires_grad=index > 0)
     first, last = index == 0, index == stages - 1
     return {"input_args": (torch.empty(micro, block, dtype=torch.long) if first else hidden,),

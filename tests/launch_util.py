@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,12 @@ def launch(
     timeout: float = 240.0,
     env: dict[str, str] | None = None,
     script: Path = DEMO,
+    during: Callable[[Path], None] | None = None,
 ) -> LaunchResult:
-    """Run one job to its end (the GPT demo unless `script` names another); the timeout bounds the whole test."""
+    """Run one job to its end (the GPT demo unless `script` names another); the timeout bounds the whole test.
+
+    `during(events)`, when given, runs while the job does (an operator's commands, say), with the job's events
+    file; the job is then waited for (and killed if `during` raised)."""
     events = tmp_path / f"events-{time.monotonic_ns()}.jsonl"
     if script == DEMO:
         script_args = (*GPT_WORKLOAD, *script_args)
@@ -69,10 +74,23 @@ def launch(
         *script_args,
     ]
     started = time.monotonic()
-    proc = subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO
-    )
-    result = LaunchResult(proc.returncode, proc.stdout + proc.stderr, read_events(events), time.monotonic() - started)
+    if during is None:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO
+        )
+        code, output = done.returncode, done.stdout + done.stderr
+    else:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, **(env or {})}, cwd=REPO)
+        try:
+            during(events)
+            output, _ = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        code = proc.returncode
+    result = LaunchResult(code, output, read_events(events), time.monotonic() - started)
     assert_no_survivors(result)
     return result
 

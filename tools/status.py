@@ -81,7 +81,7 @@ def render_status(status: dict[str, Any], events: int = 8) -> Any:
         parts.append(Text(f"job ended: {outcome.get('reason')}", style="green" if outcome.get("ok") else "red"))
     table = Table(title="seats", title_justify="left", expand=False)
     for column in ("rank", "member", "host", "pid", "state", "step", "snapshot", "buddy copy", "heartbeat",
-                   "stall p99"):
+                   "stall p99", "slowness"):
         table.add_column(column, justify="right" if column in ("rank", "pid", "step", "snapshot") else "left",
                          no_wrap=True)
     for s in seats:
@@ -92,6 +92,7 @@ def render_status(status: dict[str, Any], events: int = 8) -> Any:
             str(s.get("rank")), str(s.get("member")), str(s.get("host")), str(s.get("pid")), _state(s),
             _step(s.get("step")), _step(s.get("snapshot_step")), copy, _age(s.get("heartbeat_age_s")),
             "-" if not isinstance(stall, (int, float)) else f"{stall * 1e3:.1f} ms",
+            "-" if not isinstance(slow := s.get("slowness"), (int, float)) else f"{slow:.2f}x",
         )
     parts.append(table)
     spares = [s for s in status.get("spares", []) if isinstance(s, dict)]

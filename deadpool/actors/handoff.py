@@ -80,8 +80,8 @@ class Progress:
     """A worker's counters, for its heartbeats and its memory report: GIL-atomic fields, each with exactly
     one writer.
 
-    The compute thread writes ``epoch``, ``step``, ``stall_p99_s`` and ``answers_early``; the snapshot actor writes
-    ``snapshot_step``, ``confirmed_step`` and the byte counts; the others only read.
+    The compute thread writes ``epoch``, ``step``, ``stall_p99_s``, ``compute_s`` and ``answers_early``; the
+    snapshot actor writes ``snapshot_step``, ``confirmed_step`` and the byte counts; the others only read.
     """
 
     epoch: int = 0
@@ -89,6 +89,7 @@ class Progress:
     snapshot_step: int = -2
     confirmed_step: int = -2
     stall_p99_s: float = 0.0
+    compute_s: float = 0.0  # median over recent steps of the step's time outside collective waits (slowness)
     # The compute thread: a Prepare may be answered before it stops (False with a mesh, whose PrepareAck must
     # list the groups the step left dirty, known only at the boundary).
     answers_early: bool = True
@@ -104,6 +105,7 @@ class Handoff:
         self.condition = threading.Condition()
         self._commands: deque[tuple[Command, float]] = deque()  # with when each arrived (monotonic)
         self._prepare_epoch = 0  # newest epoch a Prepare asked for
+        self._failure_epoch = 0  # ... and the newest of a Prepare that is not a planned move's
         self._failed: deque[tuple[int, frozenset[int]]] = deque(maxlen=MAX_COMMANDS)  # (epoch, failed seats)
         self._paused: dict[str, tuple[int, int, bool, bool]] = {}  # mesh peer -> (Prepare epoch, step begun,
         # abandoned, in its forward)
@@ -136,6 +138,8 @@ class Handoff:
                 self._terminal = command
             elif isinstance(command, Prepare):
                 self._prepare_epoch = max(self._prepare_epoch, command.epoch)
+                if not command.planned:
+                    self._failure_epoch = max(self._failure_epoch, command.epoch)
                 self._failed.append((command.epoch, frozenset(command.failed_seats)))
             if len(self._commands) >= MAX_COMMANDS:
                 self._commands.popleft()  # the newest view supersedes the oldest; terminal state is kept above
@@ -195,6 +199,11 @@ class Handoff:
     def interrupted(self, epoch: int) -> bool:
         """True when the compute thread must stop its step: a newer view is being prepared, or the end."""
         return self._prepare_epoch > epoch or self._terminal is not None
+
+    def step_lost(self, epoch: int) -> bool:
+        """True when a step that ran to its end in view `epoch` without a failed collective is lost all the same: a
+        Prepare for a failure arrived meanwhile (a planned move's does not lose it), or the end came."""
+        return self._failure_epoch > epoch or self._terminal is not None
 
     def lost_any(self, epoch: int, seats: Sequence[int]) -> bool:
         """True when a Prepare newer than `epoch` declared one of `seats` dead (or named no seat: then any may

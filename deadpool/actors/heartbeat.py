@@ -74,12 +74,13 @@ class HeartbeatActor:
 
     async def _beat(self) -> None:
         outage = False
-        last: tuple[tuple[int, int, int, int, float], bytes] | None = None
+        last: tuple[tuple[int, int, int, int, float, float], bytes] | None = None
         while True:
             p = self._progress
-            fields = (p.epoch, p.step, p.snapshot_step, p.confirmed_step, p.stall_p99_s)
+            fields = (p.epoch, p.step, p.snapshot_step, p.confirmed_step, p.stall_p99_s, p.compute_s)
             if last is None or last[0] != fields:  # progress moves once per step; beats come several times a step
-                last = (fields, codec.encode(Heartbeat(self._member, *fields, self._control_addr), self._secret))
+                beat = Heartbeat(self._member, *fields[:5], self._control_addr, p.compute_s)
+                last = (fields, codec.encode(beat, self._secret))
             standby = self._link.standby
             if standby:  # the standby learns who is alive, and where, from the same beats, whatever the active does
                 with contextlib.suppress(TransportError):

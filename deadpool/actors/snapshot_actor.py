@@ -10,7 +10,7 @@ it; it answers Prepares (``PrepareReady``) and restore requests from those
 copies, and fetches a seat's copy for an adopted spare (``Fetch``).  Peer
 messages from a newer view than ours wait until our view catches up.  The
 argument for holding a ward's slot without copying it is in
-``docs/architecture.md``.
+``docs/design/snapshots.md``.
 """
 
 from __future__ import annotations

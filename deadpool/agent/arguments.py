@@ -61,6 +61,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check-determinism", action="store_true",
                         help="run the script failure-free twice and once with a kill (--chaos, or rank 1 killed "
                              "half-way through --steps), and report the first tracked object or RNG that differs")
+    parser.add_argument("--replace-slow", action="store_true",
+                        help="move a seat that stays slow (see --slow-threshold) to a spare when the slowness over "
+                             "the steps left costs more than a move (a seat_slow event is written either way)")
+    parser.add_argument("--slow-threshold", type=float, default=None,
+                        help="a seat computing this many times the job's median per step is slow (default 1.5)")
+    parser.add_argument("--slow-steps", type=int, default=None,
+                        help="steps a seat stays slow before seat_slow (and --replace-slow) (default 5)")
+    parser.add_argument("--slow-reserve", type=int, default=None,
+                        help="spares a move for slowness leaves free for failures (default 1)")
     parser.add_argument("--drain-timeout", type=float, default=25.0,
                         help="SIGTERM to this host's launcher alone (a preemption notice) moves its seats to spares "
                              "on other hosts within this many seconds, then exits 0; without spares enough, or past "

@@ -67,7 +67,7 @@ def validate(args: argparse.Namespace) -> None:
         raise MisuseError("--resume needs --checkpoint-dir DIR: the folder of the disk checkpoints to continue from")
     refusals, warnings = check_launch(args.nnodes * args.nproc if args.nproc else None, args.spares,
                                       [parse_chaos(spec) for spec in args.chaos], args.script_args,
-                                      args.checkpoint_every)
+                                      args.checkpoint_every, args.nnodes)
     if refusals:
         raise MisuseError("; ".join(refusals))
     for warning in warnings:
@@ -100,10 +100,10 @@ def visible_steps(script_args: list[str]) -> int | None:
 
 
 def check_launch(world: int | None, spares: int, specs: list[ChaosSpec], script_args: list[str],
-                 checkpoint_every: int) -> tuple[list[str], list[str]]:
+                 checkpoint_every: int, hosts: int | None = None) -> tuple[list[str], list[str]]:
     """What a launch can never do as asked: (refusals, warnings), each a sentence naming the fix.
 
-    `world` is nnodes x nproc (None for a launch that only adds spares to a running job).
+    `world` is nnodes x nproc (None for a launch that only adds spares to a running job), `hosts` nnodes.
     A world of one with spares and no disk checkpoint is refused: its one seat is its own
     buddy, so its snapshot dies with it and a spare could never restore anything.
     """
@@ -116,7 +116,7 @@ def check_launch(world: int | None, spares: int, specs: list[ChaosSpec], script_
             "Use --nproc 2 or more, add --checkpoint-dir DIR --checkpoint-every N, or drop --spares")
     steps = visible_steps(script_args)
     for spec in specs:
-        refusal, warning = unreachable(spec, world, spares, steps)
+        refusal, warning = unreachable(spec, world, spares, steps, hosts)
         if refusal:
             refusals.append(refusal)
         if warning:

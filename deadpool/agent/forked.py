@@ -18,6 +18,7 @@ import socket
 import sys
 from pathlib import Path
 
+from deadpool.errors import DeadPoolError
 from deadpool.protocol import forks
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -26,7 +27,7 @@ FORK_TIMEOUT = 30.0  # seconds for one fork request's answer
 REAP_INTERVAL = 1.0  # seconds between two looks for orphaned zombies
 
 
-class ForkServerError(Exception):
+class ForkServerError(DeadPoolError):
     """The fork server could not start, or could not start a worker (the message says why)."""
 
 

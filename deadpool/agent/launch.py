@@ -39,7 +39,7 @@ from deadpool.agent.heapenv import worker_heap_env
 from deadpool.agent.preemption import Drain
 from deadpool.agent.relay import AckBatcher, BeatRelay
 from deadpool.agent.threadenv import omp_threads_env
-from deadpool.chaos import SIGNALS, ChaosAction, applies, host_specs
+from deadpool.chaos import SIGNALS, ChaosAction, ChaosSpec, applies, host_specs
 from deadpool.chaos import parse as parse_chaos
 from deadpool.config import Backend, Config, raise_priority
 from deadpool.events import schema, summary
@@ -165,6 +165,9 @@ class Launcher:
         self.coordinator_proc: asyncio.subprocess.Process | None = None  # the local coordinator, if this agent runs it
         self.standby_proc: asyncio.subprocess.Process | None = None  # the local standby coordinator, if any
         self._early: list[asyncio.Task[None]] = []  # the transport and the hellos, started before the workers
+        self._preempt = sorted((spec for spec in map(parse_chaos, args.chaos)
+                                if spec.action is ChaosAction.PREEMPT and spec.host == args.node_rank),
+                               key=lambda spec: spec.step)  # this host's preemption specs, not yet fired
         self.drain: Drain | None = None  # a preemption notice (SIGTERM to this host alone) being answered
         self.drained = False  # this host's seats moved to other hosts and its workers left: it exits 0
         self.starter = Starter()  # forks this host's workers from one server, or starts fresh interpreters
@@ -187,6 +190,11 @@ class Launcher:
             overrides["snapshot_every"] = self.args.snapshot_every
         if self.args.no_fence_kill:
             overrides["fence_by_kill"] = False
+        for name in ("slow_threshold", "slow_steps", "slow_reserve"):
+            if getattr(self.args, name, None) is not None:
+                overrides[name] = getattr(self.args, name)
+        overrides["replace_slow"] = bool(getattr(self.args, "replace_slow", False))
+        overrides["total_steps"] = visible_steps(self.args.script_args) or 0
         if getattr(self.args, "shm_dir", None) is not None:
             overrides["shm_dir"] = str(Path(self.args.shm_dir).resolve()) if self.args.shm_dir else ""
         if self.args.checkpoint_every or self.args.checkpoint_dir:
@@ -507,6 +515,8 @@ class Launcher:
             elif isinstance(message, Heartbeat):
                 if not self.relay.heard(message):
                     self._drops.note(f"heartbeat of {message.sender}, not a worker of this host")
+                elif self._preempt and message.step >= self._preempt[0].step:
+                    self._preempted(self._preempt.pop(0))
             elif isinstance(message, FenceKill):
                 self.relay.forget(message.member)
                 self._fence_kill(message.member)
@@ -551,6 +561,15 @@ class Launcher:
                 if applies(spec, worker.seat_hint, spare):
                     found[text] = worker.member
         return found
+
+    def _preempted(self, spec: ChaosSpec) -> None:
+        """A ``preempt`` spec's step came: SIGTERM to this launcher, a real preemption notice."""
+        events = EventLog(self.events_path, member=self.agent_id, source="agent")
+        try:
+            events.emit(schema.ChaosInjected(action=ChaosAction.PREEMPT, spec=str(spec), target_member=self.agent_id))
+        finally:
+            events.close()
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def _signal(self, member: str, action: str) -> None:
         """Operator chaos: a real signal to one of this host's workers."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from deadpool.coordinator.liveness import Liveness
 
-Columns = tuple[list[int], list[int], list[int], list[int], list[float]]  # a HostHeartbeat's, per member
+Columns = tuple[list[int], list[int], list[int], list[int], list[float], list[float]]  # a HostHeartbeat's columns
 
 
 @dataclass(slots=True)
@@ -29,7 +29,7 @@ class Batch:
 
     at: float  # when it arrived
     listed: list[str]  # its member column, as sent (an unchanged list is compared in one C call)
-    columns: Columns  # epochs, steps, snapshots, confirmed snapshots, stalls (HostBeats.settle copies them)
+    columns: Columns  # epochs, steps, snapshots, confirmed snapshots, stalls, computes (HostBeats.settle copies them)
     vouched: frozenset[str]  # the listed members it may vouch for (its own, known, not fenced)
     sent: object = None  # the message it came in: the same object again is a repeated frame (see repeat)
 

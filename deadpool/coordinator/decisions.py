@@ -314,6 +314,38 @@ def check_moves(
     return chosen, ", ".join(f"rank {seat} moves to {spare}" for seat, spare in sorted(chosen.items())), 0
 
 
+def slowness(computes: Mapping[int, float]) -> dict[int, float]:
+    """Each seat's compute time (its step less its waits in collectives) over the median of the job's seats.
+
+    1.0 is a typical seat; a seat that computes three times as long as the median scores 3.0. The others wait
+    for it in every synchronous step, so its wait is the smallest and its compute time stands out. Seats that
+    reported none yet are left out, and so is every seat while fewer than two reported.
+    """
+    known = {seat: value for seat, value in computes.items() if value > 0}
+    if len(known) < 2:
+        return {}
+    middle = sorted(known.values())[(len(known) - 1) // 2]  # the lower median: a slow half cannot hide itself
+    return {seat: round(value / middle, 3) for seat, value in known.items()}
+
+
+def slow_move(score: float, compute_s: float, steps_left: int | None, move_cost_s: float, free_spares: int,
+              reserve: int) -> tuple[bool, str]:
+    """Whether moving a seat that computes `score` times the median pays, and why (or why not).
+
+    The job's step waits for its slowest seat, so the seat costs about (score - 1) x the median compute time
+    (`compute_s` / score) every step; over the `steps_left` (None: unknown, taken as 100) that is weighed
+    against one move (`move_cost_s`). A move for slowness keeps `reserve` spares free for failures.
+    """
+    if free_spares <= reserve:
+        return False, f"{free_spares} free spare(s), {reserve} kept for failures (--slow-reserve)"
+    horizon = 100 if steps_left is None else max(0, steps_left)
+    gain = (score - 1) * (compute_s / score) * horizon
+    if gain <= move_cost_s:
+        return False, (f"it costs about {gain:.2f} s over the {horizon} step(s) left, less than a move "
+                       f"({move_cost_s:.2f} s)")
+    return True, f"it costs about {gain:.2f} s over the {horizon} step(s) left; a move costs {move_cost_s:.2f} s"
+
+
 def unanswered_prepare(
     now: float, deadline: float, survivors: Sequence[str], acked: Container[str], epoch: int,
     prepare_timeout: float,

@@ -9,7 +9,7 @@ last heartbeat and a relay; two nets catch what it then loses, both direct sends
 agent has gone silent: a survivor that has not answered a relayed Prepare within :func:`grace` gets
 it again (:meth:`Fanout.resend`), and a member whose own heartbeats (it beats to the coordinator
 itself once its agent is gone) still show an older epoch :func:`grace` after a commit gets its view
-again (:class:`CatchUp`).  docs/architecture.md has the argument.
+again (:class:`CatchUp`).  docs/design/coordinator.md has the argument.
 """
 
 from __future__ import annotations

@@ -61,10 +61,12 @@ class HostBeats:
         agent = self._agent_of(message, now)
         if agent is None or self.coverage.repeat(message.sender, now, message):  # checked the first time
             return
+        computes = message.compute_s or [0.0] * len(message.members)
         columns = (message.epochs, message.steps, message.snapshot_steps, message.confirmed_steps,
-                   message.stall_p99_s)
+                   message.stall_p99_s, computes)
         if not (len(message.members) == len(message.control_addrs) == len(message.epochs) == len(message.steps)
-                == len(message.snapshot_steps) == len(message.confirmed_steps) == len(message.stall_p99_s)):
+                == len(message.snapshot_steps) == len(message.confirmed_steps) == len(message.stall_p99_s)
+                == len(computes)):
             self._events.emit(schema.Rejected(reason="bad_field", peer=message.sender,
                               detail="HostHeartbeat columns of different lengths"))
             return
@@ -106,7 +108,8 @@ class HostBeats:
             if batch is None:  # the agent fell silent and was forgotten since
                 continue
             covered = batch.vouched
-            for member, epoch, step, snapshot, confirmed, stall in zip(batch.listed, *batch.columns, strict=True):
+            for member, epoch, step, snapshot, confirmed, stall, compute in zip(batch.listed, *batch.columns,
+                                                                                strict=True):
                 record = records.get(member)
                 if member not in covered or member in fenced or record is None:
                     continue
@@ -114,7 +117,7 @@ class HostBeats:
                     coverage.unsettle(agent)  # looked at again once the agent's next message renews them
                     continue
                 record.epoch, record.step, record.snapshot_step = epoch, step, snapshot
-                record.confirmed_step, record.stall_p99_s = confirmed, stall
+                record.confirmed_step, record.stall_p99_s, record.compute_s = confirmed, stall, compute
                 if self._chaos.armed:
                     self._chaos.fire_armed(record)
 

@@ -49,6 +49,9 @@ class CoordinatorMetrics:
         self.stall = Gauge("deadpool_snapshot_stall_p99_seconds",
                            "p99 of the pre-step wait for the snapshot copy, per seat (the only compute stall)",
                            ["rank"], registry=r)
+        self.slowness = Gauge("deadpool_seat_slowness",
+                              "A seat's compute time (its step less its collective waits) over the job's median",
+                              ["rank"], registry=r)
         self.snapshot_lag = Gauge("deadpool_snapshot_confirmed_lag_steps",
                                   "Steps between a seat's last finished step and its buddy-confirmed snapshot",
                                   ["rank"], registry=r)
@@ -113,11 +116,13 @@ class CoordinatorMetrics:
             if isinstance(age, (int, float)):
                 self.heartbeat_age.labels(rank).set(age)
             self.stall.labels(rank).set(float(seat.get("stall_p99_s", 0.0)))
+            if isinstance(slowness := seat.get("slowness"), (int, float)):
+                self.slowness.labels(rank).set(slowness)
             confirmed = int(seat.get("confirmed_step", -2))
             if step >= 0 and confirmed >= 0:
                 self.snapshot_lag.labels(rank).set(step - confirmed)
         for gone in self._ranks - ranks:
-            for gauge in (self.step, self.heartbeat_age, self.stall, self.snapshot_lag):
+            for gauge in (self.step, self.heartbeat_age, self.stall, self.slowness, self.snapshot_lag):
                 try:
                     gauge.remove(gone)
                 except KeyError:

@@ -61,6 +61,7 @@ class Moves:
         self._wall = wall
         self._moving: dict[str, Move] = {}
         self.drained: set[str] = set()  # hosts whose seats moved away and whose spares left
+        self._refused = ""  # why the last request was refused
         self._notices: dict[str, tuple[MoveCommand, float]] = {}  # host -> a launcher's preemption notice, held
 
     def command(self, command: MoveCommand, now: float) -> None:
@@ -88,12 +89,26 @@ class Moves:
         for command, _ in sorted(notices.values(), key=lambda item: item[1]):
             self._start(command, now)
 
-    def _start(self, command: MoveCommand, now: float) -> None:
+    def start_slow(self, seat: int, reason: str, now: float) -> str:
+        """A move for slowness (``slowness.py``): "" once started, else why not."""
+        before = len(self._moving)
+        self._start(MoveCommand(seat, "", "", "", reason, "", 0), now, MoveTrigger.SLOW)
+        return "" if len(self._moving) > before else self._refused
+
+    def free_spares(self) -> int:
+        """Spares of the pool no move has reserved, on hosts not drained."""
+        view = self._views.current
+        reserved = {move.spare for move in self._moving.values()}
+        return sum(1 for spare in (view.spares if view else []) if spare not in reserved
+                   and self._addrs.host.get(spare, "") not in self.drained)
+
+    def _start(self, command: MoveCommand, now: float, trigger: MoveTrigger | None = None) -> None:
         self._prune()
         view = self._views.current
         detail, missing = "no view committed yet: the job has not started", 0
         moves: dict[int, str] = {}
-        trigger = MoveTrigger.DRAIN if command.host else MoveTrigger.OPERATOR
+        if trigger is None:
+            trigger = MoveTrigger.DRAIN if command.host else MoveTrigger.OPERATOR
         if command.reason.startswith(PREEMPTION):
             trigger = MoveTrigger.PREEMPTION
         if view is not None:
@@ -103,6 +118,7 @@ class Moves:
                 {move.seat for move in self._moving.values()}, {move.spare for move in self._moving.values()},
                 self._rounds.current is not None, self.drained)
         if not moves or view is None:
+            self._refused = detail
             self._out.send(command.reply_to, MoveResult(command.nonce, False, detail, missing))
             return
         if command.host:

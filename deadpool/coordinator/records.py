@@ -44,6 +44,7 @@ class MemberRecord:
     snapshot_step: int = -2  # newest local snapshot it reported
     confirmed_step: int = -2  # newest snapshot its buddy confirmed holding
     stall_p99_s: float = 0.0  # p99 of its pre-step wait for the snapshot copy
+    compute_s: float = 0.0  # its recent step time outside collective waits (Heartbeat.compute_s)
     epoch: int = 0  # view epoch it reported holding
     exited: bool = False  # its agent reported the process gone (no kill needed)
 

@@ -8,7 +8,7 @@ one on real time and sockets, the other on a virtual clock.  The service routes
 each message to the piece that owns what it changes (deaths, rounds, views, host
 beats, operator chaos, the job's end) and keeps membership itself: joins, agents,
 spares pooling, the first view and the term.  Policy lives in the pure functions
-of ``decisions.py``; docs/architecture.md walks through a swap.
+of ``decisions.py``; docs/design/coordinator.md walks through a swap.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from deadpool.coordinator.pools import Addresses, JoiningSpares, RejoinAsks
 from deadpool.coordinator.ratelimit import RateLimit
 from deadpool.coordinator.records import Agent, MemberRecord, Round, Send
 from deadpool.coordinator.rounds import Rounds
+from deadpool.coordinator.slowness import Slowness
 from deadpool.coordinator.status import Status
 from deadpool.coordinator.swaps import Swaps
 from deadpool.coordinator.terms import Terms
@@ -122,6 +123,8 @@ class Coordinator:
                               self.seat_lost_before_start)
         self._moves = Moves(events, self._views, self._rounds, self._swaps, self._out, self.members, self._addrs,
                             self.fenced, self._hostbeats.coverage, wall_clock)
+        self._slowness = Slowness(config, events, self._views, self.members, self._moves, self._hostbeats.settle,
+                                  lambda: self._swaps.last_recovery_s)
         self._first = FirstSeats()  # the seats before the first view: joined, or lost
         self._joining = JoiningSpares()  # spares that joined the running job, pooled by one view at a time
         self._rejoins = RejoinAsks()  # when we last sent each unreachable member a Rejoin
@@ -250,7 +253,7 @@ class Coordinator:
                 self.ask_to_rejoin(message.sender, message.control_addr, now)  # known only from a reported view
             record.step, record.epoch = message.step, message.epoch
             record.snapshot_step, record.confirmed_step = message.snapshot_step, message.confirmed_step
-            record.stall_p99_s = message.stall_p99_s
+            record.stall_p99_s, record.compute_s = message.stall_p99_s, message.compute_s
             self._chaos.fire_armed(record)
             self.fanout.catch_up.check(now, sender, message.epoch, self._views.resend)
         elif isinstance(message, PrepareAck):
@@ -457,6 +460,7 @@ class Coordinator:
                 return
             self._maybe_first_view()
         self._moves.tick(now)  # preemption notices whose window passed
+        self._slowness.check(now)  # fail-slow seats
         self._deaths.silent(now)  # heartbeats and host beats
         if self.view is not None and self._joining.due(now):
             self._pool_spares(now)
@@ -470,4 +474,7 @@ class Coordinator:
     def status(self, now: float) -> dict[str, Any]:
         """The live state at `now` as a JSON-able document (``deadpool status``)."""
         self._hostbeats.settle()
-        return {**self._status.document(now), **self._moves.status()}
+        document = self._status.document(now)
+        for seat in document["seats"]:
+            seat["slowness"] = self._slowness.scores.get(seat["rank"])
+        return {**document, **self._moves.status()}

@@ -23,6 +23,7 @@ class Swaps:
         self._wall = wall
         self._failed_at: dict[str, float] = {}  # member -> wall clock of the first evidence of its failure
         self._pending: list[PendingSwap] = []
+        self.last_recovery_s: float | None = None  # the newest swap's time, failure to the new member's first step
 
     def failed(self, member: str, at: float) -> None:
         """`member` was found dead; `at` is the wall clock of the first evidence."""
@@ -37,6 +38,7 @@ class Swaps:
         """A member finished its first step under a view: the swaps that seated it are done."""
         for swap in [s for s in self._pending if s.new_member == message.sender and message.epoch >= s.epoch]:
             self._pending.remove(swap)
+            self.last_recovery_s = message.ts - swap.failed_at
             self._events.emit(schema.SwapCompleted(rank=swap.seat, old_member=swap.old_member,
                               new_member=swap.new_member, recovery_s=round(message.ts - swap.failed_at, 4),
                               step=message.step, epoch=message.epoch,

@@ -5,7 +5,7 @@ on what it sends, whether it may commit a view now (the lease: only while it hea
 a majority of the hosts, once the job has a standby that could take over), and
 whom to tell about the term (members and agents when the standby changes, older
 coordinators until they stand down).  Why this makes at most one committed view
-per epoch across terms is in docs/architecture.md ("Coordinator failover").
+per epoch across terms is in docs/design/coordinator.md ("Coordinator failover").
 """
 
 from __future__ import annotations

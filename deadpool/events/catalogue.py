@@ -23,6 +23,9 @@ class Event(enum.StrEnum):
     # reason); seat_left: the member stopped after `step` with its snapshot confirmed and hands its seat over;
     # moved_exit: the member's own last line before it exits 0.
     MOVE_REQUESTED = "move_requested"
+    # score (compute time over the job's median), threshold, steps (slow for this many), moved, reason: a seat that
+    # stayed slow, reported once per member (and moved to a spare when --replace-slow's cost model says it pays)
+    SEAT_SLOW = "seat_slow"
     SEAT_LEFT = "seat_left"
     MOVED_EXIT = "moved_exit"
     VIEW_PREPARED = "view_prepared"  # reason, trigger, seats being refilled, told (through_agents of them)

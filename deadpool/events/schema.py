@@ -159,6 +159,17 @@ class MoveRequested(Record, frozen=True, kw_only=True, tag=Event.MOVE_REQUESTED.
     host: str = ""  # a drain: the host drained
 
 
+class SeatSlow(Record, frozen=True, kw_only=True, tag=Event.SEAT_SLOW.value):
+    """``member`` at ``rank`` computed ``score`` times the job's median for ``steps`` steps (reported once)."""
+
+    step: int
+    score: float
+    threshold: float
+    steps: int
+    moved: bool  # a planned move for it started (--replace-slow)
+    reason: str  # the cost model's word, or why no move
+
+
 class SeatLeft(Record, frozen=True, kw_only=True, tag=Event.SEAT_LEFT.value):
     """A moving member stopped after ``step`` (its buddy holds that snapshot) and hands its seat over."""
 
@@ -455,6 +466,7 @@ class StepFinished(Record, frozen=True, kw_only=True, tag=Event.STEP_FINISHED.va
     reader finds those it does not declare in ``report``."""
 
     step_s: float
+    wait_s: float | None = None  # of step_s, the time spent waiting on collectives (the slowest seat waits least)
     loss: float | None = None
     tokens: float | None = None  # tokens this rank processed in the step
     tokens_per_s: float | None = None
@@ -522,7 +534,7 @@ class Unrecognised(msgspec.Struct, frozen=True, kw_only=True):
 
 EventRecord = (
     CoordinatorStarted | StandbyStarted | MemberJoined | MemberFailed | SpareLost | SpareReleased | MoveRequested
-    | SeatLeft | MovedExit | ViewPrepared
+    | SeatSlow | SeatLeft | MovedExit | ViewPrepared
     | ViewCommitted | ViewAdopted | SwapCompleted | DiskFallback | CollectiveErrorReported | ChaosInjected
     | Rejected | RejoinAsked | TrainingFinished | JobFailed | UserException | StandbyJoined | StandbyLost
     | Takeover | TakeoverDeclined | CoordinatorStoodDown | CommitWithheld | TermFollowed | ChaosNotFired | Paused

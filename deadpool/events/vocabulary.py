@@ -43,6 +43,7 @@ class MoveTrigger(enum.StrEnum):
     OPERATOR = "operator"  # ``deadpool move``
     DRAIN = "drain"  # ``deadpool drain``: every seat of a host
     PREEMPTION = "preemption"  # a host's launcher got SIGTERM: its host is drained
+    SLOW = "slow"  # --replace-slow: a seat stayed slow and the cost model says a move pays
 
 
 class RestoreSource(enum.StrEnum):
@@ -61,6 +62,8 @@ class ChaosAction(enum.StrEnum):
     STOP = "stop"  # SIGSTOP: a hang
     CONT = "cont"  # SIGCONT: undoes a stop (operator only)
     PARTITION = "partition"  # every DeadPool message dropped both ways (spec only)
+    PREEMPT = "preempt"  # SIGTERM to a host's launcher: a preemption notice (spec only, fired by that launcher)
+    SLOW = "slow"  # the member computes `factor` times as long from its step on: a straggler (spec only)
 
 
 class ChaosVia(enum.StrEnum):

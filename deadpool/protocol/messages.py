@@ -64,6 +64,7 @@ class Heartbeat:
     confirmed_step: int  # newest snapshot the buddy has confirmed (-2 if none)
     stall_p99_s: float  # p99 of the pre-step snapshot stall over recent steps
     control_addr: str  # where a coordinator that does not know this member (a restarted one) asks it to re-join
+    compute_s: float = 0.0  # median over recent steps of its step time outside collective waits (slowness)
 
 
 @immutable
@@ -100,6 +101,9 @@ class Prepare:
     # The step the failure was injected at (a --chaos spec's, from its ChaosInjected; the latest of several),
     # -1 when unknown: where an ``at=recovery`` spec of a survivor is keyed, the same step in every survivor.
     failure_step: int = -1
+    # Every seat it replaces left at a step boundary (a planned move): a step that ran to its end without a
+    # failed collective counts, since the leaving seats took part in all of its collectives.
+    planned: bool = False
 
 
 @immutable
@@ -373,6 +377,7 @@ class HostHeartbeat:
     confirmed_steps: list[int]  # per member: the newest snapshot its buddy confirmed (-2 if none)
     control_addrs: list[str]  # per member: where a coordinator that does not know it asks it to re-join
     stall_p99_s: list[float]  # per member: p99 of its pre-step wait for the snapshot copy (Heartbeat's)
+    compute_s: list[float] = field(default_factory=list)  # per member: Heartbeat's compute_s ([]: none told)
 
 
 @immutable

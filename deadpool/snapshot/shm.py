@@ -12,7 +12,7 @@ is unlinked, which is exactly when the copy is needed.
 This module is the file side of that: naming, creating (writer), validating
 and mapping (reader), the head block, and removing a worker's files (its host
 agent, after the worker exits).  Why a buddy may hold the ward's slot without
-copying it is argued in ``docs/architecture.md`` (same-host copies).
+copying it is argued in ``docs/design/snapshots.md`` (same-host copies).
 
 Head block.  A slot file starts with ``HEAD_BYTES`` holding the encoded,
 authenticated ``SnapshotHeader`` of the snapshot the slot holds, under a

@@ -7,7 +7,7 @@ a copy (for a restore).  A copy is either the frames received over the wire
 slot file, whose head block says which snapshot it holds now: a mapped slot
 is re-read (``refresh``) whenever the question is asked, because a same-host
 ward confirms later snapshots in it without a message.  Why holding the
-ward's slot without a copy is safe is argued in ``docs/architecture.md``.
+ward's slot without a copy is safe is argued in ``docs/design/snapshots.md``.
 """
 
 from __future__ import annotations

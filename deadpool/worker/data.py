@@ -6,7 +6,7 @@ returns one cursor per loader, so the iterator a script holds follows a restore;
 a restore rebuilds is built without touching the torch RNG (every ``iter()`` of a torch loader
 draws a base seed from it).  ``DataSeats`` gives each ``DistributedSampler`` the seat of the
 view, and ``LoaderWatch`` warns once about a loader no snapshot holds.  Why each of these is
-needed is in docs/architecture.md ("Data loaders").
+needed is in docs/design/compute.md ("Data loaders").
 """
 
 from __future__ import annotations

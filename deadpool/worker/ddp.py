@@ -5,7 +5,7 @@ depends only on the parameters, so a rebuilt seat sums every element in the
 same order) and each bucket's all-reduce is issued through the runtime's
 ``StepCollectives`` as soon as its gradients are ready; as in torch's DDP,
 ``no_sync()`` accumulates gradients locally and module buffers are broadcast
-from seat 0.  Why not torch's DDP is in docs/architecture.md.
+from seat 0.  Why not torch's DDP is in docs/design/compute.md.
 """
 
 from __future__ import annotations

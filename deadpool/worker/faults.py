@@ -47,6 +47,8 @@ class FaultInjector:
         self._handoff = handoff
         self._events = events
         self._partition = partition
+        self._slow_factor = 0.0  # a fired slow: spec's factor (0: none)
+        self._slow_base: float | None = None  # the compute time it multiplies, fixed when the slowdown began
         # The points the steps passed until the end of this member's first finished one (None: not noting any more).
         self._seen: set[ChaosPoint] | None = set() if self.armed else None
 
@@ -78,7 +80,19 @@ class FaultInjector:
         # out, as the signal goes, not before the report's hand-over, which only an injected failure waits for.
         self._events.emit(schema.ChaosInjected(action=spec.action, at=point, spec=str(spec),
                           epoch=state.epoch, rank=state.rank, step=state.step))
+        if spec.action is ChaosAction.SLOW:
+            self._slow_factor = spec.factor  # from now on: every step's start (slowdown)
+            return
         chaos.inject(spec, self._partition)
+
+    def slowdown(self, compute_s: float) -> float:
+        """Seconds this step's start sleeps under a ``slow:`` spec that fired: (factor - 1) times the compute time
+        of a step before the slowdown (`compute_s`, the median of recent steps, taken at the first call)."""
+        if not self._slow_factor:
+            return 0.0
+        if self._slow_base is None:
+            self._slow_base = compute_s
+        return (self._slow_factor - 1) * self._slow_base
 
     def first_step_done(self, step: int) -> None:
         """End of this member's first finished step: each spec still to fire whose point the step did not pass

@@ -8,7 +8,7 @@ asked for at once through the snapshot actor (``Fetch``), and waited for as a wh
 adoption has built its groups (they form while the answers come in).  A spare
 chosen by a Prepare asks before the view that seats it names the step (``start_prefetch``); the
 adoption keeps what came if it is of that step.  Why this beats a collective on the new group
-is in docs/architecture.md ("A swap at the speed of one step").
+is in docs/design/swap.md ("A swap at the speed of one step").
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import logging
 import os
+import statistics
 import sys
 import time
 from collections import deque
@@ -128,6 +129,7 @@ class Runtime:
             self._collectives, self._faults, self._tracked, self._data_seats,
         )
         self._stalls: deque[float] = deque(maxlen=200)
+        self._computes: deque[float] = deque(maxlen=5)  # recent steps' time outside collective waits
         self._report: dict[str, float] = {}
         self._step_started = time.perf_counter()
         self.final_digest = ""
@@ -353,7 +355,7 @@ class Runtime:
                 continue
             self._begin_step(step)
             yield step
-            if self._state.poison is not None or self._handoff.interrupted(self._state.epoch):
+            if self._state.poison is not None or self._handoff.step_lost(self._state.epoch):
                 step = recovery.recover()
                 continue
             pending = self._end_step(step)
@@ -398,14 +400,20 @@ class Runtime:
         self._state.backward_issued = self._state.abandoned = self._state.forward_abandoned = False
         self._report = {}
         self._step_started = time.perf_counter()
+        self._collectives.waits.take()  # waits before the step (a restore's) are not the step's
         self._tracked.at_boundary(self._state.epoch)
         self._faults.point(ChaosPoint.BOUNDARY)
+        if delay := self._faults.slowdown(self._progress.compute_s):
+            time.sleep(delay)  # a straggler, made to order (slow: chaos)
         if not self._dcp_wrapped:
             self._dcp_wrapped = dcp.enable_once_imported(self._collectives.step_lost)
 
     def _end_step(self, step: int) -> Command | None:
         """Bookkeeping after a good step; returns a command that needs recovery, if one came."""
         elapsed = time.perf_counter() - self._step_started
+        waited = self._collectives.waits.take()
+        self._computes.append(max(0.0, elapsed - waited))
+        self._progress.compute_s = round(statistics.median(self._computes), 6)
         if self._snapshots_on and (step + 1) % self.config.snapshot_every == 0:
             self._capture(step)
         self._progress.step = step
@@ -415,7 +423,8 @@ class Runtime:
         loss, tokens = report.pop("loss", None), report.pop("tokens", None)
         rate = round(tokens / elapsed, 1) if tokens is not None and elapsed > 0 else None
         self.events.emit(schema.StepFinished(epoch=self._state.epoch, rank=self.rank, step=step,
-                                             step_s=round(elapsed, 6), loss=loss, tokens=tokens, tokens_per_s=rate,
+                                             step_s=round(elapsed, 6), wait_s=round(waited, 6), loss=loss,
+                                             tokens=tokens, tokens_per_s=rate,
                                              report=report))
         self._recovery.step_finished(step)
         if self._handoff.leave is not None and self._state.poison is None:

@@ -382,14 +382,16 @@ Drained = tuple[Run, dict[int, float], subprocess.CompletedProcess[str] | None]
 
 
 def _run_planned(tmp: Path, name: str, how: str) -> Drained:
-    """One 3-host job in which host 1 gets a preemption notice (`how` = 'sigterm'), is drained by an operator
-    ('drain'), or every host gets SIGTERM ('sigterm_all'). Returns the run, each launcher's exit time after
-    the fault, and the drain command's result."""
+    """One 3-host job in which host 1 gets a preemption notice (`how` = 'sigterm': a ``preempt`` chaos spec, which
+    its launcher fires by SIGTERM to itself), is drained by an operator ('drain'), or every host gets SIGTERM
+    from this harness ('sigterm_all'). Returns the run, each launcher's exit time after the fault, and the
+    drain command's result."""
     drain = None
     exited: dict[int, float] = {}
     with netns.Cluster(3) as cluster:
+        preempt = ("--chaos", f"preempt:host=1:step={MOVE_AFTER_STEP}") if how == "sigterm" else ()
         job = netns.Job(cluster, tmp, STEPS, env=ENV, script_args=(*BATCH, "--step-delay", "0.2"),
-                        secret=DRAIN_SECRET)
+                        secret=DRAIN_SECRET, extra=preempt)
         run = Run(name, {}, [], [], None, job.started)
         try:
             job.wait_line(0, rf"^\[rank0\] step +{MOVE_AFTER_STEP} ", 150)
@@ -401,9 +403,9 @@ def _run_planned(tmp: Path, name: str, how: str) -> Drained:
                                      text=True, env={**os.environ, "DEADPOOL_SECRET": DRAIN_SECRET}, cwd=netns.REPO)
                 out, err = proc.communicate(timeout=60)
                 drain = subprocess.CompletedProcess(command, proc.returncode, out, err)
-            else:
-                for host in (1,) if how == "sigterm" else (0, 1, 2):
-                    job.procs[host].send_signal(signal.SIGTERM)
+            elif how == "sigterm_all":
+                for proc in job.procs:
+                    proc.send_signal(signal.SIGTERM)
             for host in range(3):  # in order: host 1 leaves first in every case
                 run.codes[host] = job.wait([host], JOB_TIMEOUT)[host]
                 exited[host] = time.time() - run.fault_at
@@ -441,6 +443,7 @@ def test_sigterm_to_one_host_drains_it_to_the_other_hosts_spares_bit_identical(
     _assert_host1_moved(run, baseline, "preemption")
     assert exited[1] < DRAIN_TIMEOUT, f"host 1's launcher exited {exited[1]:.1f} s after SIGTERM"
     assert "deadpool: host host1 drained" in run.outputs[1], run.outputs[1][-2000:]
+    assert [e["spec"] for e in run.of("chaos_injected") if e["action"] == "preempt"] == ["preempt:host=1:step=4"]
     print(f"preemption: host 1 drained and its launcher exited {exited[1]:.1f} s after SIGTERM")
 
 

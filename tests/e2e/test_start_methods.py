@@ -8,6 +8,8 @@ Each seat of the same job prints what it was started with (``tiny_train.py --pri
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +51,28 @@ def test_a_forked_worker_starts_as_an_exec_one_would_and_trains_the_same_bits(tm
     assert len({seat["random"] for seat in forked.values()}) == len(forked), "each fork draws its own random stream"
     assert runs["fork"].digest == runs["exec"].digest
     assert "fork server" not in runs["fork"].output, "the fork server ran without falling back"
+
+
+ORPHANS = """
+import os, sys, time
+from deadpool.agent.forked import become_subreaper, orphaned_zombies
+assert become_subreaper()
+worker = os.fork()
+if worker == 0:  # a worker: its own session, a child of its own (a DataLoader worker), then it dies
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(0.3)
+        os._exit(0)
+    os._exit(0)
+os.waitpid(worker, 0)
+deadline = time.monotonic() + 10
+while not (found := orphaned_zombies({worker})) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(len(found), orphaned_zombies({12345}) == [])
+os.waitpid(found[0], 0)
+"""
+
+
+def test_the_launcher_finds_the_orphans_a_dead_workers_session_left_with_it() -> None:
+    done = subprocess.run([sys.executable, "-c", ORPHANS], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout.split() == ["1", "True"], done

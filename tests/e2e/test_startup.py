@@ -9,15 +9,14 @@ the seats.  Each run ends with the failure-free digest: every seat starts from t
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import References
 from deadpool.tools import request
-from launch_util import REPO, TINY, LaunchResult, assert_no_survivors, launch, read_events
+from deadpool.tools.chaos import send_chaos
+from launch_util import REPO, TINY, LaunchResult, launch
 
 from deadpool.agent import jobfile
 
@@ -73,14 +72,11 @@ def test_a_mesh_seat_killed_while_the_first_groups_form_is_repaired(tmp_path: Pa
 def kill_when_status_lists_the_seats(tmp_path: Path, launch_args: tuple[str, ...], script: Path,
                                      script_args: tuple[str, ...]) -> LaunchResult:
     """Launch a job and, as soon as ``deadpool status`` first lists its seats, ``deadpool chaos kill --rank 1``."""
-    events = tmp_path / "events.jsonl"
-    command = [sys.executable, "-m", "deadpool", "launch", "--no-progress", "--events", str(events), *launch_args,
-               str(script), "--steps", str(STEPS), *script_args]
-    started = time.monotonic()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
-    try:
+
+    def kill_when_listed(_: Path) -> None:
         listed = None
-        while listed is None and time.monotonic() - started < 120 and proc.poll() is None:
+        deadline = time.monotonic() + 120
+        while listed is None and time.monotonic() < deadline:
             try:
                 status = asyncio.run(request.fetch_status(jobfile.resolve(), timeout=1.0))
             except Exception:  # not up yet: no job file, or the coordinator not listening
@@ -90,17 +86,12 @@ def kill_when_status_lists_the_seats(tmp_path: Path, launch_args: tuple[str, ...
                 listed = status["seats"]
         assert listed is not None, "deadpool status never listed the seats"
         assert all(seat["step"] == -1 for seat in listed), listed  # no step begun: start-up
-        kill = subprocess.run([sys.executable, "-m", "deadpool", "chaos", "kill", "--rank", "1"],
-                              capture_output=True, text=True, cwd=REPO, timeout=60)
-        assert kill.returncode == 0, kill.stderr
-        output, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    result = LaunchResult(proc.returncode, output, read_events(events), time.monotonic() - started)
-    assert_no_survivors(result)
-    return result
+        # In this process: a `deadpool chaos kill` of its own would spend the start-up importing itself.
+        result = asyncio.run(send_chaos(jobfile.resolve(), "kill", rank=1))
+        assert result.ok, result.detail
+
+    return launch(tmp_path, "--no-progress", *launch_args, script=script, steps=STEPS, script_args=script_args,
+                  during=kill_when_listed)
 
 
 def test_an_operators_kill_as_status_first_lists_the_seats_is_repaired(tmp_path: Path,

@@ -11,7 +11,7 @@ from deadpool.tools.cli import main  # type: ignore[import-not-found]  (tools/ i
 
 from deadpool.actors.handoff import Handoff
 from deadpool.agent.closing import summarize
-from deadpool.chaos import ChaosPlan, ChaosPoint, host_specs, parse, parse_all, unseen
+from deadpool.chaos import ChaosPlan, ChaosPoint, host_specs, parse, parse_all, unreachable, unseen
 from deadpool.config import WorkerEnv
 from deadpool.errors import MisuseError
 from deadpool.events.log import EventLog
@@ -39,11 +39,34 @@ def test_parse_forms() -> None:
         "kill:rank=1:step=1:step=2",
         "kill:spare=0",
         "kill:rank=1:bogus=2:step=1",
+        "preempt:host=1",
+        "preempt:rank=1:step=3",
+        "preempt:host=1:step=3:at=allreduce",
+        "kill:host=1:step=3",
+        "slow:rank=1:step=8:factor=1",
+        "slow:rank=1:step=8:factor=0.5",
+        "slow:rank=1:step=8",
+        "kill:rank=1:step=8:factor=3",
     ],
 )
 def test_bad_specs_are_refused_with_an_example(bad: str) -> None:
     with pytest.raises(MisuseError, match="chaos spec"):
         parse(bad)
+
+
+def test_a_slow_spec_names_a_seat_and_a_factor() -> None:
+    spec = parse("slow:rank=1:step=8:factor=3")
+    assert (spec.rank, spec.step, spec.factor, str(spec)) == (1, 8, 3.0, "slow:rank=1:step=8:factor=3")
+    with pytest.raises(MisuseError, match="factor must be more than 1"):
+        parse("slow:rank=1:step=8:factor=1")
+
+
+def test_a_preempt_spec_names_a_host_and_no_worker_fires_it() -> None:
+    spec = parse("preempt:host=1:step=6")
+    assert (spec.host, spec.step, str(spec)) == (1, 6, "preempt:host=1:step=6")
+    assert not ChaosPlan([spec], 1, -1).pending(), "its host's launcher fires it, not a worker"
+    assert host_specs(["preempt:host=1:step=6"], 2, 2, 1) == []
+    assert "names host 3, but the job has 3 host(s)" in unreachable(parse("preempt:host=3:step=1"), 6, 1, None, 3)[0]
 
 
 def test_plan_fires_once_for_the_initial_member_only() -> None:

@@ -23,6 +23,7 @@ from deadpool.events.vocabulary import Trigger
 from deadpool.protocol.messages import (
     AgentHello,
     Fenced,
+    Heartbeat,
     Join,
     Leave,
     Leaving,
@@ -43,11 +44,11 @@ OPERATOR = "inproc://operator"
 class TwoHosts:
     """A coordinator of 4 seats on hosts a and b (2 each) with one spare per host."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: Config | None = None) -> None:
         self.now = 100.0
         self.events = EventLog(None, clock=lambda: self.now)
         self.events.records = []
-        self.coordinator = Coordinator(Config(), 4, "store:1", self.events, started=self.now,
+        self.coordinator = Coordinator(config or Config(), 4, "store:1", self.events, started=self.now,
                                        wall_clock=lambda: self.now)
         self.sent: list[Send] = []
         self.hosts = {"m0": "a", "m1": "a", "m2": "b", "m3": "b", "sa": "a", "sb": "b"}
@@ -175,3 +176,31 @@ def test_a_seat_that_dies_before_it_leaves_is_repaired_as_any_failure() -> None:
     assert job.coordinator.status(job.now)["moves"] == [], "the move is over: the failure's repair replaces it"
     job.handle(Leaving("m1", job.view.epoch, 7))  # a late word from the fenced member changes nothing
     assert not job.of(Event.SEAT_LEFT)
+
+
+def test_slowness_scores_seats_against_the_median_and_a_move_pays_only_with_steps_left() -> None:
+    scores = decisions.slowness({0: 0.1, 1: 0.3, 2: 0.1, 3: 0.11, 4: 0.0})
+    assert scores == {0: 1.0, 1: 3.0, 2: 1.0, 3: 1.1}, "a seat that told nothing yet is left out"
+    assert decisions.slowness({0: 0.2}) == {}
+    pays, why = decisions.slow_move(3.0, 0.3, 30, 2.0, free_spares=2, reserve=1)
+    assert pays and "6.00 s over the 30 step(s) left; a move costs 2.00 s" in why
+    assert not decisions.slow_move(3.0, 0.3, 3, 2.0, 2, 1)[0], "3 steps left: 0.6 s, less than a move"
+    assert decisions.slow_move(3.0, 0.3, 30, 2.0, 1, 1) == (False, "1 free spare(s), 1 kept for failures "
+                                                                  "(--slow-reserve)")
+
+
+def test_a_seat_slow_for_long_enough_is_reported_once_and_moved_when_it_pays() -> None:
+    job = TwoHosts(Config(replace_slow=True, slow_steps=2, total_steps=100))
+    for step in range(5, 10):
+        job.now += 1.1
+        for seat in range(4):
+            compute = 0.6 if seat == 2 and step >= 6 else 0.2
+            job.handle(Heartbeat(f"m{seat}", job.view.epoch, step, step, step - 1, 0.0, f"inproc://m{seat}", compute))
+        for spare in ("sa", "sb"):
+            job.handle(Heartbeat(spare, job.view.epoch, -1, -2, -2, 0.0, f"inproc://{spare}"))
+        job.coordinator.tick(job.now)
+    (slow,) = job.of(Event.SEAT_SLOW)
+    assert slow["rank"] == 2 and slow["score"] == 3.0 and slow["moved"], slow["reason"]
+    assert job.coordinator.status(job.now)["seats"][2]["slowness"] == 3.0
+    (asked,) = job.of(Event.MOVE_REQUESTED)
+    assert asked["rank"] == 2 and asked["trigger"] == "slow"

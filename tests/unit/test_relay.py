@@ -24,7 +24,7 @@ def test_the_relay_forwards_its_workers_heard_recently_in_columns() -> None:
     assert relay.heard(beat("w0", 3)) and relay.heard(beat("w1", 4))
     assert not relay.heard(beat("stranger", 1)) and relay.refused == 1
     assert relay.message(0.25) == HostHeartbeat("agent-a", ["w0", "w1"], [2, 2], [3, 4], [3, 4], [2, 3],
-                                                ["tcp://h:3", "tcp://h:4"], [0.0, 0.0])
+                                                ["tcp://h:3", "tcp://h:4"], [0.0, 0.0], [0.0, 0.0])
     now[0] = 0.4
     relay.heard(beat("w1", 5))
     message = relay.message(0.25)  # w0 last beat 0.4 s ago: within two intervals, still listed

@@ -206,7 +206,7 @@ def test_a_step_lost_before_its_backward_stops_at_the_first_mesh_collective_and_
         t = torch.ones(2)
         group.allreduce([t]).wait()  # the clipping's
         assert t.tolist() == [1.0, 1.0] and inner.issued == 1 and not dim.dirty and not dim.broken
-        state.step, state.abandoned, state.backward_issued = 8, False, False  # the runtime's next step
+        state.step, state.abandoned, state.backward_issued, state.poison = 8, False, False, None  # the next step
         state.view = view(epoch=2)
         x = backward_through(group, None, handoff)
         assert x.grad is not None and inner.issued == 4 and state.backward_issued and resets == [7]

@@ -12,7 +12,7 @@ loss (the Prepare, on the runtime thread), every live communicator that holds a 
 together, on this module's aborter thread; the lost step's remaining collectives complete locally;
 the groups that held the seat are rebuilt under the next view's prefix.  A communicator set aside
 for any other reason (a rebuild) is aborted too; an aborted one is never used again.  gloo cannot
-abort: its communicators are only set aside and left to time out (docs/architecture.md).
+abort: its communicators are only set aside and left to time out (docs/design/groups.md).
 """
 
 from __future__ import annotations

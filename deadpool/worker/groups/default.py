@@ -6,7 +6,7 @@ is a ``DefaultGroup``: one Python ``ProcessGroup`` per process, registered where
 torch looks groups up, whose collectives run on the current view's gloo group
 through the runtime (issued asynchronously, waited on interruptibly), so that a
 failure poisons the step instead of raising in the script; why this shape is in
-docs/architecture.md.
+docs/design/groups.md.
 """
 
 from __future__ import annotations

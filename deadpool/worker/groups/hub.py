@@ -5,7 +5,7 @@ a condition that completion or an interrupt (a Prepare) wakes, and a group is
 never destroyed, only retired; ``GroupCollectives`` holds the seat's current
 group, runs a step's collectives on it (``rt.ddp``'s, ZeRO's, and the script's
 own through torch's default group, ``default.py``), and poisons the step when
-one fails (the gloo facts behind this are in docs/architecture.md).
+one fails (the gloo facts behind this are in docs/design/groups.md).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from deadpool.worker.faults import FaultInjector
 from deadpool.worker.groups import default
 from deadpool.worker.groups.communicators import Builder, Communicators, Kind
 from deadpool.worker.groups.mesh import MeshDim, MeshGroup, Rebuilt, SeatGroups, in_backward
-from deadpool.worker.groups.waits import Waiter
+from deadpool.worker.groups.waits import WaitClock, Waiter
 from deadpool.worker.propagation import Decisions
 from deadpool.worker.step import StepState
 
@@ -101,7 +101,8 @@ class GroupCollectives:
         self._timeout = timeout
         self.communicators = communicators
         self._builder = Builder(communicators, kind, device, timeout, bind_host, handoff.interrupted, standin_aborts)
-        self._waiter = Waiter(handoff.condition, lambda: handoff.interrupted(state.epoch))
+        self.waits = WaitClock()  # the step's time in collective waits (the runtime takes it per step)
+        self._waiter = Waiter(handoff.condition, lambda: handoff.interrupted(state.epoch), self.waits)
         self.subgroups: SeatGroups | None = None  # rt.device_mesh's groups and the script's own, once it made one
         self.decisions: Decisions | None = None  # DTensor's sharding decisions over rt.device_mesh
         self.last_rebuild = Rebuilt()  # what the newest view change did to the mesh groups
@@ -220,7 +221,11 @@ class GroupCollectives:
         self._faults.point(point)
 
     def step_lost(self) -> bool:
-        return self._state.poison is not None or self._handoff.interrupted(self._state.epoch)
+        """The step in progress is lost: poisoned, or a view change is being prepared (it is poisoned then, so
+        that a step cut short this way never counts, even for a planned move's Prepare)."""
+        if self._state.poison is None and self._handoff.interrupted(self._state.epoch):
+            self._state.poison = "a view change is being prepared"
+        return self._state.poison is not None
 
     def issue_allreduce(self, flat: torch.Tensor) -> dist.Work | None:
         """Start the sum of one gradient bucket on the view's group (``rt.ddp``, during backward).
@@ -271,7 +276,7 @@ class GroupCollectives:
         step issued no backward collective yet, so that the backward stops here (as does any later backward of
         the step) and every later collective of the step completes locally (``abandoned``).  A seat that issued
         one first runs its step to its end; a wait on a peer that stopped ends at that peer's ``PeerPaused``
-        (why this is safe: docs/architecture.md)."""
+        (why this is safe: docs/design/groups.md)."""
         state = self._state
         if state.backward_issued or state.abandoned:
             return state.abandoned
@@ -311,7 +316,7 @@ class GroupCollectives:
         past_forward = state.backward_issued or in_backward()  # a collective no seat that abandoned this step issues
         waiter = Waiter(handoff.condition, lambda: handoff.lost_any(epoch, seats) or
                         handoff.peer_stopped_before(epoch, members, step, past_forward) or
-                        (step < 0 and handoff.interrupted(epoch)))
+                        (step < 0 and handoff.interrupted(epoch)), self.waits)
         waiter.wait(work, f"{what} (step {self._state.step})", self._timeout)
 
     # -- the script's own collectives (torch's default group, groups.py) ------------------------
@@ -399,5 +404,5 @@ class GroupCollectives:
             work = issue(self.group)
         except RuntimeError as err:
             raise CollectiveAborted(what, str(err)) from err
-        waiter = Waiter(self._handoff.condition, lambda: self._handoff.interrupted(epoch))
+        waiter = Waiter(self._handoff.condition, lambda: self._handoff.interrupted(epoch), self.waits)
         waiter.wait(work, what, self._timeout)

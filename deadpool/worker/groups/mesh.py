@@ -7,7 +7,7 @@ objects (and the script's own) stay valid across swaps.  At a view change only t
 groups that hold a replaced seat, or that a seat reported unfinished (``dirty``), get a new gloo
 group; the others keep theirs.  A failed collective breaks only its own group: collectives on
 the others are still issued and waited on, so every healthy group stays in step on all its
-seats and can be kept (why, and the proof, in docs/architecture.md).  A step lost before its
+seats and can be kept (why, and the proof, in docs/design/groups.md).  A step lost before its
 backward issued a collective stops its backward there, and issues nothing more.
 """
 

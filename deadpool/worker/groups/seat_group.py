@@ -63,7 +63,7 @@ POINT_TO_POINT = frozenset({Op.SEND, Op.RECV})
 def _unsupported(what: str) -> MisuseError:
     return MisuseError(
         f"torch.distributed.{what} on a DeadPool group is not supported: it carries "
-        f"{', '.join(op.value for op in Op)} (see the README, 'Your own collectives')"
+        f"{', '.join(op.value for op in Op)} (see docs/guide/collectives.md)"
     )
 
 

@@ -25,6 +25,22 @@ POLL_MAX_S = 0.005  # ... doubling up to this one
 FIRST_WAIT = timedelta(milliseconds=5)  # most collectives are done within it: waited on in C++ first
 
 
+class WaitClock:
+    """The seconds the compute thread spent waiting on collectives since it last asked (per step): the seat the
+    others wait for waits least, so its step time less this is what its own compute took."""
+
+    def __init__(self) -> None:
+        self._waited = 0.0
+
+    def add(self, seconds: float) -> None:
+        self._waited += seconds
+
+    def take(self) -> float:
+        """The seconds waited since the previous call."""
+        waited, self._waited = self._waited, 0.0
+        return waited
+
+
 class Waiter:
     """Wakes the compute thread when a collective completes or an interrupt arrives.
 
@@ -34,16 +50,26 @@ class Waiter:
     polling.
     """
 
-    def __init__(self, condition: threading.Condition, interrupted: Callable[[], bool]) -> None:
+    def __init__(self, condition: threading.Condition, interrupted: Callable[[], bool],
+                 clock: WaitClock | None = None) -> None:
         self._condition = condition
         self._interrupted = interrupted
+        self._clock = clock
 
     def wait(self, work: dist.Work, what: str, bound: float) -> None:
-        """Wait for `work`, giving up on interrupt or after `bound` seconds.
+        """Wait for `work`, giving up on interrupt or after `bound` seconds (the time it took goes to the clock).
 
         Raises:
             CollectiveAborted: the collective failed (peer died), was interrupted, or timed out.
         """
+        started = time.perf_counter()
+        try:
+            self._wait(work, what, bound)
+        finally:
+            if self._clock is not None:
+                self._clock.add(time.perf_counter() - started)
+
+    def _wait(self, work: dist.Work, what: str, bound: float) -> None:
         try:
             work.wait(FIRST_WAIT)
             return
