@@ -271,12 +271,31 @@ def overhead_injob(run: Run) -> tuple[list[str], list[Headline]]:
     return lines, []
 
 
+def slow(run: Run) -> tuple[list[str], list[Headline]]:
+    config = run.data.get("config", {})
+    lines = [f"The GPT demo ({config.get('world', 4)} ranks + {config.get('spares', 2)} spares, "
+             f"{config.get('steps', 40)} steps) with rank 1 made {config.get('factor', 3):g} times slower from step "
+             f"{config.get('slow_step', 8)} on (`slow:` chaos), with `--replace-slow` and without it; rank 0's median "
+             "step time (every step waits for the slowest seat) before the slowdown, while the seat is slow, and "
+             "after the move.", ""]
+    lines += table(["run", "step before", "step while slow", "step after the move", "reported at step",
+                    "recomputed", "whole run", "bit-identical"],
+                   [[r["system"], fmt(r.get("before_step_s")), fmt(r.get("slow_step_s")), fmt(r.get("after_step_s")),
+                     fmt(r.get("seat_slow_at"), "g"), fmt(r.get("steps_recomputed"), "g"), fmt(r.get("total_s"), ".1f",
+                                                                                                " s"),
+                     str(r.get("bit_identical", "-"))] for r in run.rows])
+    for note in run.data.get("notes", []):
+        lines.append(f"- {note}")
+    return lines, []
+
+
 RENDERERS: dict[str, tuple[str, Callable[[Run], tuple[list[str], list[Headline]]]]] = {
     "recovery": ("Recovery", recovery),
     "overhead": ("Failure-free overhead", overhead),
     "overhead_injob": ("Overhead inside one job", overhead_injob),
     "transport": ("Transport", transport),
     "simulate_scale": ("The coordinator at scale (simulated)", simulate_scale),
+    "slow": ("A slow rank, moved or not", slow),
 }
 
 
