@@ -1,8 +1,8 @@
 """Fail-slow seats: each seat's compute time against the job's median, and what to do about one that stays slow.
 
 Every worker measures, per step, its step time less the time it waited in collectives (the seat the
-others wait for waits least) and sends the median of its recent steps with its heartbeats. Once a
-second this piece scores every seat against the job's median (``decisions.slowness``); a seat that
+others wait for waits least) and sends the median of its recent steps with its heartbeats. Every
+two seconds this piece scores every seat against the job's median (``decisions.slowness``); a seat that
 stays at ``slow_threshold`` or above for ``slow_steps`` steps is reported once (``seat_slow``), and
 with ``replace_slow`` moved to a spare when ``decisions.slow_move`` says it pays (the slowness over
 the steps left against a move's measured cost), keeping ``slow_reserve`` spares for failures.
@@ -20,7 +20,7 @@ from deadpool.coordinator.views import Views
 from deadpool.events import schema
 from deadpool.events.log import EventLog
 
-CHECK_EVERY_S = 1.0  # the scores are computed this often (each check settles the hosts' heartbeat columns)
+CHECK_EVERY_S = 2.0  # the scores are computed this often (each check settles the hosts' heartbeat columns: O(members))
 DEFAULT_MOVE_COST_S = 3.0  # what a move costs before one was measured in this job
 
 

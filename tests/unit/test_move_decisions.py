@@ -192,7 +192,7 @@ def test_slowness_scores_seats_against_the_median_and_a_move_pays_only_with_step
 def test_a_seat_slow_for_long_enough_is_reported_once_and_moved_when_it_pays() -> None:
     job = TwoHosts(Config(replace_slow=True, slow_steps=2, total_steps=100))
     for step in range(5, 10):
-        job.now += 1.1
+        job.now += 2.1
         for seat in range(4):
             compute = 0.6 if seat == 2 and step >= 6 else 0.2
             job.handle(Heartbeat(f"m{seat}", job.view.epoch, step, step, step - 1, 0.0, f"inproc://m{seat}", compute))
