@@ -100,8 +100,7 @@ class ForkServer:
         """Wait until the server has imported everything; raises ForkServerError if it cannot start."""
         reply = await asyncio.to_thread(self._receive, READY_TIMEOUT)
         if not isinstance(reply, forks.ServerReady):
-            why = reply.why if isinstance(reply, forks.ForkRefused) else f"it answered {type(reply).__name__}"
-            raise ForkServerError(f"the fork server did not start: {why}")
+            raise ForkServerError(f"the fork server did not start: {_why(reply)}")
         self._ready = True
 
     async def spawn(self, script: str, args: list[str], env: dict[str, str]) -> ForkedWorker:
@@ -119,8 +118,7 @@ class ForkServer:
             os.close(write_end)
         if not isinstance(reply, forks.Forked):
             os.close(read_end)
-            why = reply.why if isinstance(reply, forks.ForkRefused) else f"it answered {type(reply).__name__}"
-            raise ForkServerError(f"the fork server did not start {script}: {why}")
+            raise ForkServerError(f"the fork server did not start {script}: {_why(reply)}")
         self._sessions.add(reply.pid)
         reader = asyncio.StreamReader()
         loop = asyncio.get_running_loop()
@@ -216,6 +214,11 @@ class Starter:
         """Reap, for ever, what the forked workers' sessions leave with this launcher (run as a task)."""
         if self._server is not None:
             await self._server.reap_orphans()
+
+
+def _why(reply: forks.Reply) -> str:
+    """What a reply other than the one expected says."""
+    return reply.why if isinstance(reply, forks.ForkRefused) else f"it answered {type(reply).__name__}"
 
 
 def normal_priority(pid: int) -> None:

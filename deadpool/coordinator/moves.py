@@ -61,7 +61,6 @@ class Moves:
         self._wall = wall
         self._moving: dict[str, Move] = {}
         self.drained: set[str] = set()  # hosts whose seats moved away and whose spares left
-        self._refused = ""  # why the last request was refused
         self._notices: dict[str, tuple[MoveCommand, float]] = {}  # host -> a launcher's preemption notice, held
 
     def command(self, command: MoveCommand, now: float) -> None:
@@ -91,9 +90,7 @@ class Moves:
 
     def start_slow(self, seat: int, reason: str, now: float) -> str:
         """A move for slowness (``slowness.py``): "" once started, else why not."""
-        before = len(self._moving)
-        self._start(MoveCommand(seat, "", "", "", reason, "", 0), now, MoveTrigger.SLOW)
-        return "" if len(self._moving) > before else self._refused
+        return self._start(MoveCommand(seat, "", "", "", reason, "", 0), now, MoveTrigger.SLOW)
 
     def free_spares(self) -> int:
         """Spares of the pool no move has reserved, on hosts not drained."""
@@ -102,7 +99,8 @@ class Moves:
         return sum(1 for spare in (view.spares if view else []) if spare not in reserved
                    and self._addrs.host.get(spare, "") not in self.drained)
 
-    def _start(self, command: MoveCommand, now: float, trigger: MoveTrigger | None = None) -> None:
+    def _start(self, command: MoveCommand, now: float, trigger: MoveTrigger | None = None) -> str:
+        """Check `command` and answer it; start its moves. Returns why it was refused ("": started)."""
         self._prune()
         view = self._views.current
         detail, missing = "no view committed yet: the job has not started", 0
@@ -118,9 +116,8 @@ class Moves:
                 {move.seat for move in self._moving.values()}, {move.spare for move in self._moving.values()},
                 self._rounds.current is not None, self.drained)
         if not moves or view is None:
-            self._refused = detail
             self._out.send(command.reply_to, MoveResult(command.nonce, False, detail, missing))
-            return
+            return detail
         if command.host:
             self._release_spares(command.host, command.reason)
         reason = command.reason or ("drain of host " + command.host if command.host else "operator move")
@@ -133,6 +130,7 @@ class Moves:
             if record is not None:
                 self._out.send(record.control_addr, Leave(member, view.epoch, reason))
         self._out.send(command.reply_to, MoveResult(command.nonce, True, detail))
+        return ""
 
     def leaving(self, message: Leaving, now: float) -> None:
         """A moving member stopped after `message.step`: fence it (it exits 0 on the answer) and start the round

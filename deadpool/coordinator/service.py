@@ -231,7 +231,6 @@ class Coordinator:
             self._hostbeats.settle()  # a command for a later step compares the target's step with it
             self._chaos.command(message)
         elif isinstance(message, MoveCommand):
-            self._hostbeats.settle()
             self._moves.command(message, now)
         elif isinstance(message, StatusRequest):
             self._out.send(message.reply_to, StatusReply(message.nonce, json.dumps(self.status(now))))

@@ -12,7 +12,6 @@ import atexit
 import logging
 import os
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from types import TracebackType
@@ -171,10 +170,7 @@ class ExceptionReport:
         except RuntimeError:
             return  # the runtime already stopped (after rt.finish()): nobody to tell
         print(f"deadpool: reported {name} at step {state.step} to the coordinator", file=sys.stderr, flush=True)
-        deadline = time.monotonic() + self._wait_s
-        with handoff.condition:
-            while handoff.terminal is None and (remaining := deadline - time.monotonic()) > 0:
-                handoff.condition.wait(min(remaining, 0.5))
+        handoff.wait_terminal(self._wait_s)
 
 
 def exit_moved(events: EventLog, member: str, rank: int, step: int, reason: str) -> NoReturn:

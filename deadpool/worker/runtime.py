@@ -442,12 +442,8 @@ class Runtime:
             return
         if not self._snapshots_on or (step + 1) % self.config.snapshot_every:
             self._capture(step)  # the spare takes the seat from this boundary's snapshot
-        self._snapshots.wait_copy(self.config.copy_timeout)
-        newest = self._snapshots.newest_started()
-        if newest is None or newest.step != step:
-            return
-        if not self._handoff.wait_until(lambda: self._handoff.is_confirmed(newest.generation, step), state.epoch,
-                                        self.config.view_timeout, f"moving: the buddy's copy of step {step}"):
+        confirmed, snapshot_step = self._newest_confirmed()
+        if not confirmed or snapshot_step != step:
             return
         self._handoff.post(Leaving(self.member, state.epoch, step))
         answer = self._handoff.wait_terminal(self.config.view_timeout)
@@ -510,18 +506,9 @@ class Runtime:
         if state.gated_step == state.step:
             return True
         start = time.perf_counter()
-        self._snapshots.wait_copy(self.config.copy_timeout)
-        newest = self._snapshots.newest_started()
-        view = state.view
-        if newest is not None and view is not None and view.world_size > 1:
-            generation, snap_step = newest.generation, newest.step
-            confirmed = self._handoff.wait_until(
-                lambda: self._handoff.is_confirmed(generation, snap_step), state.epoch, self.config.view_timeout,
-                f"waiting for the buddy to confirm its copy of step {snap_step}",
-            )
-            if not confirmed:
-                state.poison = "interrupted while waiting for the buddy's snapshot confirmation"
-                return False
+        if not self._newest_confirmed()[0]:
+            state.poison = "interrupted while waiting for the buddy's snapshot confirmation"
+            return False
         stall = time.perf_counter() - start
         self._stalls.append(stall)
         if len(self._stalls) >= 10:
@@ -529,6 +516,25 @@ class Runtime:
             self._progress.stall_p99_s = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
         state.gated_step = state.step
         return True
+
+    def _newest_confirmed(self) -> tuple[bool, int | None]:
+        """Wait until the newest snapshot is copied and its buddy confirmed its copy: (False, _) when a Prepare
+        interrupted the wait, else (True, that snapshot's step; None when there is none, or no buddy).
+
+        Raises:
+            WaitTimeout: neither came within the view timeout.
+        """
+        self._snapshots.wait_copy(self.config.copy_timeout)
+        newest = self._snapshots.newest_started()
+        view = self._state.view
+        if newest is None or view is None or view.world_size < 2:
+            return True, None
+        generation, step = newest.generation, newest.step
+        confirmed = self._handoff.wait_until(
+            lambda: self._handoff.is_confirmed(generation, step), self._state.epoch, self.config.view_timeout,
+            f"waiting for the buddy to confirm its copy of step {step}",
+        )
+        return confirmed, step
 
     # -- the end ------------------------------------------------------------------------------
 
