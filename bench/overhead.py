@@ -14,6 +14,9 @@ run:
 - ``deadpool snapshot every step, buddy over TCP``: the same with
   ``--shm-dir ""``: every snapshot streamed to the buddy over ZeroMQ, as
   between hosts;
+- ``deadpool snapshot every step, replica checks off``: the same with
+  ``--replica-checks 0``: no checksum of the replicated state (the rows
+  above checksum all of it every step, on the snapshot copy thread);
 - ``deadpool (snapshots off)``: DeadPool with ``--snapshot-every`` larger than
   the run, so no snapshot is taken.  DeadPool's ``rt.ddp`` is not torch DDP
   (buckets with a layout that never changes, for bit-identical replay, waited on
@@ -98,6 +101,8 @@ SYSTEMS = (
     System("ddp", "plain DDP", "ddp"),
     System("deadpool", "deadpool snapshot every step", "deadpool", 1),
     System("deadpool_tcp", "deadpool snapshot every step, buddy over TCP", "deadpool", 1, ("--shm-dir", "")),
+    System("deadpool_nochecks", "deadpool snapshot every step, replica checks off", "deadpool", 1,
+           ("--replica-checks", "0")),
     System("deadpool_off", "deadpool (snapshots off)", "deadpool", 1_000_000),
     System("torch_save", "torch.save every step", "torch_save"),
     System("dcp_save", "dcp.save every step", "dcp_save"),

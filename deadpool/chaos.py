@@ -13,6 +13,13 @@ Grammar: ``ACTION:KEY=VALUE[:KEY=VALUE...]`` with
 - ACTION ``preempt`` with ``host=H:step=N``: SIGTERM to the launcher of host
   H (its ``--node-rank``) once one of its workers reports step N, which a
   job of several hosts answers by draining that host (a preemption notice)
+- ACTION ``corrupt`` with ``rank=R:step=N:what=param|grad|optim[:bit=B][:every=1]``:
+  flips bit B (default 16) of the 32-bit word in the middle of the member's first
+  parameter (after step N's optimizer step), of its first gradient bucket
+  (before step N's all-reduce) or of its optimizer's first state tensor (after
+  the step), as silent data corruption would; ``every=1`` flips it again at
+  every step from N on (a faulty chip). Nothing crashes: only the replica
+  checks (or ``--check-determinism``) can tell
 - target: ``rank=R`` (the member that starts in seat R) or ``spare=J`` (the
   J-th spare started by the launcher)
 - when: ``step=N`` for ranks (the step at which it fires) and ``after=SECONDS``
@@ -48,6 +55,7 @@ from typing import Protocol
 
 from deadpool.errors import MisuseError
 from deadpool.events.vocabulary import ChaosAction as ChaosAction
+from deadpool.events.vocabulary import Corrupted as Corrupted
 
 
 class ChaosPoint(enum.StrEnum):
@@ -100,7 +108,8 @@ NOT_PER_STEP = frozenset({ChaosPoint.BOUNDARY, ChaosPoint.RECOVERY, *STARTUP})
 
 SIGNALS = {ChaosAction.KILL: signal.SIGKILL, ChaosAction.STOP: signal.SIGSTOP, ChaosAction.CONT: signal.SIGCONT}
 SPEC_ACTIONS = (ChaosAction.KILL, ChaosAction.STOP, ChaosAction.PARTITION, ChaosAction.PREEMPT,
-                ChaosAction.SLOW)  # what a --chaos spec may declare
+                ChaosAction.SLOW, ChaosAction.CORRUPT)  # what a --chaos spec may declare
+CORRUPT_BIT = 16  # a corrupt: spec's default bit (a mantissa bit of a float32: the value changes, stays finite)
 OPERATOR_ACTIONS = (ChaosAction.KILL, ChaosAction.STOP, ChaosAction.CONT)  # what `deadpool chaos` may send
 POINTS = tuple(ChaosPoint)
 
@@ -117,8 +126,14 @@ class ChaosSpec:
     at: ChaosPoint = ChaosPoint.BOUNDARY  # point inside the step
     host: int = -1  # a preempt spec's host (its launcher's --node-rank), or -1
     factor: float = 0.0  # a slow spec's: how many times as long the member's compute takes
+    what: Corrupted | None = None  # a corrupt spec's: which tensor
+    bit: int = CORRUPT_BIT  # ... which bit of its middle 32-bit word
+    every: bool = False  # ... flipped again at every step from `step` on
 
     def __str__(self) -> str:
+        if self.action is ChaosAction.CORRUPT:
+            return (f"corrupt:rank={self.rank}:step={self.step}:what={self.what}:bit={self.bit}"
+                    + (":every=1" if self.every else ""))
         if self.action is ChaosAction.PREEMPT:
             return f"preempt:host={self.host}:step={self.step}"
         if self.action is ChaosAction.SLOW:
@@ -141,7 +156,8 @@ def parse(spec: str) -> ChaosSpec:
     fields: dict[str, str] = {}
     for part in rest.split(":") if rest else []:
         key, sep, value = part.partition("=")
-        if not sep or key not in ("rank", "spare", "step", "after", "at", "host", "factor") or key in fields:
+        if not sep or key not in ("rank", "spare", "step", "after", "at", "host", "factor", "what", "bit", "every") \
+                or key in fields:
             raise MisuseError(f"chaos spec {spec!r}: bad or repeated field {part!r} ({example})")
         fields[key] = value
     at = fields.get("at", ChaosPoint.BOUNDARY)
@@ -168,6 +184,10 @@ def parse(spec: str) -> ChaosSpec:
         return parsed
     if parsed.host >= 0:
         raise MisuseError(f"chaos spec {spec!r}: host= is for preempt only ({example})")
+    if parsed.action is ChaosAction.CORRUPT:
+        return _corrupt(spec, parsed, fields)
+    if {"what", "bit", "every"} & set(fields):
+        raise MisuseError(f"chaos spec {spec!r}: what=, bit= and every= are for corrupt only ({example})")
     if parsed.action is ChaosAction.SLOW:
         if parsed.rank < 0 or parsed.step < 0 or set(fields) != {"rank", "step", "factor"}:
             raise MisuseError(f"chaos spec {spec!r}: slow takes rank=R:step=N:factor=F and nothing else "
@@ -187,6 +207,30 @@ def parse(spec: str) -> ChaosSpec:
     if parsed.spare >= 0 and parsed.after < 0:
         raise MisuseError(f"chaos spec {spec!r}: a spare's failure needs after=SECONDS ({example})")
     return parsed
+
+
+def _corrupt(spec: str, parsed: ChaosSpec, fields: dict[str, str]) -> ChaosSpec:
+    """A ``corrupt:`` spec's own fields, checked.
+
+    Raises:
+        MisuseError: a field it does not take, or a tensor kind, bit or ``every`` that does not exist.
+    """
+    example = "e.g. corrupt:rank=2:step=15:what=param, corrupt:rank=1:step=12:what=grad:bit=20:every=1"
+    if parsed.rank < 0 or parsed.step < 0 or "what" not in fields or set(fields) - {"rank", "step", "what", "bit",
+                                                                                      "every"}:
+        raise MisuseError(f"chaos spec {spec!r}: corrupt takes rank=R:step=N:what=param|grad|optim[:bit=B][:every=1] "
+                          f"and nothing else ({example})")
+    if fields["what"] not in tuple(Corrupted):
+        raise MisuseError(f"chaos spec {spec!r}: what= must be one of {', '.join(Corrupted)} (a parameter, a local "
+                          f"gradient or the optimizer state), got {fields['what']!r}")
+    bit = fields.get("bit", str(CORRUPT_BIT))
+    if not bit.isdigit() or not 0 <= int(bit) < 32:
+        raise MisuseError(f"chaos spec {spec!r}: bit= must be 0..31 (a bit of a 32-bit word), got {bit!r}")
+    if fields.get("every", "1") not in ("0", "1"):
+        raise MisuseError(f"chaos spec {spec!r}: every= takes 1 (again at every step from step= on) or 0, "
+                          f"got {fields['every']!r}")
+    return ChaosSpec(action=parsed.action, rank=parsed.rank, step=parsed.step, what=Corrupted(fields["what"]),
+                     bit=int(bit), every=fields.get("every", "0") == "1")
 
 
 def unreachable(spec: ChaosSpec, world: int | None, spares: int, steps: int | None,
@@ -252,10 +296,20 @@ class ChaosPlan:
         self._specs = [s for s in specs if applies(s, initial_rank, spare_index)]
         self._fired: set[ChaosSpec] = set()
 
+    def corrupt_due(self, what: Corrupted, step: int) -> ChaosSpec | None:
+        """The ``corrupt:`` spec for `what` due at `step` (at its step, or any later one with ``every``), if any."""
+        for spec in self._specs:
+            again = spec.every and spec.step <= step  # a faulty chip: every step from its step on
+            if spec.what == what and (again or (spec.step == step and spec not in self._fired)):
+                self._fired.add(spec)
+                return spec
+        return None
+
     def due(self, point: ChaosPoint, step: int) -> ChaosSpec | None:
         """The rank spec due at (point, step), if any, marked as fired."""
         for spec in self._specs:
-            if spec.rank >= 0 and spec.at == point and spec.step == step and spec not in self._fired:
+            if spec.rank >= 0 and spec.what is None and spec.at == point and spec.step == step \
+                    and spec not in self._fired:
                 self._fired.add(spec)
                 return spec
         return None

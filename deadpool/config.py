@@ -65,6 +65,9 @@ class Config:
     replace_slow: bool = False  # ... and moved to a spare when the cost model says it pays (--replace-slow) ...
     slow_reserve: int = 1  # ... while more spares than this stay free for failures
     total_steps: int = 0  # the script's --steps as the launcher saw it (0: unknown), the cost model's horizon
+    # Silent data corruption (coordinator/replicas.py): every step each seat checksums 1/K of the state that is the
+    # same on every seat (all of it every K steps) and the coordinator compares them; 0 switches the checks off.
+    replica_checks: int = 1
 
     @property
     def pg_timeout(self) -> float:
@@ -88,6 +91,9 @@ class Config:
         if self.slow_threshold <= 1 or self.slow_steps < 1 or self.slow_reserve < 0:
             raise MisuseError(f"slow_threshold must exceed 1 (got {self.slow_threshold}), slow_steps be at least 1 "
                               f"(got {self.slow_steps}) and slow_reserve at least 0 (got {self.slow_reserve})")
+        if self.replica_checks < 0:
+            raise MisuseError(f"replica_checks must be 0 (off) or more (steps to cover the state), "
+                              f"got {self.replica_checks}")
         if self.snapshot_every < 1:
             raise MisuseError(f"snapshot_every must be at least 1, got {self.snapshot_every}")
         if self.shm_dir and not os.path.isabs(self.shm_dir):
@@ -100,6 +106,15 @@ class Config:
                 f"({self.heartbeat_interval}s each), or healthy members would be declared dead"
             )
         return self
+
+    @property
+    def snapshot_depth(self) -> int:
+        """Snapshots each seat (and its buddy) keeps: two, or with replica checks of 1/K per step, K + 2.
+
+        A corruption is seen at the latest K steps after it (when the check reaches its part), a check's
+        verdict comes during the next step, and the step after it may finish before the fence lands: the
+        newest step known clean, K before the mismatch, must still be held then."""
+        return self.replica_checks + 2 if self.replica_checks else 2
 
     def to_env(self) -> dict[str, str]:
         """The environment that carries this config to child processes."""

@@ -74,6 +74,11 @@ def render_status(status: dict[str, Any], events: int = 8) -> Any:
         parts.append(Text(f"moving: rank {move.get('rank')} ({move.get('member')}) to {move.get('spare') or 'a spare'}"
                           f" at its next step boundary ({move.get('trigger')}: {move.get('reason')}; asked "
                           f"{move.get('asked_s')} s ago)", style="yellow"))
+    if status.get("replica_checks"):
+        parts.append(Text(f"replica checks (silent data corruption): {status['replica_checks']}"))
+    for found in [c for c in status.get("corruptions", []) if isinstance(c, dict)]:
+        parts.append(Text(f"silent data corruption: rank {found.get('rank')} at step {found.get('step')} (replaced, "
+                          "rolled back)", style="bold red"))
     if status.get("drained_hosts"):
         parts.append(Text(f"drained hosts: {', '.join(map(str, status['drained_hosts']))}"))
     if status.get("outcome"):

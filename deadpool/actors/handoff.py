@@ -27,6 +27,7 @@ from deadpool.snapshot.statetree import Manifest
 
 Command = Prepare | CommitView | Stop | Fenced
 MAX_COMMANDS = 64
+CHECKS_TOLD = 4  # the newest snapshots' replica checksums each heartbeat carries (Progress.checks)
 
 
 # -- what the compute thread posts for the actors (the handoff's vocabulary) -------------------------
@@ -81,7 +82,7 @@ class Progress:
     one writer.
 
     The compute thread writes ``epoch``, ``step``, ``stall_p99_s``, ``compute_s`` and ``answers_early``; the
-    snapshot actor writes ``snapshot_step``, ``confirmed_step`` and the byte counts; the others only read.
+    snapshot actor writes ``snapshot_step``, ``confirmed_step``, ``checks`` and the byte counts; the others only read.
     """
 
     epoch: int = 0
@@ -96,6 +97,9 @@ class Progress:
     bytes_sent: int = 0  # snapshot bytes streamed to the buddy so far
     bytes_held_for_wards: int = 0  # wards' copies held in memory of our own
     bytes_shared_for_wards: int = 0  # wards' copies held as mappings of their slot files (no memory of ours)
+    # The newest snapshots' checksums of the replicated state, (epoch, step, checksum), oldest first: every
+    # heartbeat carries them, so a check is not lost when two snapshots come within one heartbeat interval.
+    checks: tuple[tuple[int, int, int], ...] = ()
 
 
 class Handoff:

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from typing import Any
 
 from deadpool.actors.handoff import Progress
 from deadpool.protocol import codec
@@ -32,7 +33,9 @@ STANDBY_SEND_TIMEOUT_S = 0.05  # a beat the standby's queue cannot take at once 
 
 
 class HeartbeatActor:
-    """Sends a Heartbeat every `interval` seconds until cancelled by its owner."""
+    """Sends a Heartbeat every `interval` seconds until cancelled by its owner, and at once, straight to the
+    coordinator, when a new snapshot's replica check is there (``nudge``): a corruption is found while the
+    snapshots from before it are still held, however short the steps."""
 
     def __init__(
         self,
@@ -54,6 +57,7 @@ class HeartbeatActor:
         self._progress = progress
         self._interval = interval
         self._secret = secret
+        self._nudged = asyncio.Event()  # a new replica check to tell now
         self.sent = 0
         self.joined = asyncio.Event()  # set by the membership actor on Welcome: beats before that are noise
         self.reconnected = asyncio.Event()  # set after an outage: the coordinator may have restarted
@@ -72,20 +76,26 @@ class HeartbeatActor:
     def _teardown(self) -> None:
         log.debug("heartbeats stopped after %d sent", self.sent)
 
+    def nudge(self) -> None:
+        """A new replica check is in the progress counters: beat now (on the actor's loop)."""
+        self._nudged.set()
+
     async def _beat(self) -> None:
         outage = False
-        last: tuple[tuple[int, int, int, int, float, float], bytes] | None = None
+        last: tuple[tuple[Any, ...], bytes] | None = None
         while True:
             p = self._progress
-            fields = (p.epoch, p.step, p.snapshot_step, p.confirmed_step, p.stall_p99_s, p.compute_s)
+            fields = (p.epoch, p.step, p.snapshot_step, p.confirmed_step, p.stall_p99_s, p.compute_s, p.checks)
+            checked = last is not None and last[0][-1] != p.checks
             if last is None or last[0] != fields:  # progress moves once per step; beats come several times a step
-                beat = Heartbeat(self._member, *fields[:5], self._control_addr, p.compute_s)
+                beat = Heartbeat(self._member, p.epoch, p.step, p.snapshot_step, p.confirmed_step, p.stall_p99_s,
+                                 self._control_addr, p.compute_s, [list(check) for check in p.checks])
                 last = (fields, codec.encode(beat, self._secret))
             standby = self._link.standby
             if standby:  # the standby learns who is alive, and where, from the same beats, whatever the active does
                 with contextlib.suppress(TransportError):
                     await self._transport.send(standby, [last[1]], STANDBY_SEND_TIMEOUT_S)
-            if await self.via_agent(last[1]):
+            if not checked and await self.via_agent(last[1]):
                 self.sent += 1
             else:
                 try:
@@ -101,7 +111,9 @@ class HeartbeatActor:
                     if not outage:
                         log.warning("heartbeat not sent (%s); training goes on, retrying every beat", err)
                     outage = True
-            await asyncio.sleep(self._interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._nudged.wait(), self._interval)
+            self._nudged.clear()
 
     async def via_agent(self, frame: bytes) -> bool:
         """Hand a frame (a beat, or an answer to Prepare) to the host agent; False when there is none, it is

@@ -141,15 +141,16 @@ class RuntimeThread:
         self.control_addr, self.bulk_addr = control.address, bulk.address
         self._stop_event = asyncio.Event()
         config = self._config
-        snapshots = SnapshotActor(
-            self.member, bulk, self._handoff, self._progress, self._events, self._secret,
-            send_timeout=max(30.0, config.send_timeout), shm_dir=config.shm_dir, to_membership=self._to_membership,
-        )
         link = CoordinatorLink(self._coordinator)  # shared: a newer term moves both actors to its coordinator
         heartbeat = HeartbeatActor(
             self.member, link, control, self._progress, config.heartbeat_interval, self._secret,
             control.address, os.environ.get("DEADPOOL_AGENT", ""), int(os.environ.get("DEADPOOL_AGENT_PID", "0")),
         )  # the host agent `deadpool launch` that started this worker relays its beats (agent/relay.py)
+        snapshots = SnapshotActor(
+            self.member, bulk, self._handoff, self._progress, self._events, self._secret,
+            send_timeout=max(30.0, config.send_timeout), shm_dir=config.shm_dir, to_membership=self._to_membership,
+            depth=config.snapshot_depth, on_checked=heartbeat.nudge,
+        )
         membership = MembershipActor(
             self.member, link, control, self._handoff, self._events, snapshots.inbox.post,
             self._secret, config.send_timeout, heartbeat.joined, heartbeat.reconnected,

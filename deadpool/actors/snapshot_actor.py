@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from deadpool.actors.handoff import Fetch, Fetched, Handoff, LocalReady, PrepareReady, Progress
+from deadpool.actors.handoff import CHECKS_TOLD, Fetch, Fetched, Handoff, LocalReady, PrepareReady, Progress
 from deadpool.actors.inbox import Bulk, Drain, Mailbox, Outbound, PrepareArrived, ViewChanged
 from deadpool.errors import ActorStopped, RestoreFailed
 from deadpool.events import schema
@@ -85,6 +85,8 @@ class SnapshotActor:
         shm_dir: str = "",
         *,
         to_membership: Callable[[Outbound | Drain], None],
+        depth: int = 2,
+        on_checked: Callable[[], None] = lambda: None,
     ) -> None:
         self.inbox: Mailbox[Command, Bulk] = Mailbox("snapshot actor", peer_size=64)
         self._member = member
@@ -96,9 +98,10 @@ class SnapshotActor:
         self._send_timeout = send_timeout
         self._resend_after = resend_after
         self._to_membership = to_membership  # PrepareAcks and drain markers continue there, in order
+        self._on_checked = on_checked  # a new replica check: the heartbeat tells it now
         self._view: View | None = None
         self._shm_dir = shm_dir
-        self._wards = WardCopies(member, secret, shm_dir, events)
+        self._wards = WardCopies(member, secret, shm_dir, events, depth)
         self._inflight: _InFlight | None = None
         self._next: Slot | None = None
         self._parked: deque[Bulk] = deque(maxlen=PARKED)
@@ -179,6 +182,9 @@ class SnapshotActor:
         view = self._view
         if view is None or slot.generation != view.store_prefix:
             return  # taken before the current view's rebuild: nobody needs it
+        if slot.check is not None:  # the heartbeats carry the newest few to the coordinator (replica checks)
+            self._progress.checks = (*self._progress.checks[-(CHECKS_TOLD - 1):], (view.epoch, slot.step, slot.check))
+            self._on_checked()
         if view.world_size < 2:
             self._handoff.confirm(slot.generation, slot.step)  # no buddy: local only, nothing to wait for
             return

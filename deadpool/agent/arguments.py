@@ -33,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--failure-timeout", type=float, default=None, help="seconds of silence before death")
     parser.add_argument("--heartbeat-interval", type=float, default=None, help="seconds between heartbeats")
     parser.add_argument("--snapshot-every", type=int, default=None, help="snapshot every N steps (default 1)")
+    parser.add_argument("--replica-checks", type=int, default=None, metavar="K",
+                        help="silent-data-corruption checks: each step every seat checksums 1/K of the state that "
+                             "is the same on every seat (rt.ddp's parameters and optimizer state), all of it every "
+                             "K steps, and a seat that disagrees with the others is replaced (default 1; 0: off)")
     parser.add_argument("--checkpoint-dir", default="", help="disk checkpoints here (fallback when a seat and its "
                         "buddy die together); a shared filesystem across hosts")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="write a disk checkpoint every N steps")

@@ -20,6 +20,7 @@ from pathlib import Path
 from deadpool.chaos import NOT_FIRED_STATUS
 from deadpool.errors import MisuseError
 from deadpool.events import schema
+from deadpool.events.vocabulary import ChaosAction
 
 DEFAULT_KILL_STEP = 5  # the kill's step when the script's arguments show no --steps
 RNG_PREFIX = "rng:"  # digest names of the RNG kinds ("rng:torch", "rng:python", ...), after the tracked names
@@ -35,21 +36,26 @@ class Run:
     returncode: int
     digests: Digests
     failures: int  # member_failed events (the kill run must have one)
+    corrupted: bool = False  # a corrupt: chaos spec flipped a bit (no failure to expect: only a digest to compare)
 
 
-def digests_of(records: Iterable[schema.Line]) -> tuple[Digests, int]:
-    """Each seat's per-object digests from its (last) seat_finished event, and the number of failures."""
+def digests_of(records: Iterable[schema.Line]) -> tuple[Digests, int, bool]:
+    """Each seat's per-object digests from its (last) seat_finished event, the number of failures, and whether a
+    ``corrupt:`` chaos spec flipped a bit."""
     seats: Digests = {}
     failures = 0
+    corrupted = False
     for record in records:
         match record:
             case schema.MemberFailed():
                 failures += 1
+            case schema.ChaosInjected(action=ChaosAction.CORRUPT):
+                corrupted = True
             case schema.SeatFinished(rank=int() as rank):
                 names = {name: d for name, d in record.parts.items() if name != "__rng__"}
                 names.update({f"{RNG_PREFIX}{kind}": d for kind, d in record.rngs.items()})
                 seats[rank] = names
-    return seats, failures
+    return seats, failures, corrupted
 
 
 def compare(reference: Run, again: Run, killed: Run) -> tuple[bool, list[str]]:
@@ -95,6 +101,10 @@ def compare(reference: Run, again: Run, killed: Run) -> tuple[bool, list[str]]:
         if name in unseeded:
             continue
         ranks = _differing(reference.digests, killed.digests, name)
+        if ranks and killed.corrupted and not killed.failures:
+            return False, [*lines, f"first difference: {_label(name)} on rank(s) {ranks} differs after the injected "
+                           "corruption from both failure-free runs: the flipped bit went unseen and unrepaired "
+                           "(are the replica checks off, --replica-checks 0, or is the tensor not replicated?)"]
         if ranks:
             return False, [*lines, f"first difference: {_label(name)} on rank(s) {ranks} differs after the kill "
                            "from both failure-free runs. State that changes between steps but is not tracked "
@@ -107,8 +117,10 @@ def compare(reference: Run, again: Run, killed: Run) -> tuple[bool, list[str]]:
 
 
 def never_fired(killed: Run) -> bool:
-    """The kill run's kill never fired: its launch said so (``NOT_FIRED_STATUS``), or it finished with no failure."""
-    return killed.returncode == NOT_FIRED_STATUS or (killed.returncode == 0 and killed.failures == 0)
+    """The kill run's kill never fired: its launch said so (``NOT_FIRED_STATUS``), or it finished with no failure
+    (and no corruption, which need not cause one)."""
+    return killed.returncode == NOT_FIRED_STATUS or (killed.returncode == 0 and killed.failures == 0
+                                                     and not killed.corrupted)
 
 
 def _finished(run: Run) -> bool:
@@ -158,8 +170,8 @@ def check(args: argparse.Namespace, steps: int | None, launch: Callable[[argpars
         what = f" ({', '.join(specs)}, --spares {spares})" if specs else ""
         print(f"deadpool: --check-determinism: run {i}/3, {label}{what}", flush=True)
         code, events = launch(run_args)
-        seats, failures = digests_of(schema.iter_file(events) if Path(events).exists() else [])
-        runs.append(Run(label, code, seats, failures))
+        seats, failures, corrupted = digests_of(schema.iter_file(events) if Path(events).exists() else [])
+        runs.append(Run(label, code, seats, failures, corrupted))
     ok, lines = compare(*runs)
     out = sys.stdout if ok else sys.stderr
     print(f"deadpool: --check-determinism {'PASSED' if ok else 'FAILED'}", file=out, flush=True)

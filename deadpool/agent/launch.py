@@ -190,7 +190,7 @@ class Launcher:
             overrides["snapshot_every"] = self.args.snapshot_every
         if self.args.no_fence_kill:
             overrides["fence_by_kill"] = False
-        for name in ("slow_threshold", "slow_steps", "slow_reserve"):
+        for name in ("slow_threshold", "slow_steps", "slow_reserve", "replica_checks"):
             if getattr(self.args, name, None) is not None:
                 overrides[name] = getattr(self.args, name)
         overrides["replace_slow"] = bool(getattr(self.args, "replace_slow", False))

@@ -67,7 +67,8 @@ class BeatRelay:
         return HostHeartbeat(self._agent_id, [b.sender for b in beats], [b.epoch for b in beats],
                              [b.step for b in beats], [b.snapshot_step for b in beats],
                              [b.confirmed_step for b in beats], [b.control_addr for b in beats],
-                             [b.stall_p99_s for b in beats], [b.compute_s for b in beats])
+                             [b.stall_p99_s for b in beats], [b.compute_s for b in beats],
+                             [b.checks for b in beats] if any(b.checks for b in beats) else [])
 
 
 class AckBatcher:

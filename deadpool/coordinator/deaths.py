@@ -170,11 +170,12 @@ class Deaths:
     # -- fencing and the round -----------------------------------------------------------------
 
     def declare(self, now: float, found: Iterable[tuple[str, str]], detected_by: Detector,
-                hints: Mapping[str, int] | None = None) -> None:
+                hints: Mapping[str, int] | None = None, limit: int | None = None) -> None:
         """Fence each (member, why) of `found` forever; start or extend one view change for all of them.
 
         Before the first view a lost active's seat goes to a spare in it; `hints` gives the seat of a member that
-        died before it joined (the RANK its agent started it with)."""
+        died before it joined (the RANK its agent started it with). `limit`: members found corrupt, whose round
+        resumes from this step or an older one (``Round.limit``)."""
         lost: dict[int, str] = {}
         reasons: list[str] = []
         spares_lost: list[str] = []
@@ -203,7 +204,8 @@ class Deaths:
         if view is None or self._ending.outcome is not None:
             return
         if reasons:  # a round drops the fenced spares when it commits
-            self._start_round(now, lost, "; ".join(reasons), Trigger.SEAT_LOST if lost else Trigger.SPARE_FAILED)
+            trigger = Trigger.CORRUPTION if limit is not None else Trigger.SEAT_LOST if lost else Trigger.SPARE_FAILED
+            self._start_round(now, lost, "; ".join(reasons), trigger, limit)
         elif spares_lost and self._rounds.current is None:
             gone = set(spares_lost)
             spares = [s for s in view.spares if s not in gone]
@@ -212,9 +214,10 @@ class Deaths:
             self._views.commit(new_view, f"spare {', '.join(spares_lost)} lost", failed={},
                                trigger=Trigger.SPARE_LOST)
 
-    def _start_round(self, now: float, lost: dict[int, str], reason: str, trigger: Trigger) -> None:
+    def _start_round(self, now: float, lost: dict[int, str], reason: str, trigger: Trigger,
+                     limit: int | None = None) -> None:
         self._suspect_since = None  # a round rebuilds the groups: it answers any collective error reported so far
-        self._rounds.start(now, lost, reason, trigger)
+        self._rounds.start(now, lost, reason, trigger, limit=limit)
 
     def _fence(self, member: str, detected_by: Detector, detail: str, hint: int = -1) -> int | None:
         """Record `member` as dead, report it, tell it it is out and kill it through its agent; its seat, if any

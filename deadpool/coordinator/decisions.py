@@ -163,7 +163,7 @@ def _fill(failed_seats: Sequence[int], view: View, spares: Sequence[str], hosts:
 
 
 def plan_restore(
-    view: View, failed_seats: Sequence[int], reports: Mapping[str, PrepareAck]
+    view: View, failed_seats: Sequence[int], reports: Mapping[str, PrepareAck], limit: int | None = None,
 ) -> tuple[int | None, dict[int, str], str]:
     """The newest step every seat can restore from memory, and where each seat gets it.
 
@@ -220,6 +220,10 @@ def plan_restore(
             return None, {}, _nothing_held(seat, buddy_seat, failed)
         fetched[seat] = held
         common = set(held) if common is None else common.intersection(held)
+    if common and limit is not None and not (common := {step for step in common if step <= limit}):
+        return None, {}, (f"no snapshot at or before step {limit}, the newest step whose checks passed on every "
+                          "seat, is held for every seat any more: the corruption was found too late to roll back "
+                          "in memory")
     if not common:
         if unheld is not None:
             return None, {}, _nothing_held(*unheld, failed)
@@ -312,6 +316,26 @@ def check_moves(
         pool.remove(pick)
         chosen[seat] = pick
     return chosen, ", ".join(f"rank {seat} moves to {spare}" for seat, spare in sorted(chosen.items())), 0
+
+
+def replica_verdict(digests: Mapping[int, int]) -> tuple[list[int] | None, str]:
+    """Which seats' checksums of the replicated state disagree with the majority's (seat -> checksum, one step).
+
+    Returns ([], why) when every seat agrees, (the minority seats, why) when more than half agree on one value,
+    and (None, why) when no value has a majority (two seats disagreeing, or a split): then nobody can be named.
+    """
+    counts: dict[int, int] = {}
+    for digest in digests.values():
+        counts[digest] = counts.get(digest, 0) + 1
+    if len(counts) <= 1:
+        return [], f"{len(digests)} replicas agree"
+    best = max(counts, key=counts.__getitem__)
+    minority = sorted(seat for seat, digest in digests.items() if digest != best)
+    if counts[best] * 2 <= len(digests):
+        return None, (f"no majority among {len(digests)} replicas ({len(counts)} different checksums, the most "
+                      f"common held by {counts[best]}): the corrupt seat cannot be named")
+    return minority, (f"seat(s) {minority} disagree with the {counts[best]} other seat(s), which agree with each "
+                      "other")
 
 
 def slowness(computes: Mapping[int, float]) -> dict[int, float]:

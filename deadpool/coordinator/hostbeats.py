@@ -93,6 +93,15 @@ class HostBeats:
             vouched.append(member)
         self.coverage.cover(message.sender, now, message.members, columns, frozenset(vouched), message)
 
+    def checks(self, message: HostHeartbeat) -> list[tuple[str, list[list[int]]]]:
+        """The replica checks in `message` (its ``checks`` column) of the members its registered agent speaks for
+        and that are not fenced: (member, its [epoch, step, checksum] triples)."""
+        agent = self._agents.get(message.sender)
+        if agent is None or not message.checks or len(message.checks) != len(message.members):
+            return []
+        return [(member, checks) for member, checks in zip(message.members, message.checks, strict=True)
+                if checks and member in agent.members and member not in self._fenced]
+
     def settle(self) -> None:
         """The progress columns that agents sent since the last call, into their members' records.
 

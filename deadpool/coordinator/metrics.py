@@ -57,6 +57,8 @@ class CoordinatorMetrics:
                                   ["rank"], registry=r)
         self.failures = Counter("deadpool_failures", "Members declared dead, by detector", ["detected_by"],
                                 registry=r)
+        self.corruptions = Counter("deadpool_sdc_detected", "Seats found holding silently corrupted state, by "
+                                   "detector (sdc_confirmed)", ["detector"], registry=r)
         self.swaps = Counter("deadpool_swaps", "Seats refilled by a spare (swap_completed)", registry=r)
         self.views = Counter("deadpool_views_committed", "Views committed", registry=r)
         self.chaos = Counter("deadpool_chaos_injected", "Operator chaos actions carried out", ["action"], registry=r)
@@ -76,6 +78,8 @@ class CoordinatorMetrics:
 
     def on_event(self, record: schema.EventRecord) -> None:
         """Count one event; never raises, since it runs inside the coordinator's ``emit``."""
+        if isinstance(record, schema.SdcConfirmed):
+            self.corruptions.labels(_label(record.detector)).inc()
         match summary.parse(record):
             case summary.Failure() as failure:
                 self.failures.labels(_label(failure.detected_by)).inc()

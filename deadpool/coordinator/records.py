@@ -69,6 +69,7 @@ class Round:
     # A planned move's: the step its seats left after (each confirmed at its buddy). Early answers, which name only
     # the newest snapshot complete then, commit only at this step or later; the full ones decide otherwise.
     wanted: int = -2
+    limit: int | None = None  # a corruption's: the newest step it may resume from (checks passed on every seat)
 
 
 @dataclass(slots=True)

@@ -68,11 +68,12 @@ class Rounds:
     # -- starting (and growing) a round --------------------------------------------------------
 
     def start(self, now: float, newly_failed: dict[int, str], reason: str, trigger: Trigger,
-              preferred: dict[int, str] | None = None, wanted: int = -2) -> None:
+              preferred: dict[int, str] | None = None, wanted: int = -2, limit: int | None = None) -> None:
         """Replace the seats of `newly_failed` (with those of the running round, if any): choose spares, tell the
         survivors and the chosen spares to pause (Prepare), and commit at once if nobody is left to answer.
         `preferred`: a spare reserved for a seat (a planned move's), kept like one an earlier Prepare chose;
-        `wanted`: the step a moving seat left after (``Round.wanted``)."""
+        `wanted`: the step a moving seat left after (``Round.wanted``); `limit`: a corruption's newest step to resume
+        from (``Round.limit``, the older of the round's)."""
         view = self._views.current
         assert view is not None
         previous = self.current
@@ -93,7 +94,9 @@ class Rounds:
         rnd = self.current = Round(epoch, failed, replacements, acks, now + self._config.prepare_timeout,
                                    f"{reason}; {why}", trigger, joined, waiting_since,
                                    first_epoch=previous.first_epoch if previous else epoch,
-                                   wanted=max(wanted, previous.wanted if previous else -2))
+                                   wanted=max(wanted, previous.wanted if previous else -2),
+                                   limit=min((s for s in (limit, previous.limit if previous else None)
+                                              if s is not None), default=None))
         planned = trigger is Trigger.MOVE and (previous is None or previous.prepare is None or previous.prepare.planned)
         prepare = Prepare(epoch, sorted(failed), rnd.reason, dict(replacements), reanswer=previous is None,
                           failure_step=self._chaos.failure_step(failed.values()), planned=planned)
@@ -244,7 +247,7 @@ class Rounds:
                 rnd.withheld = True
                 self._events.emit(schema.CommitWithheld(epoch=rnd.epoch, reason=why))
             return  # tick retries while the lease comes back
-        resume, sources, why = decisions.plan_restore(view, sorted(rnd.failed), rnd.acks)
+        resume, sources, why = decisions.plan_restore(view, sorted(rnd.failed), rnd.acks, rnd.limit)
         from_disk = False
         if any(ack.early for ack in rnd.acks.values()) and (resume is None or set(sources) - rnd.failed.keys()
                                                               or resume < rnd.wanted):

@@ -35,6 +35,7 @@ from deadpool.coordinator.outbox import Outbox
 from deadpool.coordinator.pools import Addresses, JoiningSpares, RejoinAsks
 from deadpool.coordinator.ratelimit import RateLimit
 from deadpool.coordinator.records import Agent, MemberRecord, Round, Send
+from deadpool.coordinator.replicas import Corruption, ReplicaChecks
 from deadpool.coordinator.rounds import Rounds
 from deadpool.coordinator.slowness import Slowness
 from deadpool.coordinator.status import Status
@@ -125,6 +126,8 @@ class Coordinator:
                             self.fenced, self._hostbeats.coverage, wall_clock)
         self._slowness = Slowness(config, events, self._views, self.members, self._moves, self._hostbeats.settle,
                                   lambda: self._swaps.last_recovery_s)
+        self._replicas = ReplicaChecks(config.replica_checks, config.snapshot_every, events, self._views,
+                                       self._ending.fail)
         self._first = FirstSeats()  # the seats before the first view: joined, or lost
         self._joining = JoiningSpares()  # spares that joined the running job, pooled by one view at a time
         self._rejoins = RejoinAsks()  # when we last sent each unreachable member a Rejoin
@@ -200,6 +203,8 @@ class Coordinator:
             self._on_member_message(message, sender, now)
         elif isinstance(message, HostHeartbeat):  # one host's beats (hostbeats.py, coverage.py)
             self._hostbeats.host_heartbeat(message, now)
+            for member, checks in self._hostbeats.checks(message):
+                self._corrupt(self._replicas.told(member, checks), now)
         elif isinstance(message, AgentHello):
             # Agents repeat their hello every second, so a restarted coordinator re-learns who owns which pid;
             # the Welcome tells the agent this coordinator is alive (a standby asks agents how long it was silent).
@@ -237,6 +242,25 @@ class Coordinator:
         elif isinstance(message, ProcessExited):
             self._deaths.exited(message, now)
 
+    def _corrupt(self, found: list[Corruption], now: float) -> None:
+        """Seats found corrupt by the replica checks: fence and replace each, every seat rolling back to the newest
+        step whose checks passed; with no spare free, stop the job naming the seat and the step."""
+        for corruption in found:
+            self.events.emit(schema.SdcConfirmed(member=corruption.member, rank=corruption.seat, step=corruption.step,
+                                                 detector=Detector.REPLICA_CHECK, reason=corruption.reason,
+                                                 rollback_step=corruption.rollback_step))
+            if self.outcome is not None:
+                return
+            if not self._moves.free_spares():
+                self._ending.fail(
+                    f"silent data corruption: seat {corruption.seat} ({corruption.member}) holds state at step "
+                    f"{corruption.step} that differs from the other seats' ({corruption.reason}), and no spare is "
+                    "free to take its seat. Stopped rather than train on corrupt state; relaunch with more --spares "
+                    f"(the newest step known good is {corruption.rollback_step})")
+                return
+            self._deaths.declare(now, [(corruption.member, corruption.reason)], Detector.REPLICA_CHECK,
+                                 limit=corruption.rollback_step)
+
     def _welcome(self, agent: Agent) -> Welcome:
         """The answer to `agent`'s hello: the Welcome object sent last time while it says the same (its frame is
         kept, see ``Send.again``), with the term it is sent with (no copy to stamp one)."""
@@ -255,6 +279,8 @@ class Coordinator:
             record.stall_p99_s, record.compute_s = message.stall_p99_s, message.compute_s
             self._chaos.fire_armed(record)
             self.fanout.catch_up.check(now, sender, message.epoch, self._views.resend)
+            if message.checks:
+                self._corrupt(self._replicas.told(sender, message.checks), now)
         elif isinstance(message, PrepareAck):
             self._rounds.answer(message)
         elif isinstance(message, CollectiveFailed):
@@ -476,4 +502,4 @@ class Coordinator:
         document = self._status.document(now)
         for seat in document["seats"]:
             seat["slowness"] = self._slowness.scores.get(seat["rank"])
-        return {**document, **self._moves.status()}
+        return {**document, **self._moves.status(), **self._replicas.status()}

@@ -27,6 +27,10 @@ class Event(enum.StrEnum):
     # stayed slow, reported once per member (and moved to a spare when --replace-slow's cost model says it pays)
     SEAT_SLOW = "seat_slow"
     SEAT_LEFT = "seat_left"
+    # Silent data corruption. sdc_suspected: replicas disagreed at `step` (detector, seats, checksums, what);
+    # sdc_confirmed: `rank` (member) is the one found corrupt (detector, what, rollback_step it resumes from).
+    SDC_SUSPECTED = "sdc_suspected"
+    SDC_CONFIRMED = "sdc_confirmed"
     MOVED_EXIT = "moved_exit"
     VIEW_PREPARED = "view_prepared"  # reason, trigger, seats being refilled, told (through_agents of them)
     VIEW_COMMITTED = "view_committed"  # resume_step, reason, seats refilled

@@ -170,6 +170,26 @@ class SeatSlow(Record, frozen=True, kw_only=True, tag=Event.SEAT_SLOW.value):
     reason: str  # the cost model's word, or why no move
 
 
+class SdcSuspected(Record, frozen=True, kw_only=True, tag=Event.SDC_SUSPECTED.value):
+    """The replicas' checksums of their replicated state at ``step`` disagreed (``checksums``: seat -> checksum,
+    hexadecimal); ``seats`` are those against the majority (all of them where there is none)."""
+
+    detector: Detector
+    seats: list[int]
+    checksums: dict[str, str]
+    part: str  # which part of the replicated state was compared, "k/K"
+    reason: str
+
+
+class SdcConfirmed(Record, frozen=True, kw_only=True, tag=Event.SDC_CONFIRMED.value):
+    """``member`` at ``rank`` holds corrupt state at ``step``: it is fenced and replaced, and every seat resumes
+    from ``rollback_step``, the newest step whose checks passed on every seat."""
+
+    detector: Detector
+    rollback_step: int
+    reason: str
+
+
 class SeatLeft(Record, frozen=True, kw_only=True, tag=Event.SEAT_LEFT.value):
     """A moving member stopped after ``step`` (its buddy holds that snapshot) and hands its seat over."""
 
@@ -253,6 +273,7 @@ class ChaosInjected(Record, frozen=True, kw_only=True, tag=Event.CHAOS_INJECTED.
     target_rank: int = NO_SEAT
     at_step: int | None = None  # an operator's command: the step it waited for
     target_step: int | None = None  # an operator's command: the target's step when it was sent
+    tensor: str = ""  # a corrupt spec's: the tensor whose bit it flipped (tracked name and state key)
 
     def target(self) -> tuple[str, int]:
         """The member the fault was injected into, and its seat (-1: a spare or unknown)."""
@@ -534,7 +555,7 @@ class Unrecognised(msgspec.Struct, frozen=True, kw_only=True):
 
 EventRecord = (
     CoordinatorStarted | StandbyStarted | MemberJoined | MemberFailed | SpareLost | SpareReleased | MoveRequested
-    | SeatSlow | SeatLeft | MovedExit | ViewPrepared
+    | SeatSlow | SdcSuspected | SdcConfirmed | SeatLeft | MovedExit | ViewPrepared
     | ViewCommitted | ViewAdopted | SwapCompleted | DiskFallback | CollectiveErrorReported | ChaosInjected
     | Rejected | RejoinAsked | TrainingFinished | JobFailed | UserException | StandbyJoined | StandbyLost
     | Takeover | TakeoverDeclined | CoordinatorStoodDown | CommitWithheld | TermFollowed | ChaosNotFired | Paused

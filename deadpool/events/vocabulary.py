@@ -19,6 +19,7 @@ class Detector(enum.StrEnum):
     PREPARE_TIMEOUT = "prepare_timeout"  # a survivor that did not answer the round's Prepare in time
     EXCEPTION = "exception"  # its script raised (the first of its kind: replaced once)
     OPERATOR = "operator"  # declared dead by a person or a test (``Coordinator.declare_dead``)
+    REPLICA_CHECK = "replica_check"  # its replicated state's checksum disagreed with every other seat's (corrupt)
 
 
 class Trigger(enum.StrEnum):
@@ -35,6 +36,7 @@ class Trigger(enum.StrEnum):
     SPARE_LOST = "spare_lost"  # a spare in the pool was declared dead
     MOVE = "move"  # a seated member left at a step boundary for a planned move
     DRAIN = "drain"  # the spares of a drained host left the pool
+    CORRUPTION = "corruption"  # a seat found corrupt (silent data corruption) is replaced and every seat rolls back
 
 
 class MoveTrigger(enum.StrEnum):
@@ -64,6 +66,15 @@ class ChaosAction(enum.StrEnum):
     PARTITION = "partition"  # every DeadPool message dropped both ways (spec only)
     PREEMPT = "preempt"  # SIGTERM to a host's launcher: a preemption notice (spec only, fired by that launcher)
     SLOW = "slow"  # the member computes `factor` times as long from its step on: a straggler (spec only)
+    CORRUPT = "corrupt"  # one bit of a parameter, local gradient or optimizer state flipped: silent corruption
+
+
+class Corrupted(enum.StrEnum):
+    """Which tensor a ``corrupt:`` chaos spec flips a bit of (its ``what=``)."""
+
+    PARAM = "param"  # a parameter, after the step's optimizer step
+    GRAD = "grad"  # a local gradient, before its all-reduce (rt.ddp)
+    OPTIM = "optim"  # the optimizer's state, after its step
 
 
 class ChaosVia(enum.StrEnum):

@@ -65,6 +65,8 @@ class Heartbeat:
     stall_p99_s: float  # p99 of the pre-step snapshot stall over recent steps
     control_addr: str  # where a coordinator that does not know this member (a restarted one) asks it to re-join
     compute_s: float = 0.0  # median over recent steps of its step time outside collective waits (slowness)
+    # [epoch, step, checksum] of its newest snapshots' part of the replicated state (Progress.checks), oldest first
+    checks: list[list[int]] = field(default_factory=list)
 
 
 @immutable
@@ -378,6 +380,7 @@ class HostHeartbeat:
     control_addrs: list[str]  # per member: where a coordinator that does not know it asks it to re-join
     stall_p99_s: list[float]  # per member: p99 of its pre-step wait for the snapshot copy (Heartbeat's)
     compute_s: list[float] = field(default_factory=list)  # per member: Heartbeat's compute_s ([]: none told)
+    checks: list[list[list[int]]] = field(default_factory=list)  # per member: Heartbeat's checks ([]: none told)
 
 
 @immutable

@@ -46,6 +46,7 @@ class Slot:
     mapping: mmap.mmap | None = None  # the file's mapping, referenced for as long as the arena is
     head: memoryview | None = None  # the file's head block (``shm.write_head``), before the arena
     allocation: int = 0  # which arena this is: a reallocated slot file is a new file under the same name
+    check: int | None = None  # the checksum of this capture's part of the replicated region (``checksum.py``)
 
     def payload(self) -> memoryview:
         """What the snapshot holds, as the arena packs it (zero-copy): the whole state, or, with a

@@ -40,6 +40,7 @@ import torch
 from deadpool.errors import WaitTimeout
 from deadpool.snapshot import shm
 from deadpool.snapshot.arena import Arenas, Slot
+from deadpool.snapshot.checksum import checksum, part_ranges
 from deadpool.snapshot.statetree import Manifest, TensorSpec, expand, flatten, held_nbytes, held_ranges, layout
 
 __all__ = ["Slot", "SnapshotStore", "on_accelerator"]
@@ -73,10 +74,11 @@ class _CopyJob:
     slot: Slot
     pairs: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]
     cuda_event: Any = None
+    checked: list[np.ndarray[Any, Any]] | None = None  # the replicated bytes to checksum after the copies
 
 
 class SnapshotStore:
-    """Two local snapshot slots and the thread that fills them."""
+    """The local snapshot slots (two, or more to reach back past a corruption) and the thread that fills them."""
 
     def __init__(
         self,
@@ -84,8 +86,9 @@ class SnapshotStore:
         after_copy: Callable[[Slot], None] | None = None,
         shm_dir: str = "",
         member: str = "",
+        depth: int = 2,
     ) -> None:
-        self._slots = [Slot(0), Slot(1)]
+        self._slots = [Slot(index) for index in range(max(2, depth))]
         self._arenas = Arenas(shm_dir, member)
         self._on_complete = on_complete
         self._after_copy = after_copy  # runs on the copy thread before the slot may be reused (disk checkpoints)
@@ -112,6 +115,7 @@ class SnapshotStore:
     def capture(
         self, step: int, generation: str, state: Any, background: set[int],
         replicated: set[int] | frozenset[int] = frozenset(), seat: int = 0, world: int = 1,
+        check: tuple[int, int] | None = None,
     ) -> Slot:
         """Start a snapshot of `state` as the state after `step`.
 
@@ -119,6 +123,8 @@ class SnapshotStore:
         thread; all others are copied before this returns.  Tensors whose pointer
         is in `replicated` are the same on every one of `world` seats: only
         `seat`'s slice of them is copied (``statetree.replicated_slice``).
+        `check` (part, parts): the copy thread also checksums that part of the
+        replicated region (``checksum.py``) into ``slot.check``, on the CPU path.
         """
         self.wait_copy(timeout=60.0)
         skeleton, tensors = flatten(state)
@@ -131,6 +137,7 @@ class SnapshotStore:
         self._sequence += 1
         slot.step, slot.generation, slot.manifest, slot.sequence = step, generation, manifest, self._sequence
         slot.seat, slot.world, slot.nbytes = seat, world, held_nbytes(manifest, seat, world)
+        slot.check = None
         on_gpu = on_accelerator(tensors)
         if slot.arena is None or slot.arena.numel() < slot.nbytes or (on_gpu and not slot.pinned):
             self._arenas.allocate(slot, max(slot.nbytes, 1), on_gpu)
@@ -149,8 +156,12 @@ class SnapshotStore:
                 pairs.append((dst, src[lo:hi]))
             else:
                 np.copyto(dst, src[lo:hi])
+        checked = None
+        if check is not None and manifest.replicated:
+            # Only optimizer.step() changes the replicated tensors, and its pre-step hook waits for this job.
+            checked = [sources[index][1][lo:hi] for index, lo, hi in part_ranges(manifest, *check)]
         self._pending = slot
-        self._jobs.put(_CopyJob(slot, pairs))
+        self._jobs.put(_CopyJob(slot, pairs, checked=checked))
         return slot
 
     # The layout and the numpy views of both sides are made once and reused while nothing changes: the
@@ -254,11 +265,9 @@ class SnapshotStore:
         self._jobs.put(_CopyJob(slot, [], cuda_event=event))
 
     def _free_slot(self) -> Slot:
-        """The slot not holding the newest complete snapshot."""
+        """The oldest slot that does not hold the newest complete snapshot."""
         newest = self.newest()
-        if newest is None:
-            return min(self._slots, key=lambda s: s.sequence)
-        return self._slots[1 - newest.index]
+        return min((s for s in self._slots if s is not newest), key=lambda s: s.sequence)
 
     def _copy_loop(self) -> None:
         while True:
@@ -269,6 +278,8 @@ class SnapshotStore:
                 job.cuda_event.synchronize()
             for dst, src in job.pairs:
                 np.copyto(dst, src)
+            if job.checked is not None:
+                job.slot.check = checksum(job.checked)
             if self._after_copy is not None:
                 try:
                     self._after_copy(job.slot)

@@ -3,7 +3,7 @@
 Synchronous and without I/O of its own: the SnapshotActor hands it every
 ward header it receives and asks it what it holds (for a PrepareAck) and for
 a copy (for a restore).  A copy is either the frames received over the wire
-(the two newest per ward) or a read-only mapping of the ward's shared-memory
+(the newest few per ward) or a read-only mapping of the ward's shared-memory
 slot file, whose head block says which snapshot it holds now: a mapped slot
 is re-read (``refresh``) whenever the question is asked, because a same-host
 ward confirms later snapshots in it without a message.  Why holding the
@@ -61,8 +61,9 @@ class Taken:
 class WardCopies:
     """The copies one member holds for its ward seats, and the slot files it maps for them."""
 
-    def __init__(self, member: str, secret: bytes | None, shm_dir: str, events: EventLog) -> None:
+    def __init__(self, member: str, secret: bytes | None, shm_dir: str, events: EventLog, depth: int = 2) -> None:
         self._member = member
+        self._depth = depth  # copies received as frames kept per ward: as many as the ward keeps snapshots
         self._secret = secret
         self._shm_dir = shm_dir  # ward files are mapped only from here ("" : no shared-memory copies taken)
         self._events = events
@@ -107,8 +108,8 @@ class WardCopies:
             copies = [c for c in copies if c.header.step != header.step or c.shared]
         copies.append(WardCopy(header, frames, mapping))
         # A mapped slot stays mapped while the ward may still confirm snapshots in it without a message;
-        # copies received as frames: the two newest.
-        received = sorted((c for c in copies if not c.shared), key=lambda c: c.header.step)[-2:]
+        # copies received as frames: the newest `depth` (two, or more where replica checks may roll back further).
+        received = sorted((c for c in copies if not c.shared), key=lambda c: c.header.step)[-self._depth:]
         self.by_seat[header.seat] = sorted([c for c in copies if c.shared] + received, key=lambda c: c.header.step)
         self._update_holdings()
         return Taken(ack=True)

@@ -195,6 +195,7 @@ class DataParallel(nn.Module):
                 targets.append(view)
         if grads:
             torch._foreach_copy_(targets, grads)
+        self._collectives.corrupt_gradient(bucket.flat)  # silent corruption of a local gradient (chaos only)
         bucket.work = self._collectives.issue_allreduce(bucket.flat)
         if bucket.work is None:
             self._abandoned = True

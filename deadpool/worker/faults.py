@@ -13,10 +13,13 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
+
+import torch
 
 from deadpool import chaos
 from deadpool.actors.handoff import Handoff
-from deadpool.chaos import ChaosAction, ChaosPlan, ChaosPoint, Switch
+from deadpool.chaos import ChaosAction, ChaosPlan, ChaosPoint, ChaosSpec, Corrupted, Switch
 from deadpool.config import WorkerEnv
 from deadpool.events import schema
 from deadpool.events.log import EventLog
@@ -71,7 +74,7 @@ class FaultInjector:
         spec = self._plan.due(point, state.step if step is None else step)
         if spec is None:
             return
-        self._handoff.post(ChaosInjected(self._member, spec.action, state.rank, state.step, time.time()))
+        self._report(spec)
         if not self._handoff.flush(REPORT_FLUSH_S):
             log.warning("chaos %s: the report was not handed to the transport within %.1fs; injecting anyway",
                         spec, REPORT_FLUSH_S)
@@ -84,6 +87,29 @@ class FaultInjector:
             self._slow_factor = spec.factor  # from now on: every step's start (slowdown)
             return
         chaos.inject(spec, self._partition)
+
+    def _report(self, spec: ChaosSpec) -> None:
+        """Tell the coordinator what is injected now (it times the detection from it)."""
+        self._handoff.post(ChaosInjected(self._member, spec.action, self._state.rank, self._state.step, time.time()))
+
+    def corrupt(self, what: Corrupted, step: int, target: Callable[[], tuple[str, torch.Tensor] | None]) -> None:
+        """Flip the bit a ``corrupt:`` spec for `what` names, if one is due at `step`, in the tensor `target` gives
+        (its name and the tensor): silent data corruption, nothing crashes."""
+        if not self.armed:
+            return
+        spec = self._plan.corrupt_due(what, step)
+        if spec is None:
+            return
+        found = target()
+        state = self._state
+        if found is None:
+            log.warning("chaos %s: this seat has no %s tensor to corrupt at step %d", spec, what, step)
+            return
+        name, tensor = found
+        flip_bit(tensor, spec.bit)
+        self._report(spec)
+        self._events.emit(schema.ChaosInjected(action=spec.action, at=str(what), spec=str(spec), tensor=name,
+                          epoch=state.epoch, rank=state.rank, step=step))
 
     def slowdown(self, compute_s: float) -> float:
         """Seconds this step's start sleeps under a ``slow:`` spec that fired: (factor - 1) times the compute time
@@ -124,3 +150,12 @@ class FaultInjector:
             self._events.emit(schema.ChaosInjected(action=spec.action, spec=str(spec), rank=-1))
             chaos.inject(spec, self._partition)
         return wait
+
+
+def flip_bit(tensor: torch.Tensor, bit: int) -> None:
+    """Flip `bit` (0..31) of the 32-bit little-endian word in the middle of `tensor`'s bytes, in place, outside
+    autograd (a tensor of under 4 bytes: that bit modulo 8 of its first byte)."""
+    data = tensor.detach().reshape(-1).view(torch.uint8)
+    words = data.numel() // 4
+    index = (words // 2) * 4 + bit // 8 if words else 0
+    data[index] ^= 1 << (bit % 8)

@@ -9,6 +9,7 @@ collectives are ``groups/hub.py``'s, and the end of the process is ``exit.py``'s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import logging
@@ -28,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from deadpool.actors.handoff import Command, Handoff, LocalReady, Progress
 from deadpool.actors.runtime_thread import RuntimeThread
-from deadpool.chaos import ChaosPoint
+from deadpool.chaos import ChaosPoint, Corrupted
 from deadpool.config import WorkerEnv
 from deadpool.errors import MisuseError
 from deadpool.events import schema
@@ -112,8 +113,10 @@ class Runtime:
             after_copy=self._save_to_disk if self._disk.enabled else None,
             shm_dir=self.config.shm_dir,
             member=self.member,
+            depth=self.config.snapshot_depth,
         )
-        self._tracked = TrackedState(self._collectives, self._snapshots)
+        self._tracked = TrackedState(self._collectives, self._snapshots, self.config.replica_checks,
+                                     self.config.snapshot_every)
         self._own_groups = OwnGroups()  # the script's dist.new_group() groups
         self._dcp_wrapped = False  # torch.distributed.checkpoint's save and load quiet in a lost step (dcp.py)
         self._snapshots_on = True  # rt.set_snapshots
@@ -414,6 +417,8 @@ class Runtime:
         waited = self._collectives.waits.take()
         self._computes.append(max(0.0, elapsed - waited))
         self._progress.compute_s = round(statistics.median(self._computes), 6)
+        for what in (Corrupted.PARAM, Corrupted.OPTIM):  # a corrupt: chaos spec's flip, after the optimizer step
+            self._faults.corrupt(what, step, functools.partial(self._tracked.first_tensor, what))
         if self._snapshots_on and (step + 1) % self.config.snapshot_every == 0:
             self._capture(step)
         self._progress.step = step

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from deadpool.events.vocabulary import Corrupted
 from deadpool.protocol.view import View
 from deadpool.snapshot.statetree import Manifest, flatten, materialize, same_layout
 from deadpool.snapshot.store import SnapshotStore
@@ -30,9 +31,12 @@ from deadpool.worker.lost_step import fill_missing_grads
 class TrackedState:
     """The tracked objects of one seat, their live state, and the snapshots they capture and load."""
 
-    def __init__(self, collectives: GroupCollectives, snapshots: SnapshotStore) -> None:
+    def __init__(self, collectives: GroupCollectives, snapshots: SnapshotStore, checks: int = 0,
+                 every: int = 1) -> None:
         self._collectives = collectives  # DTensor's sharding decisions (a mesh job's), rt.ddp's seat-0 broadcast
         self._snapshots = snapshots
+        self._checks = checks  # replica checks: each snapshot checksums 1/checks of the replicated state (0: none)
+        self._every = every  # a snapshot every this many steps: the part checked follows the snapshots' count
         self._objects: dict[str, Any] = {}  # by rt.track's name: what holds each one's state
         self._sharded = False  # the script has a mesh (rt.device_mesh): tracked state may hold DTensors
         self._optimizers: list[torch.optim.Optimizer] = []
@@ -90,9 +94,11 @@ class TrackedState:
         return state
 
     def capture(self, step: int, view: View, seat: int) -> None:
-        """Snapshot the live state as `seat`'s of `step` under `view`."""
+        """Snapshot the live state as `seat`'s of `step` under `view`, with its replica check (the same part of
+        the replicated state on every seat for the same step)."""
+        check = ((step // self._every) % self._checks, self._checks) if self._checks else None
         self._snapshots.capture(step, view.store_prefix, self._snapshot_state(), self._background_pointers(),
-                                self._replicated_pointers(), seat, view.world_size)
+                                self._replicated_pointers(), seat, view.world_size, check)
 
     def _snapshot_state(self) -> dict[str, Any]:
         """The live state, and DTensor's decisions with it: not training state (no digest covers them), but what
@@ -128,6 +134,21 @@ class TrackedState:
                 if state:
                     pointers.update(v.data_ptr() for v in state.values() if isinstance(v, torch.Tensor) and v.numel())
         return pointers
+
+    def first_tensor(self, what: Corrupted) -> tuple[str, torch.Tensor] | None:
+        """The tensor a ``corrupt:`` chaos spec flips a bit of, with its name: the first parameter of the first
+        tracked module, or the first optimizer's first state tensor of more than one element (this seat's)."""
+        for name, obj in self._objects.items():
+            if what is Corrupted.PARAM and isinstance(obj, torch.nn.Module):
+                for key, param in obj.named_parameters():
+                    return f"{name}.{key}", dtensors.local(param)
+            if what is Corrupted.OPTIM and isinstance(obj, torch.optim.Optimizer):
+                inner: torch.optim.Optimizer = getattr(obj, "optim", obj)  # ZeRO: the local shard's optimizer
+                for index, state in enumerate(inner.state.values()):
+                    for key, value in state.items():
+                        if isinstance(value, torch.Tensor) and value.numel() > 1:
+                            return f"{name}.state[{index}].{key}", dtensors.local(value)
+        return None
 
     # -- restore ------------------------------------------------------------------------------
 

@@ -166,8 +166,8 @@ def _labels_every_round_blind(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bug on purpose: every round is labelled a blind rebuild, whatever its (unchanged) reason says."""
     start = Rounds.start
 
-    def blind(self, now, newly_failed, reason, trigger):  # type: ignore[no-untyped-def]
-        start(self, now, newly_failed, reason, Trigger.BLIND_REBUILD)
+    def blind(self, now, newly_failed, reason, trigger, **keywords):  # type: ignore[no-untyped-def]
+        start(self, now, newly_failed, reason, Trigger.BLIND_REBUILD, **keywords)
 
     monkeypatch.setattr(Rounds, "start", blind)
 

@@ -154,3 +154,28 @@ def test_an_unarmed_process_notes_nothing() -> None:
     faults.point(ChaosPoint.BOUNDARY)
     faults.first_step_done(0)
     assert events.records == []
+
+
+@pytest.mark.parametrize("bad, says", [
+    ("corrupt:rank=1:step=3", "corrupt takes"),
+    ("corrupt:rank=1:step=3:what=weights", "what= must be one of param, grad, optim"),
+    ("corrupt:rank=1:step=3:what=param:bit=32", "bit= must be 0..31"),
+    ("corrupt:rank=1:step=3:what=param:every=2", "every= takes 1"),
+    ("corrupt:rank=1:step=3:what=param:at=allreduce", "corrupt takes"),
+    ("kill:rank=1:step=3:what=param", "for corrupt only"),
+])
+def test_a_corrupt_spec_naming_what_does_not_exist_is_refused(bad: str, says: str) -> None:
+    with pytest.raises(MisuseError, match=says):
+        parse(bad)
+
+
+def test_a_corrupt_spec_fires_at_its_step_or_at_every_step_from_it() -> None:
+    once, every = parse_all("corrupt:rank=1:step=3:what=param,corrupt:rank=1:step=5:what=grad:bit=20:every=1")
+    assert str(once) == "corrupt:rank=1:step=3:what=param:bit=16" and every.every and every.bit == 20
+    plan = ChaosPlan([once, every], initial_rank=1, spare_index=-1)
+    assert plan.due("boundary", 3) is None, "a corrupt spec fires at its tensor, not at a point of the step"
+    assert plan.corrupt_due("param", 2) is None and plan.corrupt_due("param", 3) == once
+    assert plan.corrupt_due("param", 3) is None, "once"
+    assert [plan.corrupt_due("grad", step) for step in (4, 5, 6)] == [None, every, every]
+    assert not plan.pending()
+    assert "names rank 4" in unreachable(parse("corrupt:rank=4:step=1:what=optim"), 4, 1, None)[0]

@@ -41,6 +41,9 @@ class FakeCollectives:
         if point is ChaosPoint.BACKWARD:
             self.log.append("grad")
 
+    def corrupt_gradient(self, flat: torch.Tensor) -> None:
+        pass  # no chaos here
+
     def issue_allreduce(self, flat: torch.Tensor) -> Any:
         self.log.append(f"issue{len(self.flats)}")
         self.flats.append(flat)

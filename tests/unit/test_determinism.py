@@ -83,7 +83,7 @@ def test_digests_come_from_the_seat_finished_events() -> None:
         {"event": "seat_finished", "rank": 0, "parts": {"model": "a", "__rng__": "all"}, "rngs": {"torch": "t"}},
         {"event": "seat_finished", "rank": 1, "parts": {"model": "b", "__rng__": "all"}, "rngs": {"torch": "u"}},
     ]]
-    assert digests_of(records) == ({0: {"model": "a", "rng:torch": "t"}, 1: {"model": "b", "rng:torch": "u"}}, 1)
+    assert digests_of(records) == ({0: {"model": "a", "rng:torch": "t"}, 1: {"model": "b", "rng:torch": "u"}}, 1, False)
 
 
 def test_the_default_kill_is_rank_1_half_way() -> None:
@@ -104,3 +104,10 @@ def test_each_run_writes_its_disk_checkpoints_to_a_folder_of_its_own(tmp_path: P
     assert folders == [str(tmp_path / f"run{i}") for i in (1, 2, 3)]
     with pytest.raises(MisuseError, match="drop --resume"):
         check(argparse.Namespace(**{**vars(args), "resume": True}), 8, lambda run_args: (0, ""))
+
+
+def test_an_unrepaired_corruption_names_the_object_and_says_why() -> None:
+    same = {0: {"model": "a"}, 1: {"model": "a"}}
+    flipped = Run("with a kill", 0, {0: {"model": "a"}, 1: {"model": "b"}}, 0, corrupted=True)
+    ok, lines = compare(run("failure-free", same), run("failure-free again", same), flipped)
+    assert not ok and "tracked object 'model' on rank(s) [1]" in lines[-1] and "corruption" in lines[-1]

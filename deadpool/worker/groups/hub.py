@@ -21,7 +21,7 @@ from torch._C._distributed_c10d import BroadcastOptions, PrefixStore
 from torch.distributed.device_mesh import DeviceMesh
 
 from deadpool.actors.handoff import Handoff
-from deadpool.chaos import ChaosPoint
+from deadpool.chaos import ChaosPoint, Corrupted
 from deadpool.errors import CollectiveAborted, MisuseError, WaitTimeout
 from deadpool.events import schema
 from deadpool.events.log import EventLog
@@ -50,6 +50,10 @@ class StepCollectives(Protocol):
 
     def fault_point(self, point: ChaosPoint) -> None:
         """A fault-injection point inside backward (returns at once when no chaos is declared)."""
+        ...
+
+    def corrupt_gradient(self, flat: torch.Tensor) -> None:
+        """A ``corrupt:...:what=grad`` chaos spec due now flips a bit of this local gradient bucket."""
         ...
 
     def step_lost(self) -> bool:
@@ -219,6 +223,9 @@ class GroupCollectives:
 
     def fault_point(self, point: ChaosPoint) -> None:
         self._faults.point(point)
+
+    def corrupt_gradient(self, flat: torch.Tensor) -> None:
+        self._faults.corrupt(Corrupted.GRAD, self._state.step, lambda: ("rt.ddp gradient bucket", flat))
 
     def step_lost(self) -> bool:
         """The step in progress is lost: poisoned, or a view change is being prepared (it is poisoned then, so
