@@ -32,6 +32,9 @@ def default_shm_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else ""
 
 
+AUDIT_DEPTH = 12  # snapshots kept with --audit: a seat audited every 8 steps or so can still be rolled back
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """Timeouts in seconds; every wait in DeadPool is bounded by one of these."""
@@ -67,7 +70,9 @@ class Config:
     total_steps: int = 0  # the script's --steps as the launcher saw it (0: unknown), the cost model's horizon
     # Silent data corruption (coordinator/replicas.py): every step each seat checksums 1/K of the state that is the
     # same on every seat (all of it every K steps) and the coordinator compares them; 0 switches the checks off.
-    replica_checks: int = 1
+    # Half per step keeps the sum under 1% of a step's CPU on the GPT demo (docs/design/corruption.md).
+    replica_checks: int = 2
+    audit: bool = False  # an idle spare re-does one seat's step after another and compares gradients (--audit)
 
     @property
     def pg_timeout(self) -> float:
@@ -109,12 +114,16 @@ class Config:
 
     @property
     def snapshot_depth(self) -> int:
-        """Snapshots each seat (and its buddy) keeps: two, or with replica checks of 1/K per step, K + 2.
+        """Snapshots each seat (and its buddy) keeps: two, or with replica checks of 1/K per step, K + 2; with
+        audits, AUDIT_DEPTH.
 
         A corruption is seen at the latest K steps after it (when the check reaches its part), a check's
         verdict comes during the next step, and the step after it may finish before the fence lands: the
-        newest step known clean, K before the mismatch, must still be held then."""
-        return self.replica_checks + 2 if self.replica_checks else 2
+        newest step known clean, K before the mismatch, must still be held then. An audit finds a faulty seat
+        up to one round of audits (a step per seat, or more) after its last clean one, where the job goes back.
+        """
+        depth = self.replica_checks + 2 if self.replica_checks else 2
+        return max(depth, AUDIT_DEPTH) if self.audit else depth
 
     def to_env(self) -> dict[str, str]:
         """The environment that carries this config to child processes."""

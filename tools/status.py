@@ -76,6 +76,11 @@ def render_status(status: dict[str, Any], events: int = 8) -> Any:
                           f"{move.get('asked_s')} s ago)", style="yellow"))
     if status.get("replica_checks"):
         parts.append(Text(f"replica checks (silent data corruption): {status['replica_checks']}"))
+    if isinstance(audits := status.get("audits"), dict):
+        flight = audits.get("in_flight")
+        now = f"; now rank {flight.get('rank')} step {flight.get('step')} on {flight.get('spare')}" \
+            if isinstance(flight, dict) else ""
+        parts.append(Text(f"audits: {audits.get('clean')} clean, {audits.get('missed')} missed{now}"))
     for found in [c for c in status.get("corruptions", []) if isinstance(c, dict)]:
         parts.append(Text(f"silent data corruption: rank {found.get('rank')} at step {found.get('step')} (replaced, "
                           "rolled back)", style="bold red"))

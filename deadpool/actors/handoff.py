@@ -21,12 +21,13 @@ from typing import Any
 
 from deadpool.actors.inbox import Drain
 from deadpool.errors import WaitTimeout
-from deadpool.protocol.messages import CommitView, Fenced, Leave, Prepare, RestorePart, Stop
+from deadpool.protocol.messages import Audit, CommitView, Fenced, Leave, Prepare, RestorePart, Stop
 from deadpool.snapshot.arena import Slot
 from deadpool.snapshot.statetree import Manifest
 
 Command = Prepare | CommitView | Stop | Fenced
 MAX_COMMANDS = 64
+MAX_AUDITS = 4  # audits a spare keeps asked of it (older ones drop out)
 CHECKS_TOLD = 4  # the newest snapshots' replica checksums each heartbeat carries (Progress.checks)
 
 
@@ -115,6 +116,7 @@ class Handoff:
         # abandoned, in its forward)
         self._terminal: Stop | Fenced | None = None  # a command after which nothing else matters
         self._leave: Leave | None = None  # a planned move asked this seat to leave at its next boundary
+        self._audits: deque[Audit] = deque(maxlen=MAX_AUDITS)  # audits asked of this spare, oldest first
         self._confirmed: set[tuple[str, int]] = set()  # (generation, step) copies confirmed by the buddy
         self._post: Callable[[Any], None] | None = None
         self._on_loss: Callable[[frozenset[int]], None] | None = None  # told a Prepare's failed seats at once
@@ -239,6 +241,17 @@ class Handoff:
             self._leave = leave
             self.condition.notify_all()
 
+    def request_audit(self, audit: Audit) -> None:
+        """The coordinator asks this spare to re-do a seat's step (an audit)."""
+        with self.condition:
+            self._audits.append(audit)
+            self.condition.notify_all()
+
+    def next_audit(self) -> Audit | None:
+        """A spare: the oldest audit asked of it and not yet taken."""
+        with self.condition:
+            return self._audits.popleft() if self._audits else None
+
     @property
     def leave(self) -> Leave | None:
         """The planned move this seat is to make at its next step boundary (None: none asked)."""
@@ -255,6 +268,21 @@ class Handoff:
     def is_confirmed(self, generation: str, step: int) -> bool:
         with self.condition:
             return (generation, step) in self._confirmed
+
+    def pending(self) -> bool:
+        """A command is queued for the compute thread (a view, a Prepare, the end)."""
+        return bool(self._commands)
+
+    def pause(self, epoch: int, seconds: float) -> bool:
+        """Sleep `seconds`, or less: False when a newer view than `epoch` is being prepared, or a command came."""
+        deadline = time.monotonic() + seconds
+        with self.condition:
+            while not self._commands and not self.interrupted(epoch):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return True
+                self.condition.wait(remaining)
+            return False
 
     def take(self, timeout: float, what: str) -> Command:
         """Next command, waiting at most `timeout` seconds.

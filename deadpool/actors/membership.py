@@ -21,6 +21,7 @@ from deadpool.events.log import EventLog
 from deadpool.protocol import codec, viewsync
 from deadpool.protocol.link import CoordinatorLink
 from deadpool.protocol.messages import (
+    Audit,
     CommitView,
     Coordinators,
     Fenced,
@@ -245,6 +246,11 @@ class MembershipActor:
                 self._events.emit(schema.Rejected(reason="misaddressed", detail=f"leave for {message.member}"))
                 return
             self._handoff.request_leave(message)
+        elif isinstance(message, Audit):
+            if message.member != self._member:
+                self._events.emit(schema.Rejected(reason="misaddressed", detail=f"audit for {message.member}"))
+                return
+            self._handoff.request_audit(message)
         elif isinstance(message, Rejoin):
             if message.member != self._member:
                 self._events.emit(schema.Rejected(reason="misaddressed", detail=f"rejoin for {message.member}"))

@@ -36,7 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replica-checks", type=int, default=None, metavar="K",
                         help="silent-data-corruption checks: each step every seat checksums 1/K of the state that "
                              "is the same on every seat (rt.ddp's parameters and optimizer state), all of it every "
-                             "K steps, and a seat that disagrees with the others is replaced (default 1; 0: off)")
+                             "K steps, and a seat that disagrees with the others is replaced (default 2; 0: off)")
+    parser.add_argument("--audit", action="store_true",
+                        help="an idle spare re-does one seat's step after another (rt.ddp and ZeRO) and compares "
+                             "the local gradients with the seat's own; a seat that differs is replaced (needs a "
+                             "spare)")
     parser.add_argument("--checkpoint-dir", default="", help="disk checkpoints here (fallback when a seat and its "
                         "buddy die together); a shared filesystem across hosts")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="write a disk checkpoint every N steps")

@@ -38,6 +38,8 @@ def validate(args: argparse.Namespace) -> None:
         )
     if args.nnodes < 1:
         raise MisuseError(f"--nnodes must be at least 1, got {args.nnodes}")
+    if getattr(args, "audit", False) and args.spares == 0 and args.nnodes == 1:
+        raise MisuseError("--audit needs a spare to re-do the seats' steps: give --spares 1 or more")
     if not 0 <= args.node_rank < args.nnodes:
         raise MisuseError(f"--node-rank must be in 0..{args.nnodes - 1}, got {args.node_rank}")
     if not 0 <= args.coordinator_port <= 65535 or not 0 <= args.master_port <= 65535:

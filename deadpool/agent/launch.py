@@ -194,6 +194,7 @@ class Launcher:
             if getattr(self.args, name, None) is not None:
                 overrides[name] = getattr(self.args, name)
         overrides["replace_slow"] = bool(getattr(self.args, "replace_slow", False))
+        overrides["audit"] = bool(getattr(self.args, "audit", False))
         overrides["total_steps"] = visible_steps(self.args.script_args) or 0
         if getattr(self.args, "shm_dir", None) is not None:
             overrides["shm_dir"] = str(Path(self.args.shm_dir).resolve()) if self.args.shm_dir else ""

@@ -93,11 +93,15 @@ class Moves:
         return self._start(MoveCommand(seat, "", "", "", reason, "", 0), now, MoveTrigger.SLOW)
 
     def free_spares(self) -> int:
-        """Spares of the pool no move has reserved, on hosts not drained."""
+        """How many spares of the pool no move has reserved, on hosts not drained."""
+        return len(self.free_pool())
+
+    def free_pool(self) -> list[str]:
+        """The spares of the pool no move has reserved, on hosts not drained, in the pool's order."""
         view = self._views.current
         reserved = {move.spare for move in self._moving.values()}
-        return sum(1 for spare in (view.spares if view else []) if spare not in reserved
-                   and self._addrs.host.get(spare, "") not in self.drained)
+        return [spare for spare in (view.spares if view else []) if spare not in reserved
+                and self._addrs.host.get(spare, "") not in self.drained]
 
     def _start(self, command: MoveCommand, now: float, trigger: MoveTrigger | None = None) -> str:
         """Check `command` and answer it; start its moves. Returns why it was refused ("": started)."""

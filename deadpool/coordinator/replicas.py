@@ -33,6 +33,7 @@ class Corruption:
     step: int  # the step whose checksums disagreed
     reason: str
     rollback_step: int  # the newest step whose checks passed on every seat
+    detector: Detector = Detector.REPLICA_CHECK
 
 
 class ReplicaChecks:

@@ -22,6 +22,7 @@ from typing import Any
 
 from deadpool.config import Config
 from deadpool.coordinator import decisions, fanout
+from deadpool.coordinator.audits import Audits
 from deadpool.coordinator.deaths import Deaths
 from deadpool.coordinator.decisions import Trigger
 from deadpool.coordinator.ending import Ending
@@ -49,6 +50,7 @@ from deadpool.protocol.link import StandDown
 from deadpool.protocol.messages import (
     AckBatch,
     AgentHello,
+    AuditDigest,
     ChaosCommand,
     ChaosInjected,
     CollectiveFailed,
@@ -128,6 +130,8 @@ class Coordinator:
                                   lambda: self._swaps.last_recovery_s)
         self._replicas = ReplicaChecks(config.replica_checks, config.snapshot_every, events, self._views,
                                        self._ending.fail)
+        self._audits = Audits(config.audit, events, self._views, self.members, self._out, self._moves.free_pool,
+                              self._hostbeats.settle, lambda: self._rounds.current is not None)
         self._first = FirstSeats()  # the seats before the first view: joined, or lost
         self._joining = JoiningSpares()  # spares that joined the running job, pooled by one view at a time
         self._rejoins = RejoinAsks()  # when we last sent each unreachable member a Rejoin
@@ -247,18 +251,18 @@ class Coordinator:
         step whose checks passed; with no spare free, stop the job naming the seat and the step."""
         for corruption in found:
             self.events.emit(schema.SdcConfirmed(member=corruption.member, rank=corruption.seat, step=corruption.step,
-                                                 detector=Detector.REPLICA_CHECK, reason=corruption.reason,
+                                                 detector=corruption.detector, reason=corruption.reason,
                                                  rollback_step=corruption.rollback_step))
             if self.outcome is not None:
                 return
             if not self._moves.free_spares():
                 self._ending.fail(
-                    f"silent data corruption: seat {corruption.seat} ({corruption.member}) holds state at step "
-                    f"{corruption.step} that differs from the other seats' ({corruption.reason}), and no spare is "
-                    "free to take its seat. Stopped rather than train on corrupt state; relaunch with more --spares "
-                    f"(the newest step known good is {corruption.rollback_step})")
+                    f"silent data corruption: seat {corruption.seat} ({corruption.member}) found corrupt at step "
+                    f"{corruption.step} ({corruption.reason}), and no spare is free to take its seat. Stopped rather "
+                    "than train on corrupt state; relaunch with more --spares (the newest step known good is "
+                    f"{corruption.rollback_step})")
                 return
-            self._deaths.declare(now, [(corruption.member, corruption.reason)], Detector.REPLICA_CHECK,
+            self._deaths.declare(now, [(corruption.member, corruption.reason)], corruption.detector,
                                  limit=corruption.rollback_step)
 
     def _welcome(self, agent: Agent) -> Welcome:
@@ -287,6 +291,8 @@ class Coordinator:
             self._deaths.collective_failed(message, now)
         elif isinstance(message, Recovered):
             self._on_recovered(message)
+        elif isinstance(message, AuditDigest):
+            self._corrupt(self._audits.digest(message), now)
         elif isinstance(message, Finished):
             self._on_finished(message)
         elif isinstance(message, ChaosInjected):
@@ -486,6 +492,7 @@ class Coordinator:
             self._maybe_first_view()
         self._moves.tick(now)  # preemption notices whose window passed
         self._slowness.check(now)  # fail-slow seats
+        self._audits.tick(now)  # --audit: a spare re-does a seat's step
         self._deaths.silent(now)  # heartbeats and host beats
         if self.view is not None and self._joining.due(now):
             self._pool_spares(now)
@@ -502,4 +509,4 @@ class Coordinator:
         document = self._status.document(now)
         for seat in document["seats"]:
             seat["slowness"] = self._slowness.scores.get(seat["rank"])
-        return {**document, **self._moves.status(), **self._replicas.status()}
+        return {**document, **self._moves.status(), **self._replicas.status(), **self._audits.status()}

@@ -20,6 +20,7 @@ class Detector(enum.StrEnum):
     EXCEPTION = "exception"  # its script raised (the first of its kind: replaced once)
     OPERATOR = "operator"  # declared dead by a person or a test (``Coordinator.declare_dead``)
     REPLICA_CHECK = "replica_check"  # its replicated state's checksum disagreed with every other seat's (corrupt)
+    AUDIT = "audit"  # a spare re-did one of its steps and computed other local gradients (corrupt)
 
 
 class Trigger(enum.StrEnum):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import enum
 from dataclasses import field
 
+from deadpool.protocol.audits import Audit as Audit
+from deadpool.protocol.audits import AuditDigest as AuditDigest
 from deadpool.protocol.immutable import immutable
 from deadpool.protocol.operator import ChaosCommand as ChaosCommand
 from deadpool.protocol.operator import ChaosResult as ChaosResult
@@ -623,6 +625,8 @@ Message = (
     | HostHeartbeat
     | Relay
     | AckBatch
+    | Audit
+    | AuditDigest
 )
 
 # Append-only: a tag, once given, is never reused or renumbered.
@@ -672,6 +676,8 @@ REGISTRY: dict[int, type[Message]] = {
     60: HostHeartbeat,
     61: Relay,
     62: AckBatch,
+    63: Audit,
+    64: AuditDigest,
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}
 # Sent again unchanged, often, while nothing changed: a host agent's heartbeat between its workers' steps, its

@@ -195,9 +195,9 @@ class DataParallel(nn.Module):
                 targets.append(view)
         if grads:
             torch._foreach_copy_(targets, grads)
-        self._collectives.corrupt_gradient(bucket.flat)  # silent corruption of a local gradient (chaos only)
+        self._collectives.packed_gradient(bucket.flat)  # chaos may corrupt it; an audited step digests it
         bucket.work = self._collectives.issue_allreduce(bucket.flat)
-        if bucket.work is None:
+        if bucket.work is None and not self._collectives.local_only():  # an audit packs every bucket, sums none
             self._abandoned = True
 
     def _end_of_backward(self) -> None:

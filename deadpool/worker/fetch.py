@@ -130,6 +130,19 @@ class PeerFetch:
 
         return finish
 
+    def snapshot_of(self, view: View, seat: int, step: int) -> Restored:
+        """`seat`'s whole snapshot of `step` (its buddy's copy, the other seats' slices), for a spare that re-does the
+        seat's next step (an audit); a newer view than `view` interrupts the wait.
+
+        Raises:
+            CollectiveAborted: a newer view interrupted the wait.
+            RestoreFailed: a part is not held (yet) or does not fit; WaitTimeout: not all answered in time.
+        """
+        asked = [(seat, RestorePart.HELD, view.buddy_member(seat)),
+                 *((other, RestorePart.SLICE, view.seats[other]) for other in range(view.world_size) if other != seat)]
+        fetched = self.wait(view.epoch, f"of seat {seat} at step {step}", asked, self._ask(step, asked))
+        return self.assemble(seat, view.world_size, asked, fetched)
+
     def slices_into(self, view: View, seat: int, manifest: Manifest, arena: torch.Tensor) -> Callable[[], Restored]:
         """Ask now for the other seats' slices of the replicated region that complete a restored arena; the
         call returned waits for them, puts them in place and returns the completed snapshot.

@@ -20,7 +20,7 @@ from deadpool.config import WorkerEnv
 from deadpool.errors import CollectiveAborted, JobStopped, RestoreFailed, WaitTimeout
 from deadpool.events import schema
 from deadpool.events.log import EventLog
-from deadpool.protocol.messages import CollectiveFailed, CommitView, Fenced, Prepare, Recovered, Role, Stop
+from deadpool.protocol.messages import Audit, CollectiveFailed, CommitView, Fenced, Prepare, Recovered, Role, Stop
 from deadpool.protocol.view import FIRST_EPOCH, INITIAL_STEP, View
 from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
 from deadpool.snapshot.store import SnapshotStore
@@ -44,6 +44,7 @@ from deadpool.worker.step import StepState
 from deadpool.worker.tracked import TrackedState
 
 SPARE_WAIT_S = 7 * 24 * 3600.0  # a spare may wait this long for a seat (the job's life, in practice)
+AUDIT_POLL_S = 0.05  # a spare of an audited job looks for the coordinator's next audit this often
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,11 @@ class Recovery:
         self._failure_step = -1  # the injected failure's step the Prepares of this pause named (-1: none)
         self._initial_rng: dict[str, Any] | None = None  # the RNG states of the initial state (its first adoption)
 
+    @property
+    def held(self) -> View | None:
+        """The newest view a waiting spare was told of (None: none yet, or seated)."""
+        return self._held
+
     def set_view(self, view: View) -> None:
         """Sit in `view` without touching the group (a view that keeps the store prefix: spares changed)."""
         state = self._state
@@ -121,16 +127,19 @@ class Recovery:
 
     # -- waiting ------------------------------------------------------------------------------
 
-    def wait_for_seat(self) -> int | None:
+    def wait_for_seat(self) -> int | Audit | None:
         """Block until this member has a seat (first view, or adoption); returns the first step.
 
-        None: this spare was never needed and the job finished.
+        None: this spare was never needed and the job finished. An Audit: the coordinator asks this waiting spare
+        to re-do a seat's step (``load_for_audit``, then ``rt.steps()`` runs it), after which it waits again.
 
         Raises:
             JobStopped: the coordinator ended the job.
             WaitTimeout: an active member got no first view within ``startup_timeout``.
         """
-        offer, self._offer = self._offer or self._next_offer(), None
+        offer, self._offer = self._offer or self._next_offer(audits=True), None
+        if isinstance(offer, Audit):
+            return offer
         if isinstance(offer, Reserved):
             self._preload(offer)
             offer = self._seated_as_reserved(offer)
@@ -154,7 +163,9 @@ class Recovery:
             WaitTimeout: an active member got no first view within ``startup_timeout``.
         """
         if self._offer is None:
-            self._offer = self._next_offer(reservations=True)
+            offer = self._next_offer(reservations=True)
+            assert not isinstance(offer, Audit)  # not asked for
+            self._offer = offer
         offer = self._offer
         if isinstance(offer, Reserved):
             return Seating(offer.view, offer.seat, first=False)
@@ -168,7 +179,7 @@ class Recovery:
         """The view that seats a reserved spare; one that seats it elsewhere fences it (its model is wrapped
         for the reserved seat), and the coordinator chooses again."""
         offer = self._next_offer()
-        assert not isinstance(offer, Reserved)  # asked for views only
+        assert not isinstance(offer, (Reserved, Audit))  # asked for views only
         if isinstance(offer, CommitView):
             seat = offer.view.seat_of(self._env.member)
             if seat != reserved.seat:
@@ -183,16 +194,22 @@ class Recovery:
         return self._state.view is None and view.resume_step == -1 and seat is not None and \
             seat not in view.restore_from
 
-    def _next_offer(self, reservations: bool = False) -> CommitView | Reserved | Stop:
+    def _next_offer(self, reservations: bool = False, audits: bool = False) -> CommitView | Reserved | Stop | Audit:
         """The view that seats this member, or the Stop that releases a spare the job did not need.
 
-        `reservations`: a Prepare that chooses this spare for a seat answers too.
+        `reservations`: a Prepare that chooses this spare for a seat answers too. `audits`: so does an audit the
+        coordinator asks of this spare (only ``rt.steps()`` takes one: ``rt.device_mesh`` wraps the model for one
+        seat, and audits cover ``rt.ddp`` and ZeRO only).
         """
         started = time.monotonic()
         spare = self._env.role == Role.SPARE
         bound = SPARE_WAIT_S if spare else self._config.startup_timeout
+        poll = AUDIT_POLL_S if spare and self._config.audit else 1.0
         while True:
-            wait = self._faults.spare_point(time.monotonic() - started, 1.0) if spare else 1.0
+            if audits and spare and self._held is not None and not self._handoff.pending() \
+                    and (audit := self._handoff.next_audit()) is not None:
+                return audit
+            wait = self._faults.spare_point(time.monotonic() - started, poll) if spare else 1.0
             if time.monotonic() - started > bound:
                 raise WaitTimeout(
                     f"no seat assigned within {bound:.0f}s: the coordinator at "
@@ -219,6 +236,32 @@ class Recovery:
                         self._fetch.start_prefetch(command, seat, self._held)
                         if reservations:
                             return Reserved(command.epoch, seat, self._held)
+
+    def load_for_audit(self, audit: Audit) -> str:
+        """A spare: load seat `audit.seat`'s snapshot of the step before `audit.step` (its buddy's copy, the other
+        seats' slices) into the tracked objects, to re-do that step; "" when loaded, else why not.
+
+        The snapshot may not be there yet (the seats are a step or two behind the audit's step): asked again
+        until the restore timeout. A Prepare (this spare may be needed) or a newer view ends the wait at once.
+        """
+        held = self._held
+        if held is None or not 0 <= audit.seat < held.world_size:
+            return "this spare holds no view with that seat"
+        deadline = time.monotonic() + self._config.restore_timeout
+        while True:
+            try:
+                manifest, arena = self._fetch.snapshot_of(held, audit.seat, audit.step - 1)
+                break
+            except RestoreFailed as err:
+                if time.monotonic() > deadline:
+                    return f"no snapshot of seat {audit.seat} at step {audit.step - 1} to re-do from: {err}"
+            except (CollectiveAborted, WaitTimeout) as err:
+                return str(err)
+            if self._handoff.pending() or not self._handoff.pause(held.epoch, AUDIT_POLL_S):
+                return "a newer view or a Prepare came: this spare may be needed"
+        self._data_seats.seat(audit.seat, held.world_size)
+        self._tracked.load(manifest, arena)
+        return ""
 
     def recover(self, pending: Command | None = None) -> int:
         """Pause at the boundary, answer Prepares, adopt the committed view; returns the next step.

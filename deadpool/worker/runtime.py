@@ -34,7 +34,19 @@ from deadpool.config import WorkerEnv
 from deadpool.errors import MisuseError
 from deadpool.events import schema
 from deadpool.events.log import EventLog
-from deadpool.protocol.messages import CommitView, Fenced, Finished, Join, Leaving, Prepare, Role, Stop
+from deadpool.protocol.audits import audited_seat
+from deadpool.protocol.messages import (
+    Audit,
+    AuditDigest,
+    CommitView,
+    Fenced,
+    Finished,
+    Join,
+    Leaving,
+    Prepare,
+    Role,
+    Stop,
+)
 from deadpool.protocol.view import INITIAL_STEP
 from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
 from deadpool.snapshot.statetree import state_digest
@@ -197,7 +209,8 @@ class Runtime:
                 AbandonableForward(obj, self._collectives.step_lost, self._collectives.abandon_forward).wrap()
             if isinstance(obj, torch.optim.Optimizer):
                 obj.register_step_pre_hook(self._optimizer_pre_step)
-                skip_when_lost(obj, self._collectives.step_lost, self._optimizer_stepped)
+                skip_when_lost(obj, lambda: self._collectives.step_lost() or self._state.auditing,
+                               self._optimizer_stepped)
 
     def distributed_sampler(
         self, dataset: Any, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
@@ -348,6 +361,9 @@ class Runtime:
             raise MisuseError(f"rt.steps(max_steps): must be >= 0, got {max_steps}")
         recovery = self._recovery
         step = recovery.wait_for_seat()
+        while isinstance(step, Audit):  # an idle spare re-does a seat's step for the coordinator (--audit)
+            yield from self._audit(step)
+            step = recovery.wait_for_seat()
         if step is None:
             return  # a spare never needed: the job finished
         while True:
@@ -405,6 +421,9 @@ class Runtime:
         self._step_started = time.perf_counter()
         self._collectives.waits.take()  # waits before the step (a restore's) are not the step's
         self._tracked.at_boundary(self._state.epoch)
+        view, state = self._state.view, self._state
+        self._collectives.digest_step(self.config.audit and view is not None and view.world_size > 1 and (
+            state.auditing or audited_seat(step, view.world_size) == state.rank))
         self._faults.point(ChaosPoint.BOUNDARY)
         if delay := self._faults.slowdown(self._progress.compute_s):
             time.sleep(delay)  # a straggler, made to order (slow: chaos)
@@ -424,6 +443,10 @@ class Runtime:
         self._progress.step = step
         self._loader_watch.first_step_done()
         self._faults.first_step_done(step)
+        if self._collectives.digesting:  # an audit step: the coordinator compares it with a spare's re-done one
+            digest = self._collectives.take_audit_digest()
+            self._handoff.post(AuditDigest(self.member, self._state.epoch, self.rank, step, digest or 0,
+                                           "" if digest is not None else "no rt.ddp gradient bucket in the step"))
         report = dict(self._report)
         loss, tokens = report.pop("loss", None), report.pop("tokens", None)
         rate = round(tokens / elapsed, 1) if tokens is not None and elapsed > 0 else None
@@ -435,6 +458,26 @@ class Runtime:
         if self._handoff.leave is not None and self._state.poison is None:
             self._leave(step)
         return self._drain_commands()
+
+    def _audit(self, audit: Audit) -> Iterator[int]:
+        """Re-do seat `audit.seat`'s step `audit.step` from its snapshot of the step before, as that seat, with the
+        collectives completing locally and the optimizer's step skipped; then send the digest of the local
+        gradients (``AuditDigest``). A spare needed meanwhile (a Prepare) abandons it."""
+        why = self._recovery.load_for_audit(audit)
+        state, digest = self._state, None
+        if not why:
+            held = self._recovery.held
+            state.view, state.rank, state.auditing = held, audit.seat, True
+            self._begin_step(audit.step)
+            try:
+                yield audit.step
+            finally:
+                lost = self._collectives.step_lost()
+                digest = self._collectives.take_audit_digest()
+                state.view, state.rank, state.auditing, state.step = None, -1, False, -1
+            why = "this spare was needed: the audit was abandoned" if lost else \
+                "" if digest is not None else "no rt.ddp gradient bucket in the step"
+        self._handoff.post(AuditDigest(self.member, audit.epoch, audit.seat, audit.step, digest or 0, why))
 
     def _leave(self, step: int) -> None:
         """A planned move: hand this seat over after `step`, once the buddy confirmed this boundary's snapshot, then

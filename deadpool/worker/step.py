@@ -24,6 +24,7 @@ class StepState:
     backward_issued: bool = False  # the step in progress issued a mesh collective in its backward
     abandoned: bool = False  # the step in progress is lost and its backward stopped before its first collective
     forward_abandoned: bool = False  # the step in progress is lost and its forward stopped (a mesh seat)
+    auditing: bool = False  # a spare re-does `rank`'s `step` for an audit: its collectives complete locally
 
     @property
     def epoch(self) -> int:

@@ -41,8 +41,11 @@ class FakeCollectives:
         if point is ChaosPoint.BACKWARD:
             self.log.append("grad")
 
-    def corrupt_gradient(self, flat: torch.Tensor) -> None:
-        pass  # no chaos here
+    def packed_gradient(self, flat: torch.Tensor) -> None:
+        pass  # no chaos, no audit here
+
+    def local_only(self) -> bool:
+        return False
 
     def issue_allreduce(self, flat: torch.Tensor) -> Any:
         self.log.append(f"issue{len(self.flats)}")

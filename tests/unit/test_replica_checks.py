@@ -14,10 +14,13 @@ import torch
 
 from deadpool.config import Config
 from deadpool.coordinator import decisions
+from deadpool.coordinator.audits import Audits, audit_verdict
 from deadpool.coordinator.replicas import Corruption, ReplicaChecks
 from deadpool.errors import MisuseError
 from deadpool.events.log import EventLog
-from deadpool.protocol.messages import PrepareAck
+from deadpool.events.vocabulary import Detector
+from deadpool.protocol.audits import audited_seat
+from deadpool.protocol.messages import Audit, AuditDigest, PrepareAck
 from deadpool.protocol.view import View
 from deadpool.snapshot.checksum import checksum, part_ranges
 from deadpool.snapshot.statetree import flatten, layout
@@ -131,3 +134,53 @@ def test_a_store_keeps_as_many_snapshots_as_its_depth() -> None:
 def test_a_negative_replica_check_setting_is_refused() -> None:
     with pytest.raises(MisuseError, match="replica_checks"):
         Config(replica_checks=-1).validate()
+
+
+class Outbox:
+    """What the audits room sends, kept."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, object]] = []
+
+    def send(self, address: str, message: object) -> None:
+        self.sent.append((address, message))
+
+
+class Record:
+    def __init__(self, member: str, step: int) -> None:
+        self.member, self.step, self.control_addr = member, step, f"addr-{member}"
+
+
+def test_an_audit_names_the_seat_whose_gradients_differ_and_resumes_from_its_last_clean_audit() -> None:
+    view = View(2, ["m0", "m1", "m2", "m3"], ["s"], -1, "epoch-2", "h:1", {}, {}, [1, 2, 3, 0], {})
+    records = {m: Record(m, 10) for m in [*view.seats, "s"]}
+    out = Outbox()
+    audits = Audits(True, EventLog(None), Views(view), records, out, lambda: ["s"],  # type: ignore[arg-type]
+                    lambda: None, lambda: False)
+
+    def seats_digest(first: int, last: int, digest: int = 7) -> None:
+        for step in range(first, last):
+            seat = audited_seat(step, 4)
+            assert audits.digest(AuditDigest(f"m{seat}", 2, seat, step, digest)) == []
+
+    audits.tick(0.0)
+    assert out.sent == [], "no seat digested a step yet"
+    seats_digest(0, 8)
+    for seat in range(4):
+        audits.tick(float(seat))
+        (to_spare, audit), = out.sent[-1:]
+        assert isinstance(audit, Audit) and (to_spare, audit.seat, audit.step) == ("addr-s", seat, 4 + seat)
+        audits.tick(float(seat))  # one at a time
+        assert len(out.sent) == seat + 1
+        assert audits.digest(AuditDigest("s", 2, seat, 4 + seat, 7)) == []
+    seats_digest(8, 12)
+    audits.tick(9.0)
+    audits.digest(AuditDigest("s", 2, 0, 8, 0, missed="the spare was needed"))
+    assert audits.missed == 1
+    seats_digest(12, 16, digest=8)
+    audits.tick(10.0)
+    assert out.sent[-1][1].step == 13  # type: ignore[attr-defined]
+    (found,) = audits.digest(AuditDigest("s", 2, 1, 13, 9))
+    assert (found.seat, found.step, found.detector) == (1, 13, Detector.AUDIT)
+    assert found.rollback_step == 5, "the seat's last clean audit"
+    assert audits.done == 4 and audit_verdict(1, 5, 5)[0] and not audit_verdict(1, 5, 6)[0]

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import BroadcastOptions, PrefixStore
@@ -27,6 +28,7 @@ from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.protocol.messages import CollectiveFailed
 from deadpool.protocol.view import View
+from deadpool.snapshot.checksum import checksum
 from deadpool.worker import dtensors, pipelining
 from deadpool.worker.exit import GUARD
 from deadpool.worker.faults import FaultInjector
@@ -52,8 +54,13 @@ class StepCollectives(Protocol):
         """A fault-injection point inside backward (returns at once when no chaos is declared)."""
         ...
 
-    def corrupt_gradient(self, flat: torch.Tensor) -> None:
-        """A ``corrupt:...:what=grad`` chaos spec due now flips a bit of this local gradient bucket."""
+    def packed_gradient(self, flat: torch.Tensor) -> None:
+        """A local gradient bucket, packed, before its reduction: a ``corrupt:...:what=grad`` chaos spec due now
+        flips a bit of it, and an audited step digests it."""
+        ...
+
+    def local_only(self) -> bool:
+        """The step's collectives complete locally, without effect: a spare re-doing a seat's step (an audit)."""
         ...
 
     def step_lost(self) -> bool:
@@ -103,6 +110,8 @@ class GroupCollectives:
         self._faults = faults
         self._gate = gate
         self._timeout = timeout
+        self._audited: list[int] = []  # checksums of an audited step's gradient buckets so far, in order
+        self.digesting = False  # the step in progress is an audit step: its gradient buckets are digested
         self.communicators = communicators
         self._builder = Builder(communicators, kind, device, timeout, bind_host, handoff.interrupted, standin_aborts)
         self.waits = WaitClock()  # the step's time in collective waits (the runtime takes it per step)
@@ -224,8 +233,25 @@ class GroupCollectives:
     def fault_point(self, point: ChaosPoint) -> None:
         self._faults.point(point)
 
-    def corrupt_gradient(self, flat: torch.Tensor) -> None:
-        self._faults.corrupt(Corrupted.GRAD, self._state.step, lambda: ("rt.ddp gradient bucket", flat))
+    def packed_gradient(self, flat: torch.Tensor) -> None:
+        state = self._state
+        self._faults.corrupt(Corrupted.GRAD, state.step, lambda: ("rt.ddp gradient bucket", flat))
+        if self.digesting:
+            self._audited.append(checksum([flat.detach().reshape(-1).view(torch.uint8).cpu().numpy()]))
+
+    def local_only(self) -> bool:
+        return self._state.auditing
+
+    def digest_step(self, on: bool) -> None:
+        """Whether the step beginning digests its gradient buckets (an audit step: ``protocol/audits.py``)."""
+        self.digesting, self._audited = on, []
+
+    def take_audit_digest(self) -> int | None:
+        """The checksum of the gradient buckets packed in the step, in order (None: none was)."""
+        pieces, self._audited = self._audited, []
+        if not pieces:
+            return None
+        return checksum([np.array(pieces, dtype=np.uint64).view(np.uint8)])
 
     def step_lost(self) -> bool:
         """The step in progress is lost: poisoned, or a view change is being prepared (it is poisoned then, so
@@ -241,7 +267,7 @@ class GroupCollectives:
         all-reduce before its previous snapshot is confirmed.  Returns None when the step
         is poisoned or there is no group: the caller issues nothing more for this backward.
         """
-        if not self._gate() or self.group is None or self._state.view is None:
+        if self._state.auditing or not self._gate() or self.group is None or self._state.view is None:
             return None
         try:
             work: dist.Work = self.group.allreduce([flat])
@@ -257,6 +283,8 @@ class GroupCollectives:
         operation may still complete later (a SIGSTOPped peer resumes) and write into
         its buffer, so the caller must not reuse those buffers.
         """
+        if self._state.auditing:
+            return False  # nothing was issued: the local gradients stay as they are
         self._faults.point(ChaosPoint.ALLREDUCE)
         try:
             for work in works:
@@ -272,7 +300,7 @@ class GroupCollectives:
         `flat` is a fresh buffer (an abandoned broadcast may still complete into it later);
         the caller copies it into the live buffers only when this returns True.
         """
-        if self._state.poison is not None or self.group is None:
+        if self._state.poison is not None or self.group is None or self._state.auditing:
             return False
         options = BroadcastOptions()
         options.rootRank = 0
