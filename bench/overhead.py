@@ -14,9 +14,14 @@ run:
 - ``deadpool snapshot every step, buddy over TCP``: the same with
   ``--shm-dir ""``: every snapshot streamed to the buddy over ZeroMQ, as
   between hosts;
-- ``deadpool snapshot every step, replica checks off``: the same with
-  ``--replica-checks 0``: no checksum of the replicated state (the rows
-  above checksum all of it every step, on the snapshot copy thread);
+- ``deadpool snapshot every step, replica checks of all`` and ``... off``:
+  the same with ``--replica-checks 1`` (all of the replicated state
+  checksummed every step, on the snapshot copy thread, where the default
+  sums half) and ``--replica-checks 0`` (no checksum);
+- ``deadpool snapshot every step, --audit (1 spare)``: the default with a
+  spare that re-does one seat's step after another (``--audit``); the ranks'
+  CPU counts the audited seats' digests, not the spare's re-done steps,
+  which on a host with fewer cores than processes also slow the ranks;
 - ``deadpool (snapshots off)``: DeadPool with ``--snapshot-every`` larger than
   the run, so no snapshot is taken.  DeadPool's ``rt.ddp`` is not torch DDP
   (buckets with a layout that never changes, for bit-identical replay, waited on
@@ -101,8 +106,12 @@ SYSTEMS = (
     System("ddp", "plain DDP", "ddp"),
     System("deadpool", "deadpool snapshot every step", "deadpool", 1),
     System("deadpool_tcp", "deadpool snapshot every step, buddy over TCP", "deadpool", 1, ("--shm-dir", "")),
+    System("deadpool_checks1", "deadpool snapshot every step, replica checks of all", "deadpool", 1,
+           ("--replica-checks", "1")),
     System("deadpool_nochecks", "deadpool snapshot every step, replica checks off", "deadpool", 1,
            ("--replica-checks", "0")),
+    System("deadpool_audit", "deadpool snapshot every step, --audit (1 spare)", "deadpool", 1,
+           ("--spares", "1", "--audit")),
     System("deadpool_off", "deadpool (snapshots off)", "deadpool", 1_000_000),
     System("torch_save", "torch.save every step", "torch_save"),
     System("dcp_save", "dcp.save every step", "dcp_save"),

@@ -14,7 +14,10 @@ For the same model (demos/gpt.py 'small', 3.3M parameters), world size (4), step
 - ``sharded``: DeadPool on the Llama demo (13M parameters) under FSDP2 x tensor parallel on a 2x2
   mesh, the same kill (its overhead ratio is left out: another model than the DDP reference's);
 - ``move``: DeadPool with no failure, but ``deadpool move --rank 2`` once every rank finished step 19:
-  a planned move, timed from the moment the seat left (``seat_left``) instead of from a kill.
+  a planned move, timed from the moment the seat left (``seat_left``) instead of from a kill;
+- ``audit``: DeadPool with ``--audit``, the same kill: the spare that takes the seat has re-done the
+  seats' steps before (it ran the script's step body), where the plain row's spare has only waited;
+  ``first_step_s`` of the two rows says whether that makes its first step in the seat a steady one.
 
 Columns: time from the kill to the first step every rank finished after recovery
 (``recovery_s``), steps recomputed, total wall time of the run with one failure, and the
@@ -27,7 +30,8 @@ system's step timeline.
 ``--at boundary,allreduce,backward`` adds DeadPool rows with the same kill inside step 20 (``--chaos ... at=``).
 
     python bench/recovery.py [--repeat 3] [--json [PATH]] [--plot recovery.png]
-                             [--systems deadpool,move,sharded,torchrun,torchft] [--at boundary,allreduce,backward]
+                             [--systems deadpool,move,audit,sharded,torchrun,torchft]
+                             [--at boundary,allreduce,backward]
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from deadpool.events import schema  # noqa: E402
 STEPS, KILL_RANK, KILL_STEP, WORLD = 40, 2, 20, 4
 SHARDED = "DeadPool hot-swap, FSDP2 x TP (Llama 13M)"
 MOVE = "DeadPool planned move, deadpool move of rank 2"
+AUDITED = "DeadPool hot-swap, --audit (the spare re-did steps)"
 
 
 def _all_ranks_finished(events: list[schema.Line]) -> list[tuple[float, int, int]]:
@@ -96,14 +101,14 @@ def phases(events: list[schema.Line], kill_ts: float, kill_epoch: int) -> dict[s
 
 
 def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/train_gpt.py",),
-                 at: str = "boundary", move: bool = False) -> dict[str, Any]:
+                 at: str = "boundary", move: bool = False, audit: bool = False) -> dict[str, Any]:
     """One DeadPool job of `demo` (script and arguments), killed `at` a chaos point of the kill step, or with
     rank KILL_RANK moved (`move`) once every rank finished the step before it; the same numbers as the
     baselines' drivers report, timed from the kill or from the moment the moving seat left."""
     workdir.mkdir(parents=True, exist_ok=True)
     events_path = workdir / "events.jsonl"
     command = [sys.executable, "-m", "deadpool", "launch", "--no-progress", "--events", str(events_path),
-               "--nproc", str(WORLD), "--spares", "1"]
+               "--nproc", str(WORLD), "--spares", "1", *(("--audit",) if audit else ())]
     if kill and not move:
         command += ["--chaos", f"kill:rank={KILL_RANK}:step={KILL_STEP}" + ("" if at == "boundary" else f":at={at}")]
     command += [str(REPO / demo[0]), *demo[1:], "--steps", str(STEPS)]
@@ -212,6 +217,9 @@ def measure(systems: set[str], repeat: int, root: Path,
     if "move" in systems:
         plan.append((MOVE, False, None))  # the failure-free run is DeadPool hot-swap's
         plan.append((MOVE, True, lambda w: run_deadpool(True, w, move=True)))
+    if "audit" in systems:
+        plan.append((AUDITED, False, lambda w: run_deadpool(False, w, audit=True)))
+        plan.append((AUDITED, True, lambda w: run_deadpool(True, w, audit=True)))
     if "sharded" in systems:
         plan.append((SHARDED, False, lambda w: run_deadpool(False, w, LLAMA)))
         plan.append((SHARDED, True, lambda w: run_deadpool(True, w, LLAMA)))
@@ -305,7 +313,7 @@ def plot(timelines: dict[str, Any], out: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--systems", default="deadpool,move,sharded,torchrun,torchft")
+    parser.add_argument("--systems", default="deadpool,move,audit,sharded,torchrun,torchft")
     results.json_option(parser, "the rows")
     parser.add_argument("--plot", default="")
     parser.add_argument("--save", default="", help="also write the rows (the --json list) to this file")
