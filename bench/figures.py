@@ -118,14 +118,18 @@ def recovery(run: Run) -> tuple[list[str], list[Headline]]:
         "- `recovery_s`: from the kill (for the planned move: from the moment the moving seat left) to the first "
         "step every participating rank finished after it.",
         "- `beyond one step`: `recovery_s` less one failure-free step (a swap recomputes at least the failed step).",
+        "- `time lost`: from the last step every rank finished before the kill (or the move) to the first one after, "
+        "less one failure-free step: what the job lost against its failure-free pace, including the part of a step "
+        "a kill inside it wasted, and a moving seat's wait for its step boundary.",
         "- `overhead`: the failure-free median step over plain torch DDP's in the same run.",
         "- `recomputed`: the steps the job ran again after the failure.",
         "",
     ]
     lines += table(
-        ["system", "recovery_s", "beyond one step", "vs TorchFT", "failure-free step", "overhead", "recomputed",
-         "runs ok"],
-        [[r["system"], fmt(r.get("recovery_s")), fmt(r.get("beyond_step_s")), fmt(r.get("vs_torchft"), ".2f", "x"),
+        ["system", "recovery_s", "beyond one step", "time lost", "vs TorchFT", "failure-free step", "overhead",
+         "recomputed", "runs ok"],
+        [[r["system"], fmt(r.get("recovery_s")), fmt(r.get("beyond_step_s")), fmt(r.get("lost_s")),
+          fmt(r.get("vs_torchft"), ".2f", "x"),
           fmt(r.get("failure_free_step_s")), fmt(r.get("overhead_ratio")), fmt(r.get("steps_recomputed"), "g"),
           str(r.get("runs_ok", "-"))] for r in rows])
     phased = [r for r in rows if "detect_s" in r]
@@ -150,7 +154,8 @@ def recovery(run: Run) -> tuple[list[str], list[Headline]]:
                       f"**{move['recovery_s']:.2f} s** from the seat leaving to the next step every rank "
                       f"finished, {fmt(move.get('steps_recomputed'), 'g')} steps recomputed{repair}"))
     for r in rows:
-        if not r["system"].startswith("DeadPool") or r.get("recovery_s") is None or r is move:
+        if not r["system"].startswith("DeadPool") or r.get("recovery_s") is None or r is move \
+                or "audit" in r["system"] or "flipped" in r["system"]:  # corruption and audits: their own section
             continue
         if "FSDP2" in r["system"]:
             where, model = "kill at a step boundary", "Llama 13M, FSDP2 x TP on a 2x2 mesh + 1 spare"

@@ -15,14 +15,19 @@ For the same model (demos/gpt.py 'small', 3.3M parameters), world size (4), step
   mesh, the same kill (its overhead ratio is left out: another model than the DDP reference's);
 - ``move``: DeadPool with no failure, but ``deadpool move --rank 2`` once every rank finished step 19:
   a planned move, timed from the moment the seat left (``seat_left``) instead of from a kill;
+- ``sdc``: silent data corruption instead of a kill, timed from the flip: one bit of rank 2's first
+  parameter flipped after step 20 (found by the replica checks), and, under ``--audit``, rank 2's local
+  gradient corrupted at every step from 20 on (found by an audit); ``detect_s`` is the detection latency;
 - ``audit``: DeadPool with ``--audit``, the same kill: the spare that takes the seat has re-done the
   seats' steps before (it ran the script's step body), where the plain row's spare has only waited;
   ``first_step_s`` of the two rows says whether that makes its first step in the seat a steady one.
 
 Columns: time from the kill to the first step every rank finished after recovery
-(``recovery_s``), steps recomputed, total wall time of the run with one failure, and the
-failure-free median step time as a ratio to plain DDP; for DeadPool's rows, where the recovery
-went (``detect_s``, ``pause_s``, ``commit_s``, ``restore_s``, ``first_step_s``: see ``phases``),
+(``recovery_s``), the time the job lost against its failure-free pace (``lost_s``: from the last
+step every rank finished before the kill or move to the first one after, less one failure-free
+step), steps recomputed, total wall time of the run with one failure, and the failure-free median
+step time as a ratio to plain DDP; for DeadPool's rows, where the recovery went (``detect_s``,
+``pause_s``, ``commit_s``, ``restore_s``, ``first_step_s``: see ``phases``),
 printed under the table and in ``--json``.  Medians over ``--repeat`` runs (3 by default).  ``--json`` prints the
 rows (``--json PATH`` writes them with the date, machine and commit: docs/results/); ``--plot OUT.png`` draws every
 system's step timeline.
@@ -30,7 +35,7 @@ system's step timeline.
 ``--at boundary,allreduce,backward`` adds DeadPool rows with the same kill inside step 20 (``--chaos ... at=``).
 
     python bench/recovery.py [--repeat 3] [--json [PATH]] [--plot recovery.png]
-                             [--systems deadpool,move,audit,sharded,torchrun,torchft]
+                             [--systems deadpool,move,audit,sdc,sharded,torchrun,torchft]
                              [--at boundary,allreduce,backward]
 """
 
@@ -61,6 +66,8 @@ STEPS, KILL_RANK, KILL_STEP, WORLD = 40, 2, 20, 4
 SHARDED = "DeadPool hot-swap, FSDP2 x TP (Llama 13M)"
 MOVE = "DeadPool planned move, deadpool move of rank 2"
 AUDITED = "DeadPool hot-swap, --audit (the spare re-did steps)"
+FLIPPED = "DeadPool, a parameter bit flipped (replica check)"
+FAULTY = "DeadPool --audit, a seat's gradients wrong from a step on (audit)"
 
 
 def _all_ranks_finished(events: list[schema.Line]) -> list[tuple[float, int, int]]:
@@ -101,7 +108,7 @@ def phases(events: list[schema.Line], kill_ts: float, kill_epoch: int) -> dict[s
 
 
 def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/train_gpt.py",),
-                 at: str = "boundary", move: bool = False, audit: bool = False) -> dict[str, Any]:
+                 at: str = "boundary", move: bool = False, audit: bool = False, chaos: str = "") -> dict[str, Any]:
     """One DeadPool job of `demo` (script and arguments), killed `at` a chaos point of the kill step, or with
     rank KILL_RANK moved (`move`) once every rank finished the step before it; the same numbers as the
     baselines' drivers report, timed from the kill or from the moment the moving seat left."""
@@ -110,7 +117,8 @@ def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/trai
     command = [sys.executable, "-m", "deadpool", "launch", "--no-progress", "--events", str(events_path),
                "--nproc", str(WORLD), "--spares", "1", *(("--audit",) if audit else ())]
     if kill and not move:
-        command += ["--chaos", f"kill:rank={KILL_RANK}:step={KILL_STEP}" + ("" if at == "boundary" else f":at={at}")]
+        command += ["--chaos", chaos or f"kill:rank={KILL_RANK}:step={KILL_STEP}" + ("" if at == "boundary" else
+                                                                                      f":at={at}")]
     command += [str(REPO / demo[0]), *demo[1:], "--steps", str(STEPS)]
     started = time.monotonic()
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
@@ -139,6 +147,9 @@ def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/trai
         # and the first step every rank finished under the view that replaced it.
         last_before = max((s[1] for s in steps if s[2] == kill_epoch), default=-1)
         after = [s for s in steps if s[2] > kill_epoch]
+        progress = max((s[0] for s in steps if s[2] == kill_epoch), default=None)  # the job's last step before it
+        if after and progress is not None:
+            result["gap_s"] = round(after[0][0] - progress, 3)
         if after:
             result["recovery_s"] = round(after[0][0] - kill_ts, 3)
             result["steps_recomputed"] = max(0, last_before + 1 - after[0][1])
@@ -220,6 +231,13 @@ def measure(systems: set[str], repeat: int, root: Path,
     if "audit" in systems:
         plan.append((AUDITED, False, lambda w: run_deadpool(False, w, audit=True)))
         plan.append((AUDITED, True, lambda w: run_deadpool(True, w, audit=True)))
+    if "sdc" in systems:  # silent corruption: the time from the flip to its detection is detect_s
+        plan.append((FLIPPED, False, None))
+        plan.append((FLIPPED, True, lambda w: run_deadpool(
+            True, w, chaos=f"corrupt:rank={KILL_RANK}:step={KILL_STEP}:what=param")))
+        plan.append((FAULTY, False, None if "audit" in systems else lambda w: run_deadpool(False, w, audit=True)))
+        plan.append((FAULTY, True, lambda w: run_deadpool(
+            True, w, audit=True, chaos=f"corrupt:rank={KILL_RANK}:step={KILL_STEP}:what=grad:every=1")))
     if "sharded" in systems:
         plan.append((SHARDED, False, lambda w: run_deadpool(False, w, LLAMA)))
         plan.append((SHARDED, True, lambda w: run_deadpool(True, w, LLAMA)))
@@ -263,11 +281,17 @@ def measure(systems: set[str], repeat: int, root: Path,
     ddp_step = med(runs["plain DDP|False"], "median_step_s")
     rows, timelines = [], {}
     for name in dict.fromkeys(n for n, _, _ in plan if n != "plain DDP"):
-        ok_runs, kill_runs = runs[f"{name}|False"] or runs["DeadPool hot-swap|False"], runs[f"{name}|True"]
-        step, recovery = med(ok_runs, "median_step_s"), med(kill_runs, "recovery_s")
+        shared = runs[f"{AUDITED}|False"] if name == FAULTY else []  # an audited job's failure-free run
+        ok_runs = runs[f"{name}|False"] or shared or runs["DeadPool hot-swap|False"]
+        kill_runs = runs[f"{name}|True"]
+        step, recovery, gap = med(ok_runs, "median_step_s"), med(kill_runs, "recovery_s"), med(kill_runs, "gap_s")
         rows.append({
             "system": name,
             "recovery_s": recovery,
+            # The time the job lost against its failure-free pace: from the last step every rank finished before the
+            # failure (or the move) to the first one after, less one failure-free step. It counts what recovery_s
+            # leaves out: the part of a step a kill inside it wasted, and a moving seat's wait for its boundary.
+            "lost_s": round(gap - step, 3) if gap is not None and step else None,
             # Beyond the one step a swap must recompute at least (the failed step); the issue's bound is 0.25 s.
             "beyond_step_s": round(recovery - step, 3) if recovery is not None and step else None,
             "steps_recomputed": med(kill_runs, "steps_recomputed"),
@@ -313,7 +337,7 @@ def plot(timelines: dict[str, Any], out: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--systems", default="deadpool,move,audit,sharded,torchrun,torchft")
+    parser.add_argument("--systems", default="deadpool,move,audit,sdc,sharded,torchrun,torchft")
     results.json_option(parser, "the rows")
     parser.add_argument("--plot", default="")
     parser.add_argument("--save", default="", help="also write the rows (the --json list) to this file")

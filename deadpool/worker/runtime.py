@@ -66,6 +66,8 @@ from deadpool.worker.recovery import Recovery, Seating
 from deadpool.worker.step import StepState
 from deadpool.worker.tracked import TrackedState
 
+NO_BUCKETS = "no rt.ddp gradient bucket in the step: nothing to audit"  # an AuditDigest's `missed`
+
 log = logging.getLogger("deadpool")
 
 _RUNTIME: Runtime | None = None
@@ -446,7 +448,7 @@ class Runtime:
         if self._collectives.digesting:  # an audit step: the coordinator compares it with a spare's re-done one
             digest = self._collectives.take_audit_digest()
             self._handoff.post(AuditDigest(self.member, self._state.epoch, self.rank, step, digest or 0,
-                                           "" if digest is not None else "no rt.ddp gradient bucket in the step"))
+                                           "" if digest is not None else NO_BUCKETS))
         report = dict(self._report)
         loss, tokens = report.pop("loss", None), report.pop("tokens", None)
         rate = round(tokens / elapsed, 1) if tokens is not None and elapsed > 0 else None
@@ -475,8 +477,7 @@ class Runtime:
                 lost = self._collectives.step_lost()
                 digest = self._collectives.take_audit_digest()
                 state.view, state.rank, state.auditing, state.step = None, -1, False, -1
-            why = "this spare was needed: the audit was abandoned" if lost else \
-                "" if digest is not None else "no rt.ddp gradient bucket in the step"
+            why = "this spare was needed: the audit was abandoned" if lost else "" if digest is not None else NO_BUCKETS
         self._handoff.post(AuditDigest(self.member, audit.epoch, audit.seat, audit.step, digest or 0, why))
 
     def _leave(self, step: int) -> None:
