@@ -80,7 +80,8 @@ def render_status(status: dict[str, Any], events: int = 8) -> Any:
         flight = audits.get("in_flight")
         now = f"; now rank {flight.get('rank')} step {flight.get('step')} on {flight.get('spare')}" \
             if isinstance(flight, dict) else ""
-        parts.append(Text(f"audits: {audits.get('clean')} clean, {audits.get('missed')} missed{now}"))
+        why = f" (the last: {audits['why_missed']})" if audits.get("why_missed") else ""
+        parts.append(Text(f"audits: {audits.get('clean')} clean, {audits.get('missed')} missed{why}{now}"))
     for found in [c for c in status.get("corruptions", []) if isinstance(c, dict)]:
         parts.append(Text(f"silent data corruption: rank {found.get('rank')} at step {found.get('step')} (replaced, "
                           "rolled back)", style="bold red"))

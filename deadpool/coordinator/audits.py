@@ -72,6 +72,7 @@ class Audits:
         self._clean: dict[int, tuple[str, int]] = {}  # seat -> (member, step) of its newest clean audit
         self.done = 0  # audits with both digests equal
         self.missed = 0  # audits dropped (a step lost, a snapshot not there in time, the spare needed)
+        self.why_missed = ""  # the newest reason a spare gave for not re-doing a step
 
     def tick(self, now: float) -> None:
         """Drop an audit that can no longer finish; ask a free spare for the next one when no round runs."""
@@ -118,7 +119,7 @@ class Audits:
             return []
         self._flight = None
         if message.missed:
-            self.missed += 1
+            self.missed, self.why_missed = self.missed + 1, message.missed
             return []
         clean, why = audit_verdict(flight.seat, flight.digest, message.digest)
         if clean:
@@ -143,6 +144,6 @@ class Audits:
         if not self._enabled:
             return {}
         flight = self._flight
-        return {"audits": {"clean": self.done, "missed": self.missed,
+        return {"audits": {"clean": self.done, "missed": self.missed, "why_missed": self.why_missed,
                            "in_flight": None if flight is None else {"rank": flight.seat, "step": flight.step,
                                                                      "spare": flight.spare}}}

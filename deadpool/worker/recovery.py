@@ -10,6 +10,7 @@ The tracked objects are loaded and captured through ``tracked.TrackedState``.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,17 @@ from deadpool.config import WorkerEnv
 from deadpool.errors import CollectiveAborted, JobStopped, RestoreFailed, WaitTimeout
 from deadpool.events import schema
 from deadpool.events.log import EventLog
-from deadpool.protocol.messages import Audit, CollectiveFailed, CommitView, Fenced, Prepare, Recovered, Role, Stop
+from deadpool.protocol.messages import (
+    Audit,
+    AuditDigest,
+    CollectiveFailed,
+    CommitView,
+    Fenced,
+    Prepare,
+    Recovered,
+    Role,
+    Stop,
+)
 from deadpool.protocol.view import FIRST_EPOCH, INITIAL_STEP, View
 from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
 from deadpool.snapshot.store import SnapshotStore
@@ -45,6 +56,8 @@ from deadpool.worker.tracked import TrackedState
 
 SPARE_WAIT_S = 7 * 24 * 3600.0  # a spare may wait this long for a seat (the job's life, in practice)
 AUDIT_POLL_S = 0.05  # a spare of an audited job looks for the coordinator's next audit this often
+NOT_IN_STEPS = ("this spare waits for its seat before rt.steps() (in rt.zero_optimizer or rt.device_mesh, which "
+                "build a seat's own state), so it cannot re-do another seat's step: audits cover rt.ddp only")
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,7 @@ class Recovery:
         self._adopted_groups = (0, 0.0)  # (mesh groups rebuilt, seconds building groups) of the last adoption
         self._failure_step = -1  # the injected failure's step the Prepares of this pause named (-1: none)
         self._initial_rng: dict[str, Any] | None = None  # the RNG states of the initial state (its first adoption)
+        self._audits_refused = False  # this spare told the operator it cannot re-do a seat's step
 
     @property
     def held(self) -> View | None:
@@ -206,9 +220,14 @@ class Recovery:
         bound = SPARE_WAIT_S if spare else self._config.startup_timeout
         poll = AUDIT_POLL_S if spare and self._config.audit else 1.0
         while True:
-            if audits and spare and self._held is not None and not self._handoff.pending() \
+            if spare and self._held is not None and not self._handoff.pending() \
                     and (audit := self._handoff.next_audit()) is not None:
-                return audit
+                if audits:
+                    return audit
+                self._handoff.post(AuditDigest(self._env.member, audit.epoch, audit.seat, audit.step, 0, NOT_IN_STEPS))
+                if not self._audits_refused:  # once, where the operator sees it: --audit protects nothing here
+                    self._audits_refused = True
+                    print(f"deadpool: warning: --audit: {NOT_IN_STEPS}", file=sys.stderr, flush=True)
             wait = self._faults.spare_point(time.monotonic() - started, poll) if spare else 1.0
             if time.monotonic() - started > bound:
                 raise WaitTimeout(

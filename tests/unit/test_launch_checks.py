@@ -62,6 +62,11 @@ def test_a_world_of_one_with_spares_needs_a_disk_checkpoint() -> None:
     (["--nproc", "2", "--nnodes", "0"], "--nnodes must be at least 1, got 0"),
     (["--nproc", "2", "--events", "/nonexistent-deadpool/events.jsonl"], "must name a file in a folder that exists"),
     (["--nproc", "2", "--resume"], "--resume needs --checkpoint-dir DIR"),
+    (["--nproc", "4", "--audit"], "--audit needs a spare"),
+    (["--nproc", "4", "--spares", "1", "--replica-checks", "-1"], "replica_checks must be 0 (off) or more"),
+    (["--nproc", "4", "--spares", "1", "--chaos", "corrupt:rank=1:step=3:what=weights"], "what= must be one of"),
+    (["--nproc", "4", "--spares", "1", "--chaos", "corrupt:rank=4:step=3:what=param"], "names rank 4"),
+    (["--nproc", "4", "--spares", "1", "--chaos", "corrupt:rank=1:step=3:what=param:bit=40"], "bit= must be 0..31"),
 ])
 def test_the_cli_refuses_with_exit_2_before_anything_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             args: list[str], expect: str) -> None:
