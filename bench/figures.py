@@ -149,10 +149,14 @@ def recovery(run: Run) -> tuple[list[str], list[Headline]]:
     kill = next((r for r in rows if r["system"] == "DeadPool hot-swap" and r.get("recovery_s")), None)
     move = next((r for r in rows if r["system"].startswith("DeadPool planned move") and r.get("recovery_s")), None)
     if move is not None:
-        repair = f"; the kill's repair in the same run {kill['recovery_s']:.2f} s" if kill else ""
+        inside = next((r for r in rows if r["system"].endswith("kill in the all-reduce") and r.get("lost_s")), None)
+        repairs = [f"{r['lost_s']:.2f} s for a kill {where}" for r, where in ((kill, "at a step boundary"),
+                                                                               (inside, "in the all-reduce"))
+                   if r is not None and r.get("lost_s") is not None]
+        against = f"; {' and '.join(repairs)} in the same run" if repairs else ""
         heads.append(("planned move, `deadpool move` (GPT demo, 4 ranks + 1 spare)",
-                      f"**{move['recovery_s']:.2f} s** from the seat leaving to the next step every rank "
-                      f"finished, {fmt(move.get('steps_recomputed'), 'g')} steps recomputed{repair}"))
+                      f"**{fmt(move.get('lost_s'), '.2f')} s** lost against the failure-free pace, "
+                      f"{fmt(move.get('steps_recomputed'), 'g')} steps recomputed{against}"))
     for r in rows:
         if not r["system"].startswith("DeadPool") or r.get("recovery_s") is None or r is move \
                 or "audit" in r["system"] or "flipped" in r["system"]:  # corruption and audits: their own section

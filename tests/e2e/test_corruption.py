@@ -75,3 +75,14 @@ def test_an_audit_finds_a_seat_that_corrupts_its_gradients_at_every_step(tmp_pat
     assert result.digest == gpt_reference.digest, "the run must end as if the chip had never been faulty"
     print(f"found at step {confirmed['step']}, {confirmed['step'] - FLIP_STEP} step(s) after the fault began; "
           f"resumed from step {commit['resume_step']}")
+
+
+def test_a_spare_that_audits_takes_a_dead_seat_at_once_and_the_run_ends_bit_identical(
+        tmp_path: Path, gpt_reference: LaunchResult) -> None:
+    result = launch(tmp_path, *JOB, "--spares", "1", "--audit", "--chaos", f"kill:rank=3:step={FLIP_STEP}",
+                    steps=REFERENCE_STEPS)
+    assert result.returncode == 0, result.output[-3000:]
+    (failed,) = result.of("member_failed")
+    assert failed["rank"] == 3 and failed["detected_by"] == "exit"
+    assert not result.of("sdc_suspected"), "audits of clean steps find nothing"
+    assert result.digest == gpt_reference.digest
