@@ -33,9 +33,9 @@ STANDBY_SEND_TIMEOUT_S = 0.05  # a beat the standby's queue cannot take at once 
 
 
 class HeartbeatActor:
-    """Sends a Heartbeat every `interval` seconds until cancelled by its owner, and at once, straight to the
-    coordinator, when a new snapshot's replica check is there (``nudge``): a corruption is found while the
-    snapshots from before it are still held, however short the steps."""
+    """Sends a Heartbeat every `interval` seconds until cancelled by its owner, and at once when a new snapshot's
+    replica check is there (``nudge``; its host agent sends it on at once too, ``agent/relay.py``): a corruption is
+    found while the snapshots from before it are still held."""
 
     def __init__(
         self,
@@ -86,7 +86,6 @@ class HeartbeatActor:
         while True:
             p = self._progress
             fields = (p.epoch, p.step, p.snapshot_step, p.confirmed_step, p.stall_p99_s, p.compute_s, p.checks)
-            checked = last is not None and last[0][-1] != p.checks
             if last is None or last[0] != fields:  # progress moves once per step; beats come several times a step
                 beat = Heartbeat(self._member, p.epoch, p.step, p.snapshot_step, p.confirmed_step, p.stall_p99_s,
                                  self._control_addr, p.compute_s, [list(check) for check in p.checks])
@@ -95,7 +94,7 @@ class HeartbeatActor:
             if standby:  # the standby learns who is alive, and where, from the same beats, whatever the active does
                 with contextlib.suppress(TransportError):
                     await self._transport.send(standby, [last[1]], STANDBY_SEND_TIMEOUT_S)
-            if not checked and await self.via_agent(last[1]):
+            if await self.via_agent(last[1]):
                 self.sent += 1
             else:
                 try:

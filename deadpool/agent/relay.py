@@ -4,8 +4,9 @@ Each worker's ``HeartbeatActor`` sends its ``Heartbeat`` to the agent that
 started it (``DEADPOOL_AGENT``) instead of to the coordinator; the agent keeps
 the newest beat of each of its workers and, every heartbeat interval, forwards
 those heard within the last :data:`HEARD_WITHIN` intervals as one
-``HostHeartbeat``.  A hung worker stops beating and drops out of the message,
-which the coordinator counts as silence from the last message that listed it
+``HostHeartbeat`` (and at once when a beat brings a new replica check).
+A hung worker stops beating and drops out of the message, which the
+coordinator counts as silence from the last message that listed it
 (``coordinator/coverage.py``); a worker whose agent is gone beats to the
 coordinator itself (``actors/heartbeat.py``), so the agent is no single point
 of failure for its host's seats.
@@ -33,6 +34,7 @@ from deadpool.protocol.transport import Frame, Transport, TransportError
 
 HEARD_WITHIN = 2.0  # intervals: a worker beating at the same period never misses a message by phase drift
 ACK_WINDOW_S = 0.002  # a worker's answer to Prepare waits this long for its host's others (they come together)
+CHECKS_WINDOW_S = 0.01  # a beat with a new replica check goes up this soon, with the host's others that came by then
 HELLO_EVERY_S = 1.0  # a welcomed agent repeats its AgentHello this often (a restarted coordinator re-learns it)
 
 
@@ -45,12 +47,16 @@ class BeatRelay:
         self._clock = clock
         self._latest: dict[str, tuple[float, Heartbeat]] = {}
         self.refused = 0  # beats from processes this agent did not start
+        self.checked = asyncio.Event()  # a beat brought a new replica check: ``forward`` sends without waiting
 
     def heard(self, beat: Heartbeat) -> bool:
         """Keep `beat` if it is from one of this agent's workers."""
         if beat.sender not in self._members:
             self.refused += 1
             return False
+        previous = self._latest.get(beat.sender)
+        if beat.checks and (previous is None or previous[1].checks != beat.checks):
+            self.checked.set()
         self._latest[beat.sender] = (self._clock(), beat)
         return True
 
@@ -99,13 +105,18 @@ class AckBatcher:
 
 async def forward(relay: BeatRelay, transport: Transport, link: CoordinatorLink, interval: float,
                   secret: bytes | None) -> None:
-    """Send the relay's message to the active coordinator every `interval` until cancelled.
+    """Send the relay's message to the active coordinator every `interval` until cancelled, and
+    CHECKS_WINDOW_S after a worker's beat brought a new replica check (the coordinator compares the
+    seats' checks as they come: a corruption found late may be past the snapshots kept to undo it).
 
     A send that fails (the coordinator is restarting, or its queue is full) is dropped: the next
     interval's message says the same and more.
     """
     while True:
-        await asyncio.sleep(interval)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(relay.checked.wait(), interval)
+            await asyncio.sleep(CHECKS_WINDOW_S)  # the host's other seats check the same step at about the same time
+        relay.checked.clear()
         message = relay.message(interval)
         if message is not None and link.active:
             with contextlib.suppress(TransportError):
