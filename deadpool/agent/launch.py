@@ -178,6 +178,7 @@ class Launcher:
         self.last_contact = time.monotonic()  # last answer from the coordinator (it answers every hello)
         self._drops = DropLog()  # frames the inbox could not use
         self.relay = BeatRelay(self.agent_id, [])  # this host's workers' heartbeats, one message per interval
+        self._hello_frame: tuple[int, bytes] | None = None  # (workers named, the encoded AgentHello naming them)
         self.acks = AckBatcher(self.agent_id, [])  # ... and their answers to a Prepare, together
 
     def _config_env(self) -> dict[str, str]:
@@ -193,8 +194,7 @@ class Launcher:
         for name in ("slow_threshold", "slow_steps", "slow_reserve", "replica_checks"):
             if getattr(self.args, name, None) is not None:
                 overrides[name] = getattr(self.args, name)
-        overrides["replace_slow"] = bool(getattr(self.args, "replace_slow", False))
-        overrides["audit"] = bool(getattr(self.args, "audit", False))
+        overrides.update({name: bool(getattr(self.args, name, False)) for name in ("replace_slow", "audit")})
         overrides["total_steps"] = visible_steps(self.args.script_args) or 0
         if getattr(self.args, "shm_dir", None) is not None:
             overrides["shm_dir"] = str(Path(self.args.shm_dir).resolve()) if self.args.shm_dir else ""
@@ -465,18 +465,20 @@ class Launcher:
 
     async def _hello(self) -> None:
         """Register with the coordinator, and keep repeating it: a restarted coordinator must re-learn us."""
-        assert self.transport is not None
-        hello, frame = None, b""
         while True:
-            if hello is None or len(hello.members) != len(self.workers):  # the workers as they start
-                hello = AgentHello(self.agent_id, self.host, self.transport.address,
-                                   {w.member: w.proc.pid for w in self.workers})
-                frame = codec.encode(hello, self.secret)
-            for addr in dict.fromkeys([self.link.active, self.link.standby]):  # the standby learns the hosts so
-                if addr:
-                    with contextlib.suppress(TransportError):
-                        await self.transport.send(addr, [frame], 1.0)
+            await self._announce()
             await asyncio.sleep(0.1 if not self.welcomed else relay.HELLO_EVERY_S)
+
+    async def _announce(self, only_new: bool = False) -> None:
+        """Send the AgentHello of the workers started so far (to the standby too); `only_new`: only if it changed."""
+        assert self.transport is not None
+        if self._hello_frame is None or self._hello_frame[0] != len(self.workers):  # the workers as they start
+            only_new, hello = False, AgentHello(self.agent_id, self.host, self.transport.address,
+                                                {w.member: w.proc.pid for w in self.workers})
+            self._hello_frame = (len(self.workers), codec.encode(hello, self.secret))
+        for addr in [] if only_new else [a for a in dict.fromkeys([self.link.active, self.link.standby]) if a]:
+            with contextlib.suppress(TransportError):
+                await self.transport.send(addr, [self._hello_frame[1]], 1.0)
 
     async def _inbox(self) -> None:
         assert self.transport is not None
@@ -604,6 +606,7 @@ class Launcher:
                 # would hold the launcher's exit for the whole send timeout.
                 return
             # The report first, the clean-up after: the exit is the fastest failure signal there is.
+            await self._announce(only_new=True)  # spares started since the last hello: the coordinator waits for them
             with contextlib.suppress(TransportError):
                 await self.transport.send(
                     self.link.active,
