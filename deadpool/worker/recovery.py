@@ -276,7 +276,7 @@ class Recovery:
                     return f"no snapshot of seat {audit.seat} at step {audit.step - 1} to re-do from: {err}"
             except (CollectiveAborted, WaitTimeout) as err:
                 return str(err)
-            if self._handoff.pending() or not self._handoff.pause(held.epoch, AUDIT_POLL_S):
+            if not self._handoff.pause(held.epoch, AUDIT_POLL_S):  # False at once with a command queued
                 return "a newer view or a Prepare came: this spare may be needed"
         self._data_seats.seat(audit.seat, held.world_size)
         self._tracked.load(manifest, arena)

@@ -438,7 +438,7 @@ class Runtime:
         waited = self._collectives.waits.take()
         self._computes.append(max(0.0, elapsed - waited))
         self._progress.compute_s = round(statistics.median(self._computes), 6)
-        for what in (Corrupted.PARAM, Corrupted.OPTIM):  # a corrupt: chaos spec's flip, after the optimizer step
+        for what in (Corrupted.PARAM, Corrupted.OPTIM) if self._faults.armed else ():  # a corrupt: spec's flip
             self._faults.corrupt(what, step, functools.partial(self._tracked.first_tensor, what))
         if self._snapshots_on and (step + 1) % self.config.snapshot_every == 0:
             self._capture(step)
