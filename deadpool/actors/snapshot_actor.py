@@ -56,6 +56,7 @@ __all__ = ["CHUNK_BYTES", "Command", "SnapshotActor"]
 Command = LocalReady | Fetch | PrepareReady | ViewChanged | PrepareArrived | Drain
 Restored = concurrent.futures.Future[Fetched]
 PARKED = 16  # peer messages from a newer view kept until that view arrives
+COPYING_WAIT_S = 2.0  # a slice asked for a step this member finished but is still copying waits this long for it
 
 
 @dataclass(slots=True)
@@ -107,6 +108,7 @@ class SnapshotActor:
         self._parked: deque[Bulk] = deque(maxlen=PARKED)
         self._fetches: dict[tuple[int, int, RestorePart, bool], Restored] = {}
         self._own: dict[int, Slot] = {}  # this member's local snapshot slots, by index (peers ask for slices)
+        self._copying: list[RestoreRequest] = []  # slices asked for a step whose snapshot is still being copied
         self._tasks: asyncio.TaskGroup | None = None  # owns every send, so none outlives the actor
         self._sender: asyncio.Task[None] | None = None
         self._flight_started = asyncio.Event()  # wakes the resend loop, which sleeps while nothing is in flight
@@ -180,6 +182,10 @@ class SnapshotActor:
         self._progress.snapshot_step = slot.step
         self._own[slot.index] = slot
         view = self._view
+        if view is not None:
+            for request in [r for r in self._copying if r.step == slot.step]:
+                self._copying.remove(request)
+                self._on_restore_request(request, view)
         if view is None or slot.generation != view.store_prefix:
             return  # taken before the current view's rebuild: nobody needs it
         if slot.check is not None:  # the heartbeats carry the newest few to the coordinator (replica checks)
@@ -407,7 +413,7 @@ class SnapshotActor:
                 self._spawn(self._send(addr, [codec.encode(ack, self._secret)],
                                        f"ack for seat {header.seat} step {header.step}"))
 
-    def _on_restore_request(self, request: RestoreRequest, view: View) -> None:
+    def _on_restore_request(self, request: RestoreRequest, view: View, wait: bool = True) -> None:
         # A seat asks for its own snapshot (HELD), or a spare chosen for it (its prefetch); any seat of the view
         # for another seat's slice (SLICE).
         seated = request.sender in view.seats or request.sender in view.spares
@@ -421,6 +427,13 @@ class SnapshotActor:
             host = view.hosts.get(self._member, "")
             shared = request.shared and bool(host) and view.hosts.get(request.sender) == host
             served = self._own_slice(request.seat, step, view.world_size, shared)
+            if isinstance(served, str) and wait and step is not None and \
+                    self._progress.snapshot_step < step <= self._progress.step:
+                # Finished, its snapshot still being copied (a planned move's spare asks as the seats finish the
+                # step the moving seat left after): answered once the copy is done, or refused after a bound.
+                self._copying.append(request)
+                self._spawn(self._copying_expires(request))
+                return
         else:
             served = self._ward_part(request, step, view)
         ok, error, header, payload = (False, served, None, []) if isinstance(served, str) else (True, "", *served)
@@ -428,6 +441,12 @@ class SnapshotActor:
                              request.part, request.newest)
         frames: list[Frame] = [codec.encode(reply, self._secret), *payload]
         self._spawn(self._send(request.reply_to, frames, f"restore reply to {request.sender}"))
+
+    async def _copying_expires(self, request: RestoreRequest) -> None:
+        await asyncio.sleep(COPYING_WAIT_S)
+        if request in self._copying and self._view is not None:
+            self._copying.remove(request)
+            self._on_restore_request(request, self._view, wait=False)
 
     def _ward_part(self, request: RestoreRequest, step: int | None,
                    view: View) -> tuple[SnapshotHeader, list[Frame]] | str:

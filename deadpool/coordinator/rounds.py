@@ -99,7 +99,8 @@ class Rounds:
                                               if s is not None), default=None))
         planned = trigger is Trigger.MOVE and (previous is None or previous.prepare is None or previous.prepare.planned)
         prepare = Prepare(epoch, sorted(failed), rnd.reason, dict(replacements), reanswer=previous is None,
-                          failure_step=self._chaos.failure_step(failed.values()), planned=planned)
+                          failure_step=self._chaos.failure_step(failed.values()), planned=planned,
+                          left_after=rnd.wanted if planned else -2)
         # The chosen spares hear it too: one that wraps its model for its seat (rt.device_mesh) does it now,
         # while the survivors finish their step, instead of after the commit. A grown round skips the survivors
         # whose full answer it keeps: they stopped at the boundary and learn the outcome from the commit.

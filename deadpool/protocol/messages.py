@@ -108,6 +108,7 @@ class Prepare:
     # Every seat it replaces left at a step boundary (a planned move): a step that ran to its end without a
     # failed collective counts, since the leaving seats took part in all of its collectives.
     planned: bool = False
+    left_after: int = -2  # with `planned`: the step the leaving seats left after (the resume step); -2: unknown
 
 
 @immutable

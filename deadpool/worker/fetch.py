@@ -165,7 +165,8 @@ class PeerFetch:
         """A Prepare chose this spare for `seat`: ask now for the newest copies of what the view that seats it
         will most likely restore (the seat's copy from its buddy, the slices from the seats that keep theirs),
         while the survivors finish their step; ``from_buddy`` keeps them if the step is the one.  The slices
-        are asked for once the copy's answer says which step it is of (the seats may hold a newer one)."""
+        are asked for once the copy's answer says which step it is of (the seats may hold a newer one), or at
+        once for a planned move, whose Prepare names the step the seat left after."""
         if self.prefetch is not None and self.prefetch.seat == seat:
             return
         failed = set(prepare.failed_seats)
@@ -175,11 +176,14 @@ class PeerFetch:
         slices = [(other, RestorePart.SLICE, held.seats[held.buddies[other]] if other in failed else held.seats[other])
                   for other in range(held.world_size) if other != seat]
         own = (seat, RestorePart.HELD, buddy)
-        (copy,) = self._ask(held.resume_step, [own], newest=True)
+        known = prepare.left_after if prepare.planned and prepare.left_after >= 0 else None  # a move's resume step
+        (copy,) = self._ask(held.resume_step if known is None else known, [own], newest=known is None)
         answers: Answers = [copy, *(concurrent.futures.Future() for _ in slices)]
         for future in answers[1:]:
             future.add_done_callback(lambda _: self._handoff.wake())
         prefetch = Prefetch(seat, [own, *slices], answers)
+        if known is not None:  # every part at once
+            prefetch.ask_slices(known, self._handoff.post)
 
         def ask_slices(_: concurrent.futures.Future[Fetched]) -> None:
             """Runs on the runtime thread, where the copy's answer came in."""

@@ -67,6 +67,7 @@ class Reserved:
     epoch: int  # the epoch being prepared
     seat: int
     view: View  # the newest view the spare held (the job's shape and store)
+    wrapped: bool = True  # the script wrapped its model for `seat` (``wait_for_offer``): no other seat will do
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ class Recovery:
             JobStopped: the coordinator ended the job.
             WaitTimeout: an active member got no first view within ``startup_timeout``.
         """
-        offer, self._offer = self._offer or self._next_offer(audits=True), None
+        offer, self._offer = self._offer or self._next_offer(moves=True, audits=True), None
         if isinstance(offer, Audit):
             return offer
         if isinstance(offer, Reserved):
@@ -190,11 +191,11 @@ class Recovery:
         return None
 
     def _seated_as_reserved(self, reserved: Reserved) -> CommitView | Stop:
-        """The view that seats a reserved spare; one that seats it elsewhere fences it (its model is wrapped
-        for the reserved seat), and the coordinator chooses again."""
+        """The view that seats a reserved spare; one that seats it elsewhere fences a spare whose model is wrapped
+        for the reserved seat, and the coordinator chooses again (any other restores that seat instead)."""
         offer = self._next_offer()
         assert not isinstance(offer, (Reserved, Audit))  # asked for views only
-        if isinstance(offer, CommitView):
+        if isinstance(offer, CommitView) and reserved.wrapped:
             seat = offer.view.seat_of(self._env.member)
             if seat != reserved.seat:
                 exit_fenced(self._events, self._env.member, Fenced(
@@ -208,10 +209,12 @@ class Recovery:
         return self._state.view is None and view.resume_step == -1 and seat is not None and \
             seat not in view.restore_from
 
-    def _next_offer(self, reservations: bool = False, audits: bool = False) -> CommitView | Reserved | Stop | Audit:
+    def _next_offer(self, reservations: bool = False, moves: bool = False,
+                    audits: bool = False) -> CommitView | Reserved | Stop | Audit:
         """The view that seats this member, or the Stop that releases a spare the job did not need.
 
-        `reservations`: a Prepare that chooses this spare for a seat answers too. `audits`: so does an audit the
+        `reservations`: a Prepare that chooses this spare for a seat answers too; `moves`: such a Prepare of a
+        planned move (the spare loads the moving seat's copy before the commit). `audits`: so does an audit the
         coordinator asks of this spare (only ``rt.steps()`` takes one: ``rt.device_mesh`` wraps the model for one
         seat, and audits cover ``rt.ddp`` and ZeRO only).
         """
@@ -253,8 +256,10 @@ class Recovery:
                 for seat, member in command.replacements.items():
                     if member == self._env.member:
                         self._fetch.start_prefetch(command, seat, self._held)
-                        if reservations:
-                            return Reserved(command.epoch, seat, self._held)
+                        # A planned move's spare loads the copy before the commit too: the seat left at its
+                        # boundary once its buddy held that step's copy, so the newest copy is the resume state.
+                        if reservations or (moves and command.planned):
+                            return Reserved(command.epoch, seat, self._held, wrapped=reservations)
 
     def load_for_audit(self, audit: Audit) -> str:
         """A spare: load seat `audit.seat`'s snapshot of the step before `audit.step` (its buddy's copy, the other

