@@ -57,6 +57,7 @@ Command = LocalReady | Fetch | PrepareReady | ViewChanged | PrepareArrived | Dra
 Restored = concurrent.futures.Future[Fetched]
 PARKED = 16  # peer messages from a newer view kept until that view arrives
 COPYING_WAIT_S = 2.0  # a slice asked for a step this member finished but is still copying waits this long for it
+COPYING = 16  # at most this many such requests wait at once; more are answered at once
 
 
 @dataclass(slots=True)
@@ -427,7 +428,7 @@ class SnapshotActor:
             host = view.hosts.get(self._member, "")
             shared = request.shared and bool(host) and view.hosts.get(request.sender) == host
             served = self._own_slice(request.seat, step, view.world_size, shared)
-            if isinstance(served, str) and wait and step is not None and \
+            if isinstance(served, str) and wait and step is not None and len(self._copying) < COPYING and \
                     self._progress.snapshot_step < step <= self._progress.step:
                 # Finished, its snapshot still being copied (a planned move's spare asks as the seats finish the
                 # step the moving seat left after): answered once the copy is done, or refused after a bound.

@@ -256,8 +256,8 @@ class Recovery:
                 for seat, member in command.replacements.items():
                     if member == self._env.member:
                         self._fetch.start_prefetch(command, seat, self._held)
-                        # A planned move's spare loads the copy before the commit too: the seat left at its
-                        # boundary once its buddy held that step's copy, so the newest copy is the resume state.
+                        # A planned move's spare loads the copy before the commit too: the Prepare names the
+                        # step the seat left after, once its buddy held the copy of it, and the view resumes there.
                         if reservations or (moves and command.planned):
                             return Reserved(command.epoch, seat, self._held, wrapped=reservations)
 
