@@ -60,6 +60,7 @@ class Fetch:
     future: concurrent.futures.Future[Fetched]
     part: RestorePart = RestorePart.HELD
     newest: bool = False  # whatever step `member` holds newest (a spare's prefetch, before the step is known)
+    finishing: bool = False  # `member` finishes `step` if it is still in it (``RestoreRequest.finishing``)
 
 
 @dataclass(frozen=True, slots=True)

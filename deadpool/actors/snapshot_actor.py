@@ -56,7 +56,7 @@ __all__ = ["CHUNK_BYTES", "Command", "SnapshotActor"]
 Command = LocalReady | Fetch | PrepareReady | ViewChanged | PrepareArrived | Drain
 Restored = concurrent.futures.Future[Fetched]
 PARKED = 16  # peer messages from a newer view kept until that view arrives
-COPYING_WAIT_S = 2.0  # a slice asked for a step this member finished but is still copying waits this long for it
+COPYING_WAIT_S = 2.0  # a slice of a step this member is finishing or copying waits this long for its snapshot
 COPYING = 16  # at most this many such requests wait at once; more are answered at once
 
 
@@ -429,9 +429,9 @@ class SnapshotActor:
             shared = request.shared and bool(host) and view.hosts.get(request.sender) == host
             served = self._own_slice(request.seat, step, view.world_size, shared)
             if isinstance(served, str) and wait and step is not None and len(self._copying) < COPYING and \
-                    self._progress.snapshot_step < step <= self._progress.step:
-                # Finished, its snapshot still being copied (a planned move's spare asks as the seats finish the
-                # step the moving seat left after): answered once the copy is done, or refused after a bound.
+                    self._progress.snapshot_step < step <= self._progress.step + int(request.finishing):
+                # Finished and still being copied, or (a planned move's spare asks as the seats finish the step the
+                # moving seat left after) still being finished: answered once copied, or refused after a bound.
                 self._copying.append(request)
                 self._spawn(self._copying_expires(request))
                 return
@@ -514,7 +514,7 @@ class SnapshotActor:
         shared = shared and fetch.part == RestorePart.SLICE and bool(self._shm_dir) and \
             view.hosts.get(fetch.member, "") == view.hosts.get(self._member)
         request = RestoreRequest(self._member, view.epoch, fetch.seat, fetch.step, self._transport.address,
-                                 fetch.part, fetch.newest, shared)
+                                 fetch.part, fetch.newest, shared, fetch.finishing)
         self._spawn(self._request_restore(fetch, addr, request))
 
     async def _request_restore(self, fetch: Fetch, addr: str, request: RestoreRequest) -> None:

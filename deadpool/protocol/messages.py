@@ -282,6 +282,7 @@ class RestoreRequest:
     part: RestorePart = RestorePart.HELD  # what of the snapshot is asked for
     newest: bool = False  # the newest complete copy held, whatever `step` says (a spare's prefetch)
     shared: bool = False  # the requester can read a same-host shared-memory slot itself (a SLICE's reply may name it)
+    finishing: bool = False  # every seat finishes `step` (a planned move's): a seat still in it answers once it has
 
 
 @immutable

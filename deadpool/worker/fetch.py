@@ -55,14 +55,15 @@ class Prefetch:
             self.slices_step = step
             return True
 
-    def ask_slices(self, step: int, post: Callable[[Fetch], None]) -> None:
+    def ask_slices(self, step: int, post: Callable[[Fetch], None], finishing: bool = False) -> None:
         """Ask for every slice of `step` into this prefetch's answers, unless a step was already chosen.
-        Called on the runtime thread (the copy's answer) and on the compute thread (the commit)."""
+        Called on the runtime thread (the copy's answer) and on the compute thread (the commit, or a planned
+        move's Prepare, which says every seat finishes `step`: `finishing`)."""
         if not self._choose(step):
             return
         for (other, part, member), future in zip(self.asked[1:], self.answers[1:], strict=True):
             try:
-                post(Fetch(other, step, member, future, part))
+                post(Fetch(other, step, member, future, part, finishing=finishing))
             except RuntimeError as err:  # the runtime thread has stopped (shutdown)
                 future.set_exception(RestoreFailed(str(err)))
 
@@ -183,7 +184,7 @@ class PeerFetch:
             future.add_done_callback(lambda _: self._handoff.wake())
         prefetch = Prefetch(seat, [own, *slices], answers)
         if known is not None:  # every part at once
-            prefetch.ask_slices(known, self._handoff.post)
+            prefetch.ask_slices(known, self._handoff.post, finishing=True)
 
         def ask_slices(_: concurrent.futures.Future[Fetched]) -> None:
             """Runs on the runtime thread, where the copy's answer came in."""

@@ -150,8 +150,9 @@ async def test_a_slice_of_a_step_finished_but_still_being_copied_is_answered_onc
     shm_dir: str, make_pair: Callable[[str, str], Pair], monkeypatch: pytest.MonkeyPatch,  # noqa: F811
 ) -> None:
     """A planned move's spare asks for every seat's slice of the step the moving seat left after as soon as the
-    Prepare names it, when a seat may still be copying its snapshot of that step: the seat answers once the copy
-    is done, and refuses after a bound when it never comes (or at once for a step it has not finished)."""
+    Prepare names it, when a seat may still be finishing or copying that step: the seat answers once its copy is
+    done, and refuses after a bound when it never comes (or at once for a step it has not finished, unless the
+    asker says every seat finishes it)."""
     monkeypatch.setattr(snapshot_actor, "COPYING_WAIT_S", 0.3)
     pair = make_pair(shm_dir, shm_dir)
     spare, _ = await _with_spare(pair)
@@ -171,6 +172,15 @@ async def test_a_slice_of_a_step_finished_but_still_being_copied_is_answered_onc
         await _fetch(spare, 0, 9, WARD, RestorePart.SLICE)
     with pytest.raises(RestoreFailed, match="holds no snapshot of step 10"):  # not finished: refused at once
         await asyncio.wait_for(_fetch(spare, 0, 10, WARD, RestorePart.SLICE), 0.25)
+    # A planned move's spare says every seat finishes the step: a seat still in it answers once it has.
+    future = concurrent.futures.Future()
+    spare.inbox.post(Fetch(0, 10, WARD, future, RestorePart.SLICE, finishing=True))
+    await asyncio.sleep(0.1)
+    assert not future.done(), "the seat finishes step 10 first"
+    pair.progress[WARD].step = 10
+    slot = await _snapshot(pair, 10)
+    await until(future.done)
+    assert future.result().step == 10
 
 
 async def test_a_slot_file_read_is_refused_unless_its_head_publishes_that_seat_step_and_range(
