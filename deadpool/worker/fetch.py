@@ -183,8 +183,10 @@ class PeerFetch:
         for future in answers[1:]:
             future.add_done_callback(lambda _: self._handoff.wake())
         prefetch = Prefetch(seat, [own, *slices], answers)
+        self.prefetch = prefetch
         if known is not None:  # every part at once
             prefetch.ask_slices(known, self._handoff.post, finishing=True)
+            return
 
         def ask_slices(_: concurrent.futures.Future[Fetched]) -> None:
             """Runs on the runtime thread, where the copy's answer came in."""
@@ -195,7 +197,6 @@ class PeerFetch:
                 prefetch.fail_slices(RestoreFailed(f"the prefetch of seat {seat}'s copy failed: {error}"))
 
         copy.add_done_callback(ask_slices)
-        self.prefetch = prefetch
 
     def assemble(self, seat: int, world: int, asked: Sequence[Asked], fetched: Sequence[Fetched]) -> Restored:
         """The seat's arena from its own part (first) and the other seats' slices.
