@@ -71,8 +71,10 @@ def render_status(status: dict[str, Any], events: int = 8) -> Any:
         parts.append(Text(f"view change in progress: epoch {rnd.get('epoch')}, seats {rnd.get('failed_seats')} "
                           "being refilled", style="yellow"))
     for move in [m for m in status.get("moves", []) if isinstance(m, dict)]:
+        after = move.get("leaves_after")
+        when = "at its next step boundary" if after is None else f"after step {after}"
         parts.append(Text(f"moving: rank {move.get('rank')} ({move.get('member')}) to {move.get('spare') or 'a spare'}"
-                          f" at its next step boundary ({move.get('trigger')}: {move.get('reason')}; asked "
+                          f" {when} ({move.get('trigger')}: {move.get('reason')}; asked "
                           f"{move.get('asked_s')} s ago)", style="yellow"))
     if status.get("replica_checks"):
         parts.append(Text(f"replica checks (silent data corruption): {status['replica_checks']}"))

@@ -21,7 +21,7 @@ from typing import Any
 
 from deadpool.actors.inbox import Drain
 from deadpool.errors import WaitTimeout
-from deadpool.protocol.messages import Audit, CommitView, Fenced, Leave, Prepare, RestorePart, Stop
+from deadpool.protocol.messages import Audit, CommitView, Fenced, Hold, Leave, Prepare, RestorePart, Stop
 from deadpool.snapshot.arena import Slot
 from deadpool.snapshot.statetree import Manifest
 
@@ -117,6 +117,8 @@ class Handoff:
         # abandoned, in its forward)
         self._terminal: Stop | Fenced | None = None  # a command after which nothing else matters
         self._leave: Leave | None = None  # a planned move asked this seat to leave at its next boundary
+        self._hold = -1  # a planned move elsewhere asks this seat to wait at the end of this step (-1: none)
+        self._finished = -1  # the last step the compute thread ended (``at_boundary``)
         self._audits: deque[Audit] = deque(maxlen=MAX_AUDITS)  # audits asked of this spare, oldest first
         self._confirmed: set[tuple[str, int]] = set()  # (generation, step) copies confirmed by the buddy
         self._post: Callable[[Any], None] | None = None
@@ -145,6 +147,7 @@ class Handoff:
                 self._terminal = command
             elif isinstance(command, Prepare):
                 self._prepare_epoch = max(self._prepare_epoch, command.epoch)
+                self._hold = -1  # this seat stops for it wherever it is
                 if not command.planned:
                     self._failure_epoch = max(self._failure_epoch, command.epoch)
                 self._failed.append((command.epoch, frozenset(command.failed_seats)))
@@ -236,11 +239,37 @@ class Handoff:
     def terminal(self) -> Stop | Fenced | None:
         return self._terminal
 
-    def request_leave(self, leave: Leave) -> None:
-        """The coordinator asked this seat to hand itself to a spare after the step in progress."""
+    def request_leave(self, leave: Leave) -> int:
+        """The coordinator asked this seat to hand itself to a spare after the step in progress; returns that step
+        (the compute thread checks at each step's end, ``at_boundary``)."""
         with self.condition:
             self._leave = leave
             self.condition.notify_all()
+            return self._finished + 1
+
+    def request_hold(self, hold: Hold) -> int | None:
+        """The coordinator asks this seat to wait at the end of `hold.step` for a move's view change. Returns None
+        when it will (``at_boundary``), else the step the compute thread last ended: too late, it went on (it then
+        pauses inside the next step, as for any view change)."""
+        with self.condition:
+            if hold.step <= self._finished:
+                return self._finished
+            if self._hold < 0 or hold.step < self._hold:
+                self._hold = hold.step
+            return None
+
+    def begin_step(self, step: int) -> None:
+        """The compute thread begins `step` (again, after an adoption that resumed before it)."""
+        with self.condition:
+            self._finished = step - 1
+
+    def at_boundary(self, step: int) -> tuple[Leave | None, bool]:
+        """The compute thread ended `step`: the move this seat is to make now (None: none), and whether it is to
+        hold here for a move elsewhere."""
+        with self.condition:
+            self._finished = step
+            hold, self._hold = self._hold == step, self._hold if self._hold > step else -1
+            return self._leave, hold
 
     def request_audit(self, audit: Audit) -> None:
         """The coordinator asks this spare to re-do a seat's step (an audit)."""
@@ -252,11 +281,6 @@ class Handoff:
         """A spare: the oldest audit asked of it and not yet taken."""
         with self.condition:
             return self._audits.popleft() if self._audits else None
-
-    @property
-    def leave(self) -> Leave | None:
-        """The planned move this seat is to make at its next step boundary (None: none asked)."""
-        return self._leave
 
     def wait_terminal(self, timeout: float) -> Stop | Fenced | None:
         """The coordinator's Fenced or Stop, waited for at most `timeout` seconds (None: none came)."""

@@ -26,8 +26,11 @@ from deadpool.protocol.messages import (
     Coordinators,
     Fenced,
     Finished,
+    Hold,
+    Holding,
     Join,
     Leave,
+    LeaveAt,
     Message,
     Prepare,
     PrepareAck,
@@ -241,20 +244,20 @@ class MembershipActor:
             self._handoff.deliver(message)
         elif isinstance(message, Stop):
             self._handoff.deliver(message)
+        elif isinstance(message, (Leave, Hold, Audit, Rejoin)) and message.member != self._member:
+            self._events.emit(schema.Rejected(reason="misaddressed",
+                                              detail=f"{type(message).__name__} for {message.member}"))
         elif isinstance(message, Leave):
-            if message.member != self._member:
-                self._events.emit(schema.Rejected(reason="misaddressed", detail=f"leave for {message.member}"))
-                return
-            self._handoff.request_leave(message)
+            step = self._handoff.request_leave(message)
+            epoch = self.view.epoch if self.view else message.epoch
+            await self._send(LeaveAt(self._member, epoch, step))  # the others hold after that step
+        elif isinstance(message, Hold):
+            ended = self._handoff.request_hold(message)
+            if ended is not None:  # told too late: the coordinator need not wait for this seat to end that step
+                await self._send(Holding(self._member, self.view.epoch if self.view else message.epoch, ended))
         elif isinstance(message, Audit):
-            if message.member != self._member:
-                self._events.emit(schema.Rejected(reason="misaddressed", detail=f"audit for {message.member}"))
-                return
             self._handoff.request_audit(message)
         elif isinstance(message, Rejoin):
-            if message.member != self._member:
-                self._events.emit(schema.Rejected(reason="misaddressed", detail=f"rejoin for {message.member}"))
-                return
             if self._join is not None:
                 log.info("the coordinator (epoch %d) does not know us: joining again", message.epoch)
                 await self._send(self._join)  # its Welcome then makes us report our view

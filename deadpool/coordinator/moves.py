@@ -3,10 +3,12 @@
 An operator asks (``deadpool move``, ``deadpool drain``) or a host's launcher does on a preemption notice.
 The coordinator checks the request (``decisions.check_moves``: the seats exist, none is moving already,
 there are spares enough where they may go), reserves a spare per seat and tells each moving member to
-leave (``Leave``). The member stops after the step it is in, waits until its buddy confirmed its snapshot
-of that step, says so (``Leaving``) and exits 0. Its seat is then replaced as a dead one's is, by a round
-whose Prepare names the reserved spare; every seat holds that step's snapshot, so the job resumes after
-it. A drain first takes the host's spares out of the pool (they are released, as at the job's end).
+leave (``Leave``). The member answers with the step it is in (``LeaveAt``), and every other seat is told
+to hold at that step's end (``Hold``); each says when it is there (``Holding``). The member stops after
+that step, waits until its buddy confirmed its snapshot of it and says so (``Leaving``). Once every seat has
+ended the step, the member is fenced (it exits 0 on that) and its seat is replaced as a dead one's is, by a
+round whose Prepare names the reserved spare; every seat holds that step's snapshot, so the job resumes
+after it. A drain first takes the host's spares out of the pool (they are released, as at the job's end).
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from deadpool.coordinator.views import Views
 from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.events.vocabulary import MoveTrigger, Trigger
-from deadpool.protocol.messages import Fenced, Leave, Leaving, MoveCommand, MoveResult, Stop
+from deadpool.protocol.messages import Fenced, Hold, Holding, Leave, LeaveAt, Leaving, MoveCommand, MoveResult, Stop
 
 PREEMPTION = "preemption"  # a MoveCommand reason starting with this is a launcher's notice (agent/preemption.py)
 PREEMPTION_WINDOW_S = 1.5  # notices are held this long: one from every host means the whole job is being stopped
+HOLD_WAIT_S = 5.0  # a move waits this long for every seat to end the step the member left after
 
 
 @dataclass
@@ -41,6 +44,7 @@ class Move:
     trigger: MoveTrigger
     reason: str
     asked: float  # when the coordinator told the member to leave
+    after: int = -1  # the step it leaves after, once it said (``LeaveAt``)
 
 
 class Moves:
@@ -62,6 +66,8 @@ class Moves:
         self._moving: dict[str, Move] = {}
         self.drained: set[str] = set()  # hosts whose seats moved away and whose spares left
         self._notices: dict[str, tuple[MoveCommand, float]] = {}  # host -> a launcher's preemption notice, held
+        self._left: dict[str, tuple[Move, int, float]] = {}  # moving member -> (its move, step it left after, when)
+        self._ended: dict[str, int] = {}  # seat's member -> the newest step it ended and said so (a move waits)
 
     def command(self, command: MoveCommand, now: float) -> None:
         """An operator's (or a launcher's) request: refused with one line, or started (every Leave sent). A
@@ -72,8 +78,11 @@ class Moves:
         self._start(command, now)
 
     def tick(self, now: float) -> None:
-        """Preemption notices whose window passed: all refused when every host of the job sent one (the job is
-        being stopped), else each started in turn."""
+        """Moves whose seats did not all say they ended the step within the bound; preemption notices whose
+        window passed: all refused when every host of the job sent one (the job is being stopped), else each
+        started in turn."""
+        self._prune()
+        self._seat_the_spares(now)
         if not self._notices or now - min(at for _, at in self._notices.values()) < PREEMPTION_WINDOW_S:
             return
         notices, self._notices = self._notices, {}
@@ -136,9 +145,31 @@ class Moves:
         self._out.send(command.reply_to, MoveResult(command.nonce, True, detail))
         return ""
 
+    def leave_at(self, message: LeaveAt) -> None:
+        """A moving member will stop after `message.step`: every other seat holds at the end of that step."""
+        move = self._moving.get(message.sender)
+        view = self._views.current
+        if move is None or view is None:
+            self._events.emit(schema.Rejected(reason="unexpected_type", peer=message.sender,
+                                              detail="LeaveAt from a member not asked to move"))
+            return
+        move.after = message.step
+        for member in view.seats:
+            record = self._members.get(member)
+            if member != message.sender and record is not None:
+                self._out.send(record.control_addr, Hold(member, view.epoch, message.step, message.sender))
+
+    def holding(self, message: Holding, now: float) -> None:
+        """A seat ended the step it was told to hold after (or had ended it): the moves waiting for it may go on."""
+        view = self._views.current
+        if view is None or message.epoch != view.epoch:
+            return  # from a view before a repair: the step it names may be redone
+        self._ended[message.sender] = max(message.step, self._ended.get(message.sender, -1))
+        self._seat_the_spares(now)
+
     def leaving(self, message: Leaving, now: float) -> None:
-        """A moving member stopped after `message.step`: fence it (it exits 0 on the answer) and start the round
-        that seats its reserved spare."""
+        """A moving member stopped after `message.step`, its buddy holding its snapshot of it: its seat goes to the
+        reserved spare once every other seat has ended that step too (``_seat_the_spares``)."""
         self._prune()
         move = self._moving.pop(message.sender, None)
         view = self._views.current
@@ -146,16 +177,44 @@ class Moves:
             self._events.emit(schema.Rejected(reason="unexpected_type", peer=message.sender,
                                               detail="Leaving from a member not asked to move"))
             return
-        why = f"moved to {move.spare} after step {message.step} ({move.reason})"
-        self._fenced[message.sender] = why
-        self._coverage.forget(message.sender)
-        self._swaps.failed(message.sender, self._wall())
-        self._events.emit(schema.SeatLeft(member=message.sender, rank=move.seat, step=message.step))
-        record = self._members.get(message.sender)
-        if record is not None:
-            self._out.send(record.control_addr, Fenced(message.sender, view.epoch, why))  # its cue to exit 0
-        self._rounds.start(now, {move.seat: message.sender}, f"seat {move.seat} moves: {move.reason}", Trigger.MOVE,
-                           preferred={move.seat: move.spare} if move.spare else None, wanted=message.step)
+        self._left[message.sender] = (move, message.step, now)
+        self._ended[message.sender] = max(message.step, self._ended.get(message.sender, -1))
+        self._seat_the_spares(now)
+
+    def _seat_the_spares(self, now: float) -> None:
+        """Start the round that seats the reserved spares of the members that left, once every seat has ended the
+        step they left after: a seat still in that step's collectives would be interrupted by the round's Prepare,
+        and the job would resume a step earlier. Without word from every seat within ``HOLD_WAIT_S``, or when a
+        round started meanwhile (a failure), it starts at once (the seats still in the step roll back). A seat that
+        was not told to hold (its hold was cleared by an earlier Prepare) is known to have ended the step from its
+        heartbeats."""
+        view = self._views.current
+        if not self._left or view is None:
+            return
+        step = min(left for _, left, _ in self._left.values())
+        since = min(at for _, _, at in self._left.values())
+
+        def ended(member: str) -> int:  # its word (``Holding``), or else its heartbeats' (a seat not told to hold)
+            record = self._members.get(member)
+            beat = record.step if record is not None and record.epoch == view.epoch else -1
+            return max(self._ended.get(member, -1), beat)
+
+        if any(ended(member) < step for member in view.seats) and now - since < HOLD_WAIT_S \
+                and self._rounds.current is None:
+            return
+        left, self._left = self._left, {}
+        self._ended.clear()
+        for member, (move, step, _) in sorted(left.items(), key=lambda item: item[1][0].seat):
+            why = f"moved to {move.spare} after step {step} ({move.reason})"
+            self._fenced[member] = why
+            self._coverage.forget(member)
+            self._swaps.failed(member, self._wall())
+            self._events.emit(schema.SeatLeft(member=member, rank=move.seat, step=step))
+            record = self._members.get(member)
+            if record is not None:
+                self._out.send(record.control_addr, Fenced(member, view.epoch, why))  # its cue to exit 0
+            self._rounds.start(now, {move.seat: member}, f"seat {move.seat} moves: {move.reason}", Trigger.MOVE,
+                               preferred={move.seat: move.spare} if move.spare else None, wanted=step)
 
     def _prune(self) -> None:
         """A moving member that died is replaced by the failure's repair instead; a reserved spare that died
@@ -165,13 +224,17 @@ class Moves:
                 del self._moving[member]
             elif move.spare in self._fenced:
                 move.spare = ""
+        for member in [member for member in self._left if member in self._fenced]:
+            del self._left[member]  # it died after it left: the failure's repair replaced it
 
     def status(self) -> dict[str, object]:
         """Moves in progress and drained hosts, for ``deadpool status``."""
         self._prune()
+        moves = [*self._moving.values(), *(move for move, _, _ in self._left.values())]
         return {"moves": [{"rank": m.seat, "member": m.member, "spare": m.spare, "trigger": m.trigger,
-                           "reason": m.reason, "asked_s": round(self._out.now - m.asked, 3)}
-                          for m in self._moving.values()],
+                           "reason": m.reason, "asked_s": round(self._out.now - m.asked, 3),
+                           "leaves_after": m.after if m.after >= 0 else None}
+                          for m in sorted(moves, key=lambda m: m.seat)],
                 "drained_hosts": sorted(self.drained)}
 
     def _seats_asked(self, command: MoveCommand) -> list[int]:

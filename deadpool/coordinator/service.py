@@ -59,8 +59,10 @@ from deadpool.protocol.messages import (
     Finished,
     Heartbeat,
     HeartbeatBatch,
+    Holding,
     HostHeartbeat,
     Join,
+    LeaveAt,
     Leaving,
     Message,
     MoveCommand,
@@ -305,6 +307,10 @@ class Coordinator:
             self._adopt_reported_view(message, now)
         elif isinstance(message, UserException):
             self._deaths.raised(message, now)
+        elif isinstance(message, LeaveAt):
+            self._moves.leave_at(message)
+        elif isinstance(message, Holding):
+            self._moves.holding(message, now)
         elif isinstance(message, Leaving):
             self._moves.leaving(message, now)
         elif isinstance(message, ViewRequest) and self.view is not None and message.epoch <= self.view.epoch:

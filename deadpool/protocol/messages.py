@@ -19,6 +19,11 @@ from dataclasses import field
 from deadpool.protocol.audits import Audit as Audit
 from deadpool.protocol.audits import AuditDigest as AuditDigest
 from deadpool.protocol.immutable import immutable
+from deadpool.protocol.moves import Hold as Hold
+from deadpool.protocol.moves import Holding as Holding
+from deadpool.protocol.moves import Leave as Leave
+from deadpool.protocol.moves import LeaveAt as LeaveAt
+from deadpool.protocol.moves import Leaving as Leaving
 from deadpool.protocol.operator import ChaosCommand as ChaosCommand
 from deadpool.protocol.operator import ChaosResult as ChaosResult
 from deadpool.protocol.operator import MoveCommand as MoveCommand
@@ -309,25 +314,6 @@ class ChaosInjected:
     seat: int  # its seat
     step: int  # step at which it fired
     ts: float  # wall-clock time just before the signal
-
-
-@immutable
-class Leave:
-    """The coordinator tells a seated member to hand its seat to a spare after the step it is in."""
-
-    member: str  # the member that leaves
-    epoch: int  # the coordinator's view when it asked
-    reason: str  # why, for the member's last line
-    term: int = 0  # the sending coordinator's term (older terms are dropped)
-
-
-@immutable
-class Leaving:
-    """A member told to leave stopped after `step`, and its buddy confirmed its snapshot of that step."""
-
-    sender: str  # member id
-    epoch: int  # the view it stopped in
-    step: int  # the last step it finished: the seat resumes after it
 
 
 @immutable
@@ -629,6 +615,9 @@ Message = (
     | AckBatch
     | Audit
     | AuditDigest
+    | LeaveAt
+    | Hold
+    | Holding
 )
 
 # Append-only: a tag, once given, is never reused or renumbered.
@@ -680,6 +669,9 @@ REGISTRY: dict[int, type[Message]] = {
     62: AckBatch,
     63: Audit,
     64: AuditDigest,
+    65: LeaveAt,
+    66: Hold,
+    67: Holding,
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}
 # Sent again unchanged, often, while nothing changed: a host agent's heartbeat between its workers' steps, its

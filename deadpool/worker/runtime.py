@@ -41,7 +41,9 @@ from deadpool.protocol.messages import (
     CommitView,
     Fenced,
     Finished,
+    Holding,
     Join,
+    Leave,
     Leaving,
     Prepare,
     Role,
@@ -418,6 +420,7 @@ class Runtime:
     def _begin_step(self, step: int) -> None:
         self._state.step = step
         self._state.poison = None
+        self._handoff.begin_step(step)
         self._state.backward_issued = self._state.abandoned = self._state.forward_abandoned = False
         self._report = {}
         self._step_started = time.perf_counter()
@@ -457,9 +460,25 @@ class Runtime:
                                              tokens=tokens, tokens_per_s=rate,
                                              report=report))
         self._recovery.step_finished(step)
-        if self._handoff.leave is not None and self._state.poison is None:
-            self._leave(step)
+        leave, hold = self._handoff.at_boundary(step)
+        if self._state.poison is None and leave is not None:
+            self._leave(step, leave)
+        elif self._state.poison is None and hold:
+            return self._hold(step)
         return self._drain_commands()
+
+    def _hold(self, step: int) -> Command | None:
+        """A seat moves away after `step`: take this seat's snapshot of it, say so, and wait here for the view change
+        (bounded), so that the next step is not begun only to be abandoned and the spare's restore has the cores
+        to itself; returns the command that came (None: none within the view timeout, the step loop goes on)."""
+        self._capture_for_move(step)
+        self._handoff.post(Holding(self.member, self._state.epoch, step))
+        deadline = time.monotonic() + self.config.view_timeout
+        while (command := self._drain_commands()) is None:  # a view that only changes the spares does not end it
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._handoff.pause(self._state.epoch, remaining) or not self._handoff.pending():
+                return None
+        return command
 
     def _audit(self, audit: Audit) -> Iterator[int]:
         """Re-do seat `audit.seat`'s step `audit.step` from its snapshot of the step before, as that seat, with the
@@ -480,17 +499,14 @@ class Runtime:
             why = "this spare was needed: the audit was abandoned" if lost else "" if digest is not None else NO_BUCKETS
         self._handoff.post(AuditDigest(self.member, audit.epoch, audit.seat, audit.step, digest or 0, why))
 
-    def _leave(self, step: int) -> None:
+    def _leave(self, step: int, leave: Leave) -> None:
         """A planned move: hand this seat over after `step`, once the buddy confirmed this boundary's snapshot, then
         exit 0 (``exit_moved``). A Prepare meanwhile (a failure elsewhere) interrupts it: the seat leaves at the
         first boundary after that repair."""
-        leave = self._handoff.leave
         view, state = self._state.view, self._state
-        assert leave is not None
         if view is None or self.rank < 0:
             return
-        if not self._snapshots_on or (step + 1) % self.config.snapshot_every:
-            self._capture(step)  # the spare takes the seat from this boundary's snapshot
+        self._capture_for_move(step)
         confirmed, snapshot_step = self._newest_confirmed()
         if not confirmed or snapshot_step != step:
             return
@@ -512,6 +528,11 @@ class Runtime:
             if isinstance(command, (CommitView, Prepare, Stop, Fenced)):
                 return command
         return None
+
+    def _capture_for_move(self, step: int) -> None:
+        """A planned move's boundary: every seat's snapshot of `step` is taken (the spare takes the seat from it)."""
+        if not self._snapshots_on or (step + 1) % self.config.snapshot_every:
+            self._capture(step)
 
     def _capture(self, step: int) -> None:
         if self._state.view is not None:

@@ -20,6 +20,9 @@ from deadpool.protocol.messages import (
     CommitView,
     Fenced,
     Finished,
+    Hold,
+    Leave,
+    LeaveAt,
     Message,
     Prepare,
     PrepareAck,
@@ -149,6 +152,33 @@ async def test_a_fence_for_someone_else_is_refused_and_ours_silences_the_member(
     member.actor.inbox.post(Drain(lambda: done.append(True)))
     await until(lambda: bool(done))
     assert member.transport.sent == [], "a fenced member sends nothing more"
+
+
+async def test_a_leave_is_answered_with_the_step_it_leaves_after_and_a_hold_stops_the_seat_there(
+        member: Member) -> None:
+    """The member leaves after the step its compute thread is in (the next one, if it is between two), and says
+    which at once; a seat told to hold stops at that step's end only if it has not ended it, and a Prepare (a
+    failure elsewhere) ends the hold."""
+    member.start()
+    handoff = member.handoff
+    handoff.begin_step(5)
+    await member.actor.inbox.put(Inbound(Leave("m0", 2, "operator move")))
+    await until(lambda: member.rejected() == ["misaddressed"])
+    await member.actor.inbox.put(Inbound(Leave(ME, 2, "operator move")))
+    await until(lambda: bool(member.transport.sent))
+    assert member.transport.sent == [LeaveAt(ME, 2, 5)]
+    assert handoff.at_boundary(5)[0] == Leave(ME, 2, "operator move")
+
+    held = Handoff()  # another seat, told to hold
+    held.begin_step(5)
+    held.request_hold(Hold("m0", 2, 4, ME))
+    assert held.at_boundary(5) == (None, False), "too late for step 4: it pauses inside step 6 instead"
+    held.request_hold(Hold("m0", 2, 6, ME))
+    assert held.at_boundary(6) == (None, True)
+    assert held.at_boundary(7) == (None, False), "a hold is for one boundary"
+    held.request_hold(Hold("m0", 2, 9, ME))
+    held.deliver(Prepare(3, [0], "m0 died"))
+    assert held.at_boundary(9) == (None, False), "a Prepare came first: the seat stopped for it"
 
 
 async def test_a_drain_marker_runs_only_after_every_earlier_message_was_handed_to_the_transport(

@@ -1,6 +1,7 @@
 """Planned moves in the membership service (no sockets, a virtual clock) and the decision that checks them.
 
-A move asks the member to leave (``Leave``); its ``Leaving`` fences it (the answer is its cue to exit 0)
+A move asks the member to leave (``Leave``); its ``LeaveAt`` has every other seat told to hold after that step
+(``Hold``); its ``Leaving`` fences it (the answer is its cue to exit 0)
 and starts the round that seats the reserved spare; a drain releases the host's spares first. Refusals
 answer the operator with one line and leave the job as it was.
 """
@@ -15,6 +16,7 @@ from rich.console import Console
 
 from deadpool.config import Config
 from deadpool.coordinator import decisions
+from deadpool.coordinator.moves import HOLD_WAIT_S
 from deadpool.coordinator.records import Send
 from deadpool.coordinator.service import Coordinator
 from deadpool.events.catalogue import Event
@@ -24,8 +26,11 @@ from deadpool.protocol.messages import (
     AgentHello,
     Fenced,
     Heartbeat,
+    Hold,
+    Holding,
     Join,
     Leave,
+    LeaveAt,
     Leaving,
     Message,
     MoveCommand,
@@ -64,7 +69,9 @@ class TwoHosts:
         self.nonce = 0
 
     def handle(self, message: Message) -> list[Send]:
-        sends = self.coordinator.handle(self.now, message)
+        return self.handle_all(self.coordinator.handle(self.now, message))
+
+    def handle_all(self, sends: list[Send]) -> list[Send]:
         for send in sends:
             self.sent += [Send(addr, send.message) for addr in send.relay.to] if send.relay else [send]
         return sends
@@ -95,13 +102,25 @@ def test_a_move_asks_the_member_to_leave_and_its_leaving_seats_the_reserved_spar
     assert result.ok and "rank 1 moves to sb" in result.detail, result  # a spare on another host first
     assert [leave.reason for leave in job.to("m1", Leave)] == ["operator move"]
     assert job.coordinator.status(job.now)["moves"][0] | {"asked_s": 0} == {
-        "rank": 1, "member": "m1", "spare": "sb", "trigger": "operator", "reason": "operator move", "asked_s": 0}
+        "rank": 1, "member": "m1", "spare": "sb", "trigger": "operator", "reason": "operator move", "asked_s": 0,
+        "leaves_after": None}
     console = Console(record=True, width=200, file=io.StringIO())
     console.print(render_status(job.coordinator.status(job.now)))
     assert "moving: rank 1 (m1) to sb at its next step boundary (operator: operator move" in console.export_text()
+    job.handle(LeaveAt("m1", job.view.epoch, 7))
+    holds = {member: job.to(member, Hold) for member in ("m0", "m1", "m2", "m3", "sa", "sb")}
+    assert {m: [(h.step, h.moving) for h in told] for m, told in holds.items() if told} == {
+        m: [(7, "m1")] for m in ("m0", "m2", "m3")}, "every other seat holds after step 7; spares are not told"
+    assert job.coordinator.status(job.now)["moves"][0]["leaves_after"] == 7
+    job.handle(LeaveAt("m0", job.view.epoch, 7))
+    assert job.of(Event.REJECTED)[-1]["detail"] == "LeaveAt from a member not asked to move"
     again = job.ask(seat=1)
     assert not again.ok and again.detail == "rank 1 is already moving"
     job.handle(Leaving("m1", job.view.epoch, 7))
+    job.handle(Holding("m0", job.view.epoch, 7))
+    job.handle(Holding("m2", job.view.epoch, 8))  # told too late: it had ended step 7 and gone on
+    assert not job.to("m1", Fenced) and not job.to("m0", Prepare), "m3 may still be in step 7's collectives"
+    job.handle(Holding("m3", job.view.epoch, 7))
     assert "m1" in job.coordinator.fenced and job.to("m1", Fenced), "its Fenced is its cue to exit 0"
     prepare = job.to("m0", Prepare)[-1]
     assert prepare.failed_seats == [1] and prepare.replacements == {1: "sb"}
@@ -157,6 +176,13 @@ def test_early_answers_that_name_an_older_step_do_not_commit_a_move() -> None:
     job = TwoHosts()
     assert job.ask(seat=1).ok
     job.handle(Leaving("m1", job.view.epoch, 7))
+    assert not job.to("m0", Prepare), "no seat said it ended step 7"
+    for second in range(int(HOLD_WAIT_S)):  # the seats' word did not come within the bound: the move goes on
+        assert not job.to("m0", Prepare), f"{second} s: the seats' heartbeats say they are still in step 7"
+        job.now += 1.0
+        for member in ("m0", "m1", "m2", "m3", "sa", "sb"):
+            job.handle(Heartbeat(member, job.view.epoch, 6, 6, 5, 0.0, f"inproc://{member}"))
+        job.handle_all(job.coordinator.tick(job.now))
     prepare = job.to("m0", Prepare)[-1]
     for member in ("m0", "m2", "m3"):  # mid-step: the copy of step 7 still in flight, only 6 complete
         job.handle(PrepareAck(member, prepare.epoch, 8, [6], {1: [6, 7]} if member == "m2" else {}, early=True))
@@ -164,6 +190,19 @@ def test_early_answers_that_name_an_older_step_do_not_commit_a_move() -> None:
     for member in ("m0", "m2", "m3"):  # from the boundary, every copy complete
         job.handle(PrepareAck(member, prepare.epoch, 7, [6, 7], {1: [6, 7]} if member == "m2" else {}))
     assert job.view.seats[1] == "sb" and job.view.resume_step == 7
+
+
+def test_a_seat_not_told_to_hold_is_known_to_have_ended_the_step_from_its_heartbeats() -> None:
+    job = TwoHosts()
+    assert job.ask(seat=1).ok
+    job.handle(Leaving("m1", job.view.epoch, 7))
+    job.handle(Holding("m0", job.view.epoch, 7))
+    job.handle(Holding("m3", job.view.epoch, 7))
+    job.handle(Heartbeat("m2", job.view.epoch, 6, 6, 5, 0.0, "inproc://m2"))
+    assert not job.to("m0", Prepare)
+    job.handle(Heartbeat("m2", job.view.epoch, 7, 7, 6, 0.0, "inproc://m2"))
+    job.handle_all(job.coordinator.tick(job.now))  # after every batch of messages
+    assert job.to("m0", Prepare)[-1].replacements == {1: "sb"}
 
 
 def test_a_seat_that_dies_before_it_leaves_is_repaired_as_any_failure() -> None:
