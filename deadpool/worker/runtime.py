@@ -472,6 +472,10 @@ class Runtime:
         (bounded), so that the next step is not begun only to be abandoned and the spare's restore has the cores
         to itself; returns the command that came (None: none within the view timeout, the step loop goes on)."""
         self._capture_for_move(step)
+        if (command := self._drain_commands()) is not None:
+            return command
+        # After the views that only change the spares (a drain's) are applied: the coordinator counts a Holding of
+        # the view it holds.
         self._handoff.post(Holding(self.member, self._state.epoch, step))
         deadline = time.monotonic() + self.config.view_timeout
         while (command := self._drain_commands()) is None:  # a view that only changes the spares does not end it
