@@ -254,6 +254,7 @@ class MembershipActor:
         elif isinstance(message, Hold):
             ended = self._handoff.request_hold(message)
             if ended is not None:  # told too late: the coordinator need not wait for this seat to end that step
+                self._events.emit(schema.SeatHeld(step=message.step, late=True))
                 await self._send(Holding(self._member, self.view.epoch if self.view else message.epoch, ended))
         elif isinstance(message, Audit):
             self._handoff.request_audit(message)

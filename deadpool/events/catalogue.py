@@ -21,12 +21,14 @@ class Event(enum.StrEnum):
     SPARE_RELEASED = "spare_released"  # a spare told to leave at the end of the job
     # Planned moves. move_requested: the coordinator accepted a move (rank, member, spare, host of a drain, trigger,
     # reason); seat_left: the member stopped after `step` with its snapshot confirmed and hands its seat over;
-    # moved_exit: the member's own last line before it exits 0.
+    # moved_exit: the member's own last line before it exits 0; seat_held: another seat waits at the end of `step`,
+    # the one the member leaves after (late: it had ended that step when told, and pauses inside the next instead).
     MOVE_REQUESTED = "move_requested"
     # score (compute time over the job's median), threshold, steps (slow for this many), moved, reason: a seat that
     # stayed slow, reported once per member (and moved to a spare when --replace-slow's cost model says it pays)
     SEAT_SLOW = "seat_slow"
     SEAT_LEFT = "seat_left"
+    SEAT_HELD = "seat_held"
     # Silent data corruption. sdc_suspected: replicas disagreed at `step` (detector, seats, checksums, what);
     # sdc_confirmed: `rank` (member) is the one found corrupt (detector, what, rollback_step it resumes from).
     SDC_SUSPECTED = "sdc_suspected"

@@ -196,6 +196,14 @@ class SeatLeft(Record, frozen=True, kw_only=True, tag=Event.SEAT_LEFT.value):
     step: int
 
 
+class SeatHeld(Record, frozen=True, kw_only=True, tag=Event.SEAT_HELD.value):
+    """A seat told that another moves after ``step`` waits at that step's end for the view change; ``late``: it had
+    ended the step when told, and will pause inside the next one instead."""
+
+    step: int
+    late: bool = False
+
+
 class MovedExit(Record, frozen=True, kw_only=True, tag=Event.MOVED_EXIT.value):
     """A moved member's last line: it stopped after ``step`` and exits 0."""
 
@@ -555,7 +563,7 @@ class Unrecognised(msgspec.Struct, frozen=True, kw_only=True):
 
 EventRecord = (
     CoordinatorStarted | StandbyStarted | MemberJoined | MemberFailed | SpareLost | SpareReleased | MoveRequested
-    | SeatSlow | SdcSuspected | SdcConfirmed | SeatLeft | MovedExit | ViewPrepared
+    | SeatSlow | SdcSuspected | SdcConfirmed | SeatLeft | SeatHeld | MovedExit | ViewPrepared
     | ViewCommitted | ViewAdopted | SwapCompleted | DiskFallback | CollectiveErrorReported | ChaosInjected
     | Rejected | RejoinAsked | TrainingFinished | JobFailed | UserException | StandbyJoined | StandbyLost
     | Takeover | TakeoverDeclined | CoordinatorStoodDown | CommitWithheld | TermFollowed | ChaosNotFired | Paused

@@ -476,6 +476,7 @@ class Runtime:
             return command
         # After the views that only change the spares (a drain's) are applied: the coordinator counts a Holding of
         # the view it holds.
+        self.events.emit(schema.SeatHeld(epoch=self._state.epoch, rank=self.rank, step=step))
         self._handoff.post(Holding(self.member, self._state.epoch, step))
         deadline = time.monotonic() + self.config.view_timeout
         while (command := self._drain_commands()) is None:  # a view that only changes the spares does not end it

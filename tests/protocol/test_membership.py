@@ -21,6 +21,7 @@ from deadpool.protocol.messages import (
     Fenced,
     Finished,
     Hold,
+    Holding,
     Leave,
     LeaveAt,
     Message,
@@ -168,6 +169,12 @@ async def test_a_leave_is_answered_with_the_step_it_leaves_after_and_a_hold_stop
     await until(lambda: bool(member.transport.sent))
     assert member.transport.sent == [LeaveAt(ME, 2, 5)]
     assert handoff.at_boundary(5)[0] == Leave(ME, 2, "operator move")
+    await member.actor.inbox.put(Inbound(Hold(ME, 2, 5, "m0")))  # step 5 has ended here: too late to hold there
+    await until(lambda: len(member.transport.sent) == 2)
+    assert member.transport.sent[1] == Holding(ME, 2, 5), "the coordinator need not wait for this seat"
+    assert member.events.records is not None
+    assert [(r["step"], r["late"]) for r in (line.fields() for line in member.events.records)
+            if r["event"] == "seat_held"] == [(5, True)]
 
     held = Handoff()  # another seat, told to hold
     held.begin_step(5)
