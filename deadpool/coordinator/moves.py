@@ -44,7 +44,8 @@ class Move:
     trigger: MoveTrigger
     reason: str
     asked: float  # when the coordinator told the member to leave
-    after: int = -1  # the step it leaves after, once it said (``LeaveAt``)
+    after: int = -1  # the step it leaves after, once it said (``LeaveAt``, then ``Leaving``)
+    left: float = 0.0  # when it said it stopped (``Leaving``)
 
 
 class Moves:
@@ -66,7 +67,7 @@ class Moves:
         self._moving: dict[str, Move] = {}
         self.drained: set[str] = set()  # hosts whose seats moved away and whose spares left
         self._notices: dict[str, tuple[MoveCommand, float]] = {}  # host -> a launcher's preemption notice, held
-        self._left: dict[str, tuple[Move, int, float]] = {}  # moving member -> (its move, step it left after, when)
+        self._left: dict[str, Move] = {}  # moving members that stopped, waiting for every seat to end their step
         self._ended: dict[str, int] = {}  # seat's member -> the newest step it ended and said so (a move waits)
 
     def command(self, command: MoveCommand, now: float) -> None:
@@ -177,7 +178,8 @@ class Moves:
             self._events.emit(schema.Rejected(reason="unexpected_type", peer=message.sender,
                                               detail="Leaving from a member not asked to move"))
             return
-        self._left[message.sender] = (move, message.step, now)
+        move.after, move.left = message.step, now
+        self._left[message.sender] = move
         self._ended[message.sender] = max(message.step, self._ended.get(message.sender, -1))
         self._seat_the_spares(now)
 
@@ -191,8 +193,8 @@ class Moves:
         view = self._views.current
         if not self._left or view is None:
             return
-        step = min(left for _, left, _ in self._left.values())
-        since = min(at for _, _, at in self._left.values())
+        step = min(move.after for move in self._left.values())
+        since = min(move.left for move in self._left.values())
 
         def ended(member: str) -> int:  # its word (``Holding``), or else its heartbeats' (a seat not told to hold)
             record = self._members.get(member)
@@ -204,17 +206,17 @@ class Moves:
             return
         left, self._left = self._left, {}
         self._ended.clear()
-        for member, (move, step, _) in sorted(left.items(), key=lambda item: item[1][0].seat):
-            why = f"moved to {move.spare} after step {step} ({move.reason})"
+        for member, move in sorted(left.items(), key=lambda item: item[1].seat):
+            why = f"moved to {move.spare} after step {move.after} ({move.reason})"
             self._fenced[member] = why
             self._coverage.forget(member)
             self._swaps.failed(member, self._wall())
-            self._events.emit(schema.SeatLeft(member=member, rank=move.seat, step=step))
+            self._events.emit(schema.SeatLeft(member=member, rank=move.seat, step=move.after))
             record = self._members.get(member)
             if record is not None:
                 self._out.send(record.control_addr, Fenced(member, view.epoch, why))  # its cue to exit 0
             self._rounds.start(now, {move.seat: member}, f"seat {move.seat} moves: {move.reason}", Trigger.MOVE,
-                               preferred={move.seat: move.spare} if move.spare else None, wanted=step)
+                               preferred={move.seat: move.spare} if move.spare else None, wanted=move.after)
 
     def _prune(self) -> None:
         """A moving member that died is replaced by the failure's repair instead; a reserved spare that died
@@ -230,7 +232,7 @@ class Moves:
     def status(self) -> dict[str, object]:
         """Moves in progress and drained hosts, for ``deadpool status``."""
         self._prune()
-        moves = [*self._moving.values(), *(move for move, _, _ in self._left.values())]
+        moves = [*self._moving.values(), *self._left.values()]
         return {"moves": [{"rank": m.seat, "member": m.member, "spare": m.spare, "trigger": m.trigger,
                            "reason": m.reason, "asked_s": round(self._out.now - m.asked, 3),
                            "leaves_after": m.after if m.after >= 0 else None}
