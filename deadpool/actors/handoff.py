@@ -12,6 +12,7 @@ arrives while the compute thread is blocked in an all-reduce wakes it at once.
 from __future__ import annotations
 
 import concurrent.futures
+import statistics
 import threading
 import time
 from collections import deque
@@ -21,14 +22,31 @@ from typing import Any
 
 from deadpool.actors.inbox import Drain
 from deadpool.errors import WaitTimeout
-from deadpool.protocol.messages import Audit, CommitView, Fenced, Hold, Leave, Prepare, RestorePart, Stop
+from deadpool.protocol.messages import Audit, CommitView, Fenced, Hold, Leave, Prepare, RestorePart, Stop, Takeover
 from deadpool.snapshot.arena import Slot
 from deadpool.snapshot.statetree import Manifest
 
-Command = Prepare | CommitView | Stop | Fenced
+Command = Prepare | CommitView | Stop | Fenced | Takeover  # a Takeover only to a spare reserved for a move
 MAX_COMMANDS = 64
 MAX_AUDITS = 4  # audits a spare keeps asked of it (older ones drop out)
 CHECKS_TOLD = 4  # the newest snapshots' replica checksums each heartbeat carries (Progress.checks)
+
+
+TIMED_STEPS = 5  # a Leave is placed against the median of the last steps' times (``leave_step``)
+LEAVE_MARGIN = 0.35  # ... and waits for the next step when the one in progress is this close (of a step) to its end
+
+
+def leave_step(finished: int, elapsed: float, typical: float | None) -> tuple[int, str]:
+    """The step a seat told to leave now leaves after, and why: the step in progress (the one after `finished`,
+    begun `elapsed` seconds ago), or, when that step is expected to end within ``LEAVE_MARGIN`` of a `typical` step,
+    the next one. The other seats are told to hold at the end of the step named; those a little ahead of this one
+    (they end their steps at different times) would be told too late, begin the next step and abandon it."""
+    if typical is None or typical <= 0:
+        return finished + 1, "the step in progress (no step timed yet)"
+    if elapsed < typical * (1 - LEAVE_MARGIN):
+        return finished + 1, f"the step in progress ({elapsed:.3f} s into a {typical:.3f} s step)"
+    return finished + 2, (f"the step after the one in progress ({elapsed:.3f} s into a {typical:.3f} s step, too "
+                          "close to its end for every other seat to be told to hold in time)")
 
 
 # -- what the compute thread posts for the actors (the handoff's vocabulary) -------------------------
@@ -107,8 +125,9 @@ class Progress:
 class Handoff:
     """Thread-safe mailbox between the runtime (producer) and compute (consumer) threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.condition = threading.Condition()
+        self._clock = clock  # times the steps (``leave_step``)
         self._commands: deque[tuple[Command, float]] = deque()  # with when each arrived (monotonic)
         self._prepare_epoch = 0  # newest epoch a Prepare asked for
         self._failure_epoch = 0  # ... and the newest of a Prepare that is not a planned move's
@@ -116,7 +135,10 @@ class Handoff:
         self._paused: dict[str, tuple[int, int, bool, bool]] = {}  # mesh peer -> (Prepare epoch, step begun,
         # abandoned, in its forward)
         self._terminal: Stop | Fenced | None = None  # a command after which nothing else matters
-        self._leave: Leave | None = None  # a planned move asked this seat to leave at its next boundary
+        self._leave: Leave | None = None  # a planned move asked this seat to leave ...
+        self._leave_after = -1  # ... at the end of this step or the first after it (-1: its next boundary)
+        self._began: float | None = None  # when the step in progress began (monotonic; None: between two steps)
+        self._took: deque[float] = deque(maxlen=TIMED_STEPS)  # how long the last steps took, begin to end
         self._hold = -1  # a planned move elsewhere asks this seat to wait at the end of this step (-1: none)
         self._finished = -1  # the last step the compute thread ended (``at_boundary``)
         self._audits: deque[Audit] = deque(maxlen=MAX_AUDITS)  # audits asked of this spare, oldest first
@@ -148,6 +170,7 @@ class Handoff:
             elif isinstance(command, Prepare):
                 self._prepare_epoch = max(self._prepare_epoch, command.epoch)
                 self._hold = -1  # this seat stops for it wherever it is
+                self._leave_after = -1  # a seat moving leaves at the first boundary after the repair
                 if not command.planned:
                     self._failure_epoch = max(self._failure_epoch, command.epoch)
                 self._failed.append((command.epoch, frozenset(command.failed_seats)))
@@ -239,13 +262,16 @@ class Handoff:
     def terminal(self) -> Stop | Fenced | None:
         return self._terminal
 
-    def request_leave(self, leave: Leave) -> int:
-        """The coordinator asked this seat to hand itself to a spare after the step in progress; returns that step
-        (the compute thread checks at each step's end, ``at_boundary``)."""
+    def request_leave(self, leave: Leave) -> tuple[int, str]:
+        """The coordinator asked this seat to hand itself to a spare: returns the step it leaves after (the step in
+        progress, or the next one when the step in progress is nearly over: ``leave_step``) and why (the compute
+        thread checks at each step's end, ``at_boundary``)."""
         with self.condition:
-            self._leave = leave
+            elapsed = self._clock() - self._began if self._began is not None else 0.0
+            step, why = leave_step(self._finished, elapsed, statistics.median(self._took) if self._took else None)
+            self._leave, self._leave_after = leave, step
             self.condition.notify_all()
-            return self._finished + 1
+            return step, why
 
     def request_hold(self, hold: Hold) -> int | None:
         """The coordinator asks this seat to wait at the end of `hold.step` for a move's view change. Returns None
@@ -262,14 +288,17 @@ class Handoff:
         """The compute thread begins `step` (again, after an adoption that resumed before it)."""
         with self.condition:
             self._finished = step - 1
+            self._began = self._clock()
 
     def at_boundary(self, step: int) -> tuple[Leave | None, bool]:
         """The compute thread ended `step`: the move this seat is to make now (None: none), and whether it is to
         hold here for a move elsewhere."""
         with self.condition:
-            self._finished = step
+            if self._began is not None:
+                self._took.append(self._clock() - self._began)
+            self._finished, self._began = step, None
             hold, self._hold = self._hold == step, self._hold if self._hold > step else -1
-            return self._leave, hold
+            return (self._leave if step >= self._leave_after else None), hold
 
     def request_audit(self, audit: Audit) -> None:
         """The coordinator asks this spare to re-do a seat's step (an audit)."""

@@ -82,6 +82,8 @@ class Drain:
 class Shutdown:
     """Posted (through the handoff) by ``RuntimeThread.stop``: end the runtime thread after what came before."""
 
+    linger: bool = False  # snapshot parts already sent to peers still leave (a moved member's, for its spare)
+
 
 L = TypeVar("L")
 P = TypeVar("P")

@@ -37,6 +37,7 @@ from deadpool.protocol.messages import (
     Rejoin,
     Role,
     Stop,
+    Takeover,
     ViewChunk,
     ViewDelta,
     ViewReport,
@@ -244,11 +245,12 @@ class MembershipActor:
             self._handoff.deliver(message)
         elif isinstance(message, Stop):
             self._handoff.deliver(message)
-        elif isinstance(message, (Leave, Hold, Audit, Rejoin)) and message.member != self._member:
+        elif isinstance(message, (Leave, Hold, Takeover, Audit, Rejoin)) and message.member != self._member:
             self._events.emit(schema.Rejected(reason="misaddressed",
                                               detail=f"{type(message).__name__} for {message.member}"))
         elif isinstance(message, Leave):
-            step = self._handoff.request_leave(message)
+            step, why = self._handoff.request_leave(message)
+            log.info("told to leave: leaving after step %d, %s", step, why)
             epoch = self.view.epoch if self.view else message.epoch
             await self._send(LeaveAt(self._member, epoch, step))  # the others hold after that step
         elif isinstance(message, Hold):
@@ -256,6 +258,8 @@ class MembershipActor:
             if ended is not None:  # told too late: the coordinator need not wait for this seat to end that step
                 self._events.emit(schema.SeatHeld(step=message.step, late=True))
                 await self._send(Holding(self._member, self.view.epoch if self.view else message.epoch, ended))
+        elif isinstance(message, Takeover):
+            self._handoff.deliver(message)  # the waiting spare's compute thread fetches the seat's state
         elif isinstance(message, Audit):
             self._handoff.request_audit(message)
         elif isinstance(message, Rejoin):

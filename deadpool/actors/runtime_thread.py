@@ -87,6 +87,7 @@ class RuntimeThread:
         self._startup_error: BaseException | None = None
         self._compute_thread = threading.get_ident()  # built by the compute thread (the watch reads its stack)
         self._stop_event: asyncio.Event | None = None
+        self._bulk_linger = 0.0  # how long, once stopping, the snapshot parts already sent may take to leave
         self.control_addr = ""
         self.bulk_addr = ""
         self._membership: MembershipActor | None = None
@@ -176,9 +177,11 @@ class RuntimeThread:
                 tasks.create_task(ComputeWatch(self._handoff, self._events, self._compute_thread,
                                                config.pg_timeout).run())
                 await self._stop_event.wait()
+                if self._bulk_linger:
+                    await snapshots.replies_sent(self._bulk_linger)
                 # What the membership actor handed over (a seat's Finished) still reaches the coordinator.
                 await control.close(linger=config.send_timeout)
-                await bulk.close()
+                await bulk.close(linger=self._bulk_linger)
                 raise _Stopping
         except* _Stopping:
             pass
@@ -233,6 +236,7 @@ class RuntimeThread:
         """
         assert self._membership is not None and self._snapshots is not None and self._stop_event is not None
         if isinstance(message, Shutdown):
+            self._bulk_linger = max(30.0, self._config.send_timeout) if message.linger else 0.0
             self._snapshots.inbox.post(Drain(self._stop_event.set))
         elif isinstance(message, (LocalReady, Fetch, PrepareReady, Drain)):
             self._snapshots.inbox.post(message)
@@ -254,11 +258,12 @@ class RuntimeThread:
         p = self._progress
         return p.bytes_sent, p.bytes_held_for_wards, p.bytes_shared_for_wards
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the loop (idempotent), waiting at most `timeout` seconds."""
+    def stop(self, timeout: float = 5.0, linger: bool = False) -> None:
+        """Stop the loop (idempotent), waiting at most `timeout` seconds; `linger`: until the snapshot parts already
+        sent to peers have left too (within the same bound)."""
         if self._loop is not None and not self._stopped.is_set():
             try:
-                self._handoff.post(Shutdown())
+                self._handoff.post(Shutdown(linger))
             except RuntimeError:
                 pass
         self._stopped.wait(timeout)

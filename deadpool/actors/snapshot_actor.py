@@ -57,6 +57,7 @@ Command = LocalReady | Fetch | PrepareReady | ViewChanged | PrepareArrived | Dra
 Restored = concurrent.futures.Future[Fetched]
 PARKED = 16  # peer messages from a newer view kept until that view arrives
 COPYING_WAIT_S = 2.0  # a slice of a step this member is finishing or copying waits this long for its snapshot
+FINISHING_WAIT_S = 120.0  # ... and one of a step it is still in (a move's Takeover asks as the step begins)
 COPYING = 16  # at most this many such requests wait at once; more are answered at once
 
 
@@ -111,6 +112,7 @@ class SnapshotActor:
         self._own: dict[int, Slot] = {}  # this member's local snapshot slots, by index (peers ask for slices)
         self._copying: list[RestoreRequest] = []  # slices asked for a step whose snapshot is still being copied
         self._tasks: asyncio.TaskGroup | None = None  # owns every send, so none outlives the actor
+        self._replies: set[asyncio.Task[None]] = set()  # restore replies not yet handed to the transport
         self._sender: asyncio.Task[None] | None = None
         self._flight_started = asyncio.Event()  # wakes the resend loop, which sleeps while nothing is in flight
         self._shm_refused: set[str] = set()  # buddies that could not map our slots: they get frames
@@ -183,12 +185,17 @@ class SnapshotActor:
         self._progress.snapshot_step = slot.step
         self._own[slot.index] = slot
         view = self._view
-        if view is not None:
-            for request in [r for r in self._copying if r.step == slot.step]:
-                self._copying.remove(request)
-                self._on_restore_request(request, view)
-        if view is None or slot.generation != view.store_prefix:
-            return  # taken before the current view's rebuild: nobody needs it
+        if view is None:
+            return
+        if slot.generation == view.store_prefix:  # else taken before the current view's rebuild: nobody needs it
+            self._publish(slot, view)
+        # Parts of it asked for before it was taken: answered now, from its slot file where its head names it.
+        for request in [r for r in self._copying if r.step == slot.step]:
+            self._copying.remove(request)
+            self._on_restore_request(request, view)
+
+    def _publish(self, slot: Slot, view: View) -> None:
+        """A snapshot of the current view taken: its replica check to the heartbeats, itself to the buddy."""
         if slot.check is not None:  # the heartbeats carry the newest few to the coordinator (replica checks)
             self._progress.checks = (*self._progress.checks[-(CHECKS_TOLD - 1):], (view.epoch, slot.step, slot.check))
             self._on_checked()
@@ -424,14 +431,15 @@ class SnapshotActor:
             self._events.emit(schema.Rejected(reason="not_in_view", peer=request.sender, kind="restore_request"))
             return
         step = None if request.newest else request.step
-        if request.part == RestorePart.SLICE and view.seat_of(self._member) == request.seat:
+        if view.seat_of(self._member) == request.seat:  # its slice, or (a move's Takeover) its whole snapshot
             host = view.hosts.get(self._member, "")
             shared = request.shared and bool(host) and view.hosts.get(request.sender) == host
-            served = self._own_slice(request.seat, step, view.world_size, shared)
+            served = self._own_part(request.seat, step, view.world_size, request.part, shared)
             if isinstance(served, str) and wait and step is not None and len(self._copying) < COPYING and \
-                    self._progress.snapshot_step < step <= self._progress.step + int(request.finishing):
+                    self._progress.snapshot_step < step <= self._progress.step + 2 * int(request.finishing):
                 # Finished and still being copied, or (a planned move's spare asks as the seats finish the step the
-                # moving seat left after) still being finished: answered once copied, or refused after a bound.
+                # moving seat leaves after: the one in progress, or the next) still to be finished: answered once
+                # copied, or refused after a bound.
                 self._copying.append(request)
                 self._spawn(self._copying_expires(request))
                 return
@@ -441,10 +449,18 @@ class SnapshotActor:
         reply = RestoreReply(self._member, request.epoch, request.seat, request.step, ok, error, header,
                              request.part, request.newest)
         frames: list[Frame] = [codec.encode(reply, self._secret), *payload]
-        self._spawn(self._send(request.reply_to, frames, f"restore reply to {request.sender}"))
+        task = self._spawn(self._send(request.reply_to, frames, f"restore reply to {request.sender}"))
+        self._replies.add(task)
+        task.add_done_callback(self._replies.discard)
+
+    async def replies_sent(self, timeout: float) -> None:
+        """Wait (at most `timeout` seconds) until every restore reply already begun has been handed to the transport:
+        a moved member exits after that, its spare's parts on their way (its transport lingers until they left)."""
+        if self._replies:
+            await asyncio.wait(set(self._replies), timeout=timeout)
 
     async def _copying_expires(self, request: RestoreRequest) -> None:
-        await asyncio.sleep(COPYING_WAIT_S)
+        await asyncio.sleep(FINISHING_WAIT_S if request.finishing else COPYING_WAIT_S)
         if request in self._copying and self._view is not None:
             self._copying.remove(request)
             self._on_restore_request(request, self._view, wait=False)
@@ -467,11 +483,12 @@ class SnapshotActor:
             return f"the copy of seat {request.seat} step {request.step} has a bad manifest: {err}"
         return dataclasses.replace(header, nbytes=size), _chunks(_tail(copy.frames, size))
 
-    def _own_slice(self, seat: int, step: int | None, world: int,
-                   shared: bool = False) -> tuple[SnapshotHeader, list[Frame]] | str:
-        """This member's slice of the replicated region in its own snapshot of `step` (None: the newest),
-        copied now (the slot is reused by a later capture), or, for a `shared` asker on this host, named in
-        the slot file whose head says it holds it (the asker reads it there); why not as a str."""
+    def _own_part(self, seat: int, step: int | None, world: int, part: RestorePart,
+                  shared: bool = False) -> tuple[SnapshotHeader, list[Frame]] | str:
+        """This member's slice of the replicated region in its own snapshot of `step` (None: the newest), or the
+        whole snapshot (`part` HELD), copied now (the slot is reused by a later capture), or, for a `shared` asker
+        on this host, named in the slot file whose head says it holds it (the asker reads it there); why not as
+        a str."""
         held = [slot for slot in self._own.values() if slot.complete and slot.manifest is not None
                 and (slot.seat, slot.world) == (seat, world) and step in (None, slot.step)]
         slot = max(held, key=lambda s: s.sequence, default=None)
@@ -479,7 +496,7 @@ class SnapshotActor:
             steps = sorted(s.step for s in self._own.values() if s.complete)
             return f"seat {seat} holds no snapshot of step {'(newest)' if step is None else step} (held: {steps})"
         sequence, served, manifest = slot.sequence, slot.step, slot.manifest
-        size = manifest.replicated // world
+        size = manifest.replicated // world if part == RestorePart.SLICE else slot.nbytes
         view_epoch = self._view.epoch if self._view else 0
         if shared and slot.shm_path and slot.head is not None and shm.read_head(slot.head) is not None:
             return SnapshotHeader(self._member, view_epoch, seat, served, size, manifest.encode(),
@@ -511,8 +528,7 @@ class SnapshotActor:
         if older is not None:
             _fail(older, RestoreFailed(f"restore of seat {fetch.seat} step {fetch.step} asked for again"))
         self._fetches[key] = fetch.future
-        shared = shared and fetch.part == RestorePart.SLICE and bool(self._shm_dir) and \
-            view.hosts.get(fetch.member, "") == view.hosts.get(self._member)
+        shared = shared and bool(self._shm_dir) and view.hosts.get(fetch.member, "") == view.hosts.get(self._member)
         request = RestoreRequest(self._member, view.epoch, fetch.seat, fetch.step, self._transport.address,
                                  fetch.part, fetch.newest, shared, fetch.finishing)
         self._spawn(self._request_restore(fetch, addr, request))
@@ -554,10 +570,10 @@ class SnapshotActor:
 
     def _read_shared(self, reply: RestoreReply, header: SnapshotHeader,
                      frames: list[memoryview]) -> list[memoryview] | str:
-        """A slice a same-host seat named in its slot file, copied out of it, if the slot's head says, before
+        """A part a same-host seat named in its slot file, copied out of it, if the slot's head says, before
         and after the copy, that the sender published its snapshot of that step there; why not as a str."""
-        if reply.part != RestorePart.SLICE or frames:
-            return "a shared reply is for a slice and carries no payload"
+        if frames:
+            return "a shared reply carries no payload"
         try:
             mapping = shm.map_readonly(header.shm_path, self._shm_dir, header.shm_offset, header.nbytes, None)
         except shm.ShmRefused as err:

@@ -4,7 +4,8 @@ An operator asks (``deadpool move``, ``deadpool drain``) or a host's launcher do
 The coordinator checks the request (``decisions.check_moves``: the seats exist, none is moving already,
 there are spares enough where they may go), reserves a spare per seat and tells each moving member to
 leave (``Leave``). The member answers with the step it is in (``LeaveAt``), and every other seat is told
-to hold at that step's end (``Hold``); each says when it is there (``Holding``). The member stops after
+to hold at that step's end (``Hold``); each says when it is there (``Holding``). The reserved spare is told
+too (``Takeover``): it fetches the seat's state of that step as the seats end it. The member stops after
 that step, waits until its buddy confirmed its snapshot of it and says so (``Leaving``). Once every seat has
 ended the step, the member is fenced (it exits 0 on that) and its seat is replaced as a dead one's is, by a
 round whose Prepare names the reserved spare; every seat holds that step's snapshot, so the job resumes
@@ -27,7 +28,18 @@ from deadpool.coordinator.views import Views
 from deadpool.events import schema
 from deadpool.events.log import EventLog
 from deadpool.events.vocabulary import MoveTrigger, Trigger
-from deadpool.protocol.messages import Fenced, Hold, Holding, Leave, LeaveAt, Leaving, MoveCommand, MoveResult, Stop
+from deadpool.protocol.messages import (
+    Fenced,
+    Hold,
+    Holding,
+    Leave,
+    LeaveAt,
+    Leaving,
+    MoveCommand,
+    MoveResult,
+    Stop,
+    Takeover,
+)
 
 PREEMPTION = "preemption"  # a MoveCommand reason starting with this is a launcher's notice (agent/preemption.py)
 PREEMPTION_WINDOW_S = 1.5  # notices are held this long: one from every host means the whole job is being stopped
@@ -147,7 +159,8 @@ class Moves:
         return ""
 
     def leave_at(self, message: LeaveAt) -> None:
-        """A moving member will stop after `message.step`: every other seat holds at the end of that step."""
+        """A moving member will stop after `message.step`: every other seat holds at the end of that step, and the
+        reserved spare fetches the seat's state of it meanwhile."""
         move = self._moving.get(message.sender)
         view = self._views.current
         if move is None or view is None:
@@ -159,6 +172,9 @@ class Moves:
             record = self._members.get(member)
             if member != message.sender and record is not None:
                 self._out.send(record.control_addr, Hold(member, view.epoch, message.step, message.sender))
+        spare = self._members.get(move.spare) if move.spare else None
+        if spare is not None:
+            self._out.send(spare.control_addr, Takeover(move.spare, view.epoch, message.step, message.sender))
 
     def holding(self, message: Holding, now: float) -> None:
         """A seat ended the step it was told to hold after (or had ended it): the moves waiting for it may go on."""

@@ -55,6 +55,7 @@ class RestoreSource(enum.StrEnum):
     INITIAL = "initial"  # the job's initial state, as the script built it: nothing is restored
     LOCAL = "local"  # this member's own snapshot (its live tensors where they still hold it)
     BUDDY = "buddy"  # the copy the seat's buddy holds, with the peers' slices of the replicated region
+    MOVER = "mover"  # a move's: the moving member's own snapshot, fetched as it ended its last step, and the slices
     DISK = "disk"  # the disk checkpoint
 
 

@@ -24,6 +24,7 @@ from deadpool.protocol.moves import Holding as Holding
 from deadpool.protocol.moves import Leave as Leave
 from deadpool.protocol.moves import LeaveAt as LeaveAt
 from deadpool.protocol.moves import Leaving as Leaving
+from deadpool.protocol.moves import Takeover as Takeover
 from deadpool.protocol.operator import ChaosCommand as ChaosCommand
 from deadpool.protocol.operator import ChaosResult as ChaosResult
 from deadpool.protocol.operator import MoveCommand as MoveCommand
@@ -286,8 +287,8 @@ class RestoreRequest:
     reply_to: str  # bulk address for the reply
     part: RestorePart = RestorePart.HELD  # what of the snapshot is asked for
     newest: bool = False  # the newest complete copy held, whatever `step` says (a spare's prefetch)
-    shared: bool = False  # the requester can read a same-host shared-memory slot itself (a SLICE's reply may name it)
-    finishing: bool = False  # every seat finishes `step` (a planned move's): a seat still in it answers once it has
+    shared: bool = False  # the requester can read a same-host shared-memory slot itself (the reply may name it)
+    finishing: bool = False  # every seat finishes `step` (a move's): a seat in it, or before it, answers once it has
 
 
 @immutable
@@ -618,6 +619,7 @@ Message = (
     | LeaveAt
     | Hold
     | Holding
+    | Takeover
 )
 
 # Append-only: a tag, once given, is never reused or renumbered.
@@ -672,6 +674,7 @@ REGISTRY: dict[int, type[Message]] = {
     65: LeaveAt,
     66: Hold,
     67: Holding,
+    68: Takeover,
 }
 TAGS: dict[type[Message], int] = {cls: tag for tag, cls in REGISTRY.items()}
 # Sent again unchanged, often, while nothing changed: a host agent's heartbeat between its workers' steps, its

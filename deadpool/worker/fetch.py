@@ -168,8 +168,9 @@ class PeerFetch:
         while the survivors finish their step; ``from_buddy`` keeps them if the step is the one.  The slices
         are asked for once the copy's answer says which step it is of (the seats may hold a newer one), or at
         once for a planned move, whose Prepare names the step the seat left after."""
-        if self.prefetch is not None and self.prefetch.seat == seat:
-            return
+        known = prepare.left_after if prepare.planned and prepare.left_after >= 0 else None  # a move's resume step
+        if self.prefetch is not None and self.prefetch.seat == seat and known in (None, self.prefetch.slices_step):
+            return  # asked already (by an earlier Prepare, or by the move's Takeover)
         failed = set(prepare.failed_seats)
         buddy = held.seats[held.buddies[seat]]
         if held.buddies[seat] in failed or buddy == self._member:
@@ -177,7 +178,6 @@ class PeerFetch:
         slices = [(other, RestorePart.SLICE, held.seats[held.buddies[other]] if other in failed else held.seats[other])
                   for other in range(held.world_size) if other != seat]
         own = (seat, RestorePart.HELD, buddy)
-        known = prepare.left_after if prepare.planned and prepare.left_after >= 0 else None  # a move's resume step
         (copy,) = self._ask(held.resume_step if known is None else known, [own], newest=known is None)
         answers: Answers = [copy, *(concurrent.futures.Future() for _ in slices)]
         for future in answers[1:]:
@@ -197,6 +197,23 @@ class PeerFetch:
                 prefetch.fail_slices(RestoreFailed(f"the prefetch of seat {seat}'s copy failed: {error}"))
 
         copy.add_done_callback(ask_slices)
+
+    @staticmethod
+    def takeover_sources(held: View, seat: int) -> list[Asked]:
+        """What a move's spare asks for when told it takes `seat` of `held`: the seat's snapshot from the member that
+        moves away (alive, it answers once it has taken it, and exits only once the answer has left), the other
+        seats' slices from their members."""
+        return [(seat, RestorePart.HELD, held.seats[seat]),
+                *((other, RestorePart.SLICE, held.seats[other]) for other in range(held.world_size) if other != seat)]
+
+    def start_takeover(self, seat: int, step: int, held: View) -> Prefetch:
+        """A move's Takeover reserved this spare for `seat`, whose member leaves after `step`: ask now for that
+        step's snapshot of it (``takeover_sources``), while the seats are still in the step (each part is
+        answered once its seat has taken it). The move's Prepare keeps what was asked."""
+        asked = self.takeover_sources(held, seat)
+        prefetch = Prefetch(seat, asked, self._ask(step, asked, finishing=True), slices_step=step)
+        self.prefetch = prefetch
+        return prefetch
 
     def assemble(self, seat: int, world: int, asked: Sequence[Asked], fetched: Sequence[Fetched]) -> Restored:
         """The seat's arena from its own part (first) and the other seats' slices.
@@ -244,13 +261,14 @@ class PeerFetch:
         """``wait`` for the answers to what was asked of `view`'s resume step."""
         return self.wait(view.epoch, f"of step {view.resume_step}", asked, answers)
 
-    def _ask(self, step: int, asked: Sequence[Asked], newest: bool = False) -> Answers:
-        """Hand the snapshot actor a Fetch of step `step` (or the `newest` held) for each part asked for."""
+    def _ask(self, step: int, asked: Sequence[Asked], newest: bool = False, finishing: bool = False) -> Answers:
+        """Hand the snapshot actor a Fetch of step `step` (or the `newest` held) for each part asked for
+        (`finishing`: of a step the members asked may still be in)."""
         answers: Answers = []
         for seat, part, member in asked:
             future: concurrent.futures.Future[Fetched] = concurrent.futures.Future()
             future.add_done_callback(lambda _: self._handoff.wake())
-            self._handoff.post(Fetch(seat, step, member, future, part, newest))
+            self._handoff.post(Fetch(seat, step, member, future, part, newest, finishing))
             answers.append(future)
         return answers
 

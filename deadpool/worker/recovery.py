@@ -31,6 +31,7 @@ from deadpool.protocol.messages import (
     Recovered,
     Role,
     Stop,
+    Takeover,
 )
 from deadpool.protocol.view import FIRST_EPOCH, INITIAL_STEP, View
 from deadpool.snapshot.checkpoint import DiskCheckpointer, complete_steps
@@ -39,13 +40,14 @@ from deadpool.worker import rng as rng_mod
 from deadpool.worker.data import DataSeats
 from deadpool.worker.exit import exit_fenced
 from deadpool.worker.faults import FaultInjector
-from deadpool.worker.fetch import PeerFetch
+from deadpool.worker.fetch import PeerFetch, Prefetch
 from deadpool.worker.groups.hub import GroupCollectives
 from deadpool.worker.restore import (
     BuddyPlan,
     DiskPlan,
     InitialPlan,
     LocalPlan,
+    MoverPlan,
     Plan,
     Preloaded,
     PreloadedPlan,
@@ -252,6 +254,8 @@ class Recovery:
                 if command.view.seat_of(self._env.member) is not None:
                     return command
                 self._held = command.view
+            if isinstance(command, Takeover) and self._held is not None:
+                self._take_over(command, self._held, load=not reservations)
             if isinstance(command, Prepare) and self._held is not None:
                 for seat, member in command.replacements.items():
                     if member == self._env.member:
@@ -284,6 +288,7 @@ class Recovery:
             if not self._handoff.pause(held.epoch, AUDIT_POLL_S):  # False at once with a command queued
                 return "a newer view or a Prepare came: this spare may be needed"
         self._data_seats.seat(audit.seat, held.world_size)
+        self._preloaded = None  # a move's Takeover state, if one was loaded, is overwritten
         self._tracked.load(manifest, arena)
         return ""
 
@@ -446,11 +451,15 @@ class Recovery:
         if seat in view.restore_from:
             preloaded, self._preloaded = self._preloaded, None
             plan: Plan
-            if preloaded is None or (preloaded.seat, preloaded.step, preloaded.asked) != (
-                    seat, view.resume_step, PeerFetch.sources(view, seat)):
+            sources = PeerFetch.sources(view, seat)
+            # A move's Takeover asked the member that held the seat for its part, the others for their slices.
+            taken_over = preloaded is not None and self._held is not None and seat < self._held.world_size and \
+                preloaded.asked == PeerFetch.takeover_sources(self._held, seat) and preloaded.asked[1:] == sources[1:]
+            if preloaded is None or (preloaded.seat, preloaded.step) != (seat, view.resume_step) or \
+                    not (taken_over or preloaded.asked == sources):
                 plan = BuddyPlan(self._tracked, self._fetch.from_buddy(view, seat))
             else:
-                plan = PreloadedPlan(preloaded)
+                plan = (MoverPlan if taken_over else PreloadedPlan)(preloaded)
             self._fetch.prefetch = None
             return plan
         held = self._snapshots.find(view.resume_step)
@@ -484,14 +493,31 @@ class Recovery:
         prefetch = self._fetch.prefetch
         if prefetch is None or prefetch.seat != reserved.seat:
             return
-        world = reserved.view.world_size
+        if self._preloaded is not None and self._preloaded.asked == prefetch.asked:
+            return  # loaded already, on the move's Takeover
+        self._load_prefetch(prefetch, reserved.epoch, reserved.view.world_size)
+
+    def _take_over(self, takeover: Takeover, held: View, load: bool) -> None:
+        """A move's Takeover reserved this spare for the seat `takeover.moving` leaves: ask for the seat's state of
+        the step it leaves after, and (`load`: the tracked objects are the seat's already, not wrapped later for
+        it by ``rt.device_mesh``) load it once every part came, all before the view change. A Prepare meanwhile
+        ends the wait; the move's own keeps what was asked (``_preload``)."""
+        seat = held.seat_of(takeover.moving)
+        if seat is None or takeover.epoch != held.epoch:
+            return  # the view changed since: the move's Prepare says what to fetch
+        prefetch = self._fetch.start_takeover(seat, takeover.step, held)
+        if load:
+            self._load_prefetch(prefetch, held.epoch, held.world_size)
+
+    def _load_prefetch(self, prefetch: Prefetch, epoch: int, world: int) -> None:
+        """Wait for `prefetch`'s parts (a Prepare newer than `epoch` interrupts) and load them as the seat's state."""
         try:
-            fetched = self._fetch.wait(reserved.epoch, "prefetched", prefetch.asked, prefetch.answers)
+            fetched = self._fetch.wait(epoch, "prefetched", prefetch.asked, prefetch.answers)
             if len({part.step for part in fetched}) != 1:
                 return
-            manifest, arena = self._fetch.assemble(reserved.seat, world, prefetch.asked, fetched)
+            manifest, arena = self._fetch.assemble(prefetch.seat, world, prefetch.asked, fetched)
         except (CollectiveAborted, RestoreFailed, WaitTimeout):
             return  # a newer Prepare, or a copy not there or not whole: the adoption fetches what its view names
-        self._data_seats.seat(reserved.seat, world)
+        self._data_seats.seat(prefetch.seat, world)
         rng = self._tracked.load(manifest, arena)
-        self._preloaded = Preloaded(reserved.seat, fetched[0].step, prefetch.asked, rng, manifest.nbytes)
+        self._preloaded = Preloaded(prefetch.seat, fetched[0].step, prefetch.asked, rng, manifest.nbytes)

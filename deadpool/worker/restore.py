@@ -122,8 +122,8 @@ class SlicesPlan(Plan):
 
 
 class PreloadedPlan(Plan):
-    """The buddy's copy, prefetched and loaded by a reserved spare before the view came; the view resumes from
-    its step and names the same sources."""
+    """The buddy's copy (or, on a move's Takeover, the moving member's own snapshot), prefetched and loaded by a
+    reserved spare before the view came; the view resumes from its step and names the same slices' sources."""
 
     source = Source.BUDDY
 
@@ -138,6 +138,12 @@ class PreloadedPlan(Plan):
 
     def load_late(self) -> None:
         rng_mod.restore(self._rng)
+
+
+class MoverPlan(PreloadedPlan):
+    """A move's: the moving member's own snapshot and the slices, prefetched on its Takeover and loaded."""
+
+    source = Source.MOVER
 
 
 class BuddyPlan(Plan):

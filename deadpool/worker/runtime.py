@@ -69,6 +69,7 @@ from deadpool.worker.step import StepState
 from deadpool.worker.tracked import TrackedState
 
 NO_BUCKETS = "no rt.ddp gradient bucket in the step: nothing to audit"  # an AuditDigest's `missed`
+MOVED_LINGER_S = 10.0  # a moved member exits at most this long after it was fenced (its last sends leaving)
 
 log = logging.getLogger("deadpool")
 
@@ -518,6 +519,7 @@ class Runtime:
         self._handoff.post(Leaving(self.member, state.epoch, step))
         answer = self._handoff.wait_terminal(self.config.view_timeout)
         if isinstance(answer, Fenced):
+            self._thread.stop(timeout=MOVED_LINGER_S, linger=True)  # the spare's parts of this snapshot leave first
             exit_moved(self.events, self.member, self.rank, step, leave.reason)
 
     def _drain_commands(self) -> Command | None:

@@ -73,8 +73,10 @@ def test_a_moved_seat_ends_bit_identical_with_no_finished_step_redone(tmp_path: 
     assert sorted(swaps) == [1, 2]
     (taken,) = [e for e in result.of("restored") if e["member"] == swaps[2]["new_member"]
                 and e["epoch"] == commit["epoch"]]
-    assert taken["preloaded"], \
-        "the move's spare loads the buddy's copy of the step the seat left after before the commit"
+    assert taken["preloaded"] and taken["source"] == "mover", \
+        "the move's spare loads the moving seat's own snapshot of the step it left after, fetched as it ended it"
+    assert not [e for e in result.of("adopt_failed") if e["epoch"] == commit["epoch"]], \
+        "the moving seat's answer left before it exited"
     print(f"planned move of rank 2: {swaps[2]['recovery_s']:.2f} s from the seat leaving to its spare's first "
           f"step; failure repair of rank 1: {swaps[1]['recovery_s']:.2f} s from the kill (same run)")
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from deadpool.actors.handoff import Handoff
+from deadpool.actors.handoff import LEAVE_MARGIN, Handoff, leave_step
 from deadpool.actors.inbox import Drain, Inbound, Outbound, PrepareArrived, ViewChanged
 from deadpool.actors.membership import MembershipActor
 from deadpool.events.log import EventLog
@@ -30,6 +30,7 @@ from deadpool.protocol.messages import (
     Recovered,
     Role,
     Stop,
+    Takeover,
 )
 from deadpool.protocol.transport import Frame
 from deadpool.protocol.view import View
@@ -186,6 +187,50 @@ async def test_a_leave_is_answered_with_the_step_it_leaves_after_and_a_hold_stop
     held.request_hold(Hold("m0", 2, 9, ME))
     held.deliver(Prepare(3, [0], "m0 died"))
     assert held.at_boundary(9) == (None, False), "a Prepare came first: the seat stopped for it"
+
+
+def test_a_leave_that_comes_near_the_end_of_a_step_is_for_the_next_one() -> None:
+    """The step a moving seat leaves after is the one in progress unless that step is expected to end within the
+    margin: the other seats, a little ahead, would be told to hold too late and abandon the step they began."""
+    assert leave_step(4, 0.0, None) == (5, "the step in progress (no step timed yet)")
+    assert leave_step(4, 0.1, 1.0)[0] == 5
+    assert leave_step(4, (1 - LEAVE_MARGIN) * 1.0 - 0.01, 1.0)[0] == 5
+    step, why = leave_step(4, (1 - LEAVE_MARGIN) * 1.0 + 0.01, 1.0)
+    assert step == 6 and "too close to its end" in why
+
+    now = [0.0]
+    handoff = Handoff(clock=lambda: now[0])
+    for step in range(3):  # steps timed by the compute thread: each takes 0.2 s here
+        handoff.begin_step(step)
+        now[0] += 0.2
+        handoff.at_boundary(step)
+    handoff.begin_step(3)
+    now[0] += 0.18
+    assert handoff.request_leave(Leave(ME, 2, "operator move"))[0] == 4, "0.18 s into a 0.2 s step: the next"
+    assert handoff.at_boundary(3) == (None, False), "not after the step it was in"
+    handoff.begin_step(4)
+    assert handoff.at_boundary(4)[0] == Leave(ME, 2, "operator move")
+    handoff.begin_step(5)
+    now[0] += 0.01
+    assert handoff.request_leave(Leave(ME, 2, "operator move"))[0] == 5, "just begun: the step in progress"
+    handoff.at_boundary(5)
+    assert handoff.request_leave(Leave(ME, 2, "operator move"))[0] == 6, "between two steps: the next"
+    handoff.begin_step(6)
+    now[0] += 0.19
+    assert handoff.request_leave(Leave(ME, 2, "operator move"))[0] == 7
+    handoff.deliver(Prepare(3, [0], "m0 died"))
+    assert handoff.at_boundary(6)[0] is not None, "after a failure's repair it leaves at the first boundary"
+
+
+async def test_a_takeover_for_this_spare_reaches_its_compute_thread_and_one_for_another_is_refused(
+        member: Member) -> None:
+    member.start()
+    await member.actor.inbox.put(Inbound(Takeover("m0", 2, 7, "m3")))
+    await until(lambda: member.rejected() == ["misaddressed"])
+    assert member.handoff.poll() is None
+    await member.actor.inbox.put(Inbound(Takeover(ME, 2, 7, "m3")))
+    await until(lambda: member.handoff.pending())
+    assert member.handoff.poll() == Takeover(ME, 2, 7, "m3")
 
 
 async def test_a_drain_marker_runs_only_after_every_earlier_message_was_handed_to_the_transport(

@@ -183,6 +183,38 @@ async def test_a_slice_of_a_step_finished_but_still_being_copied_is_answered_onc
     assert future.result().step == 10
 
 
+@pytest.mark.parametrize("same_host", [False, True], ids=["frames", "slot-file"])
+async def test_a_moving_seat_serves_its_whole_snapshot_of_the_step_it_is_still_in_once_it_has_taken_it(
+    shm_dir: str, make_pair: Callable[[str, str], Pair], same_host: bool,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A move's Takeover has the reserved spare ask the moving seat itself for its snapshot of the step it leaves
+    after, while it is still in that step: the seat answers once it has taken it, with what its buddy's copy holds
+    (in frames, or, to a spare on its host that can map slot files, named in its slot file)."""
+    pair = make_pair(shm_dir, shm_dir)
+    spare, _ = await _with_spare(pair, shm_dir if same_host else "")
+    reads: list[int] = []
+    read = spare._read_shared
+    monkeypatch.setattr(spare, "_read_shared", lambda *args: reads.append(args[1].step) or read(*args))
+    await _snapshot(pair, 6)
+    pair.progress[WARD].step = 6  # in step 7, and told (near its end) to leave after step 8
+    future: concurrent.futures.Future[Fetched] = concurrent.futures.Future()
+    spare.inbox.post(Fetch(0, 8, WARD, future, RestorePart.HELD, finishing=True))
+    await asyncio.sleep(0.1)
+    pair.progress[WARD].step = 7
+    await _snapshot(pair, 7)
+    await asyncio.sleep(0.1)
+    assert not future.done(), "the moving seat answers once it has taken its snapshot of step 8"
+    pair.progress[WARD].step = 8
+    slot = await _snapshot(pair, 8)
+    await until(future.done)
+    own = future.result()
+    assert own.step == 8 and b"".join(bytes(f) for f in own.frames) == bytes(slot.payload())
+    assert reads == ([8] if same_host else []), "read from the slot file only by a spare on its host"
+    copy = await _fetch(spare, 0, 8, BUDDY, RestorePart.HELD)
+    assert b"".join(bytes(f) for f in copy.frames) == bytes(slot.payload()), "the same bytes as the buddy's copy"
+
+
 async def test_a_slot_file_read_is_refused_unless_its_head_publishes_that_seat_step_and_range(
     shm_dir: str, make_pair: Callable[[str, str], Pair],  # noqa: F811
 ) -> None:

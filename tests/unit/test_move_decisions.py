@@ -1,8 +1,8 @@
 """Planned moves in the membership service (no sockets, a virtual clock) and the decision that checks them.
 
 A move asks the member to leave (``Leave``); its ``LeaveAt`` has every other seat told to hold after that step
-(``Hold``); its ``Leaving`` fences it (the answer is its cue to exit 0)
-and starts the round that seats the reserved spare; a drain releases the host's spares first. Refusals
+(``Hold``) and the reserved spare told to fetch the seat's state of it (``Takeover``); its ``Leaving`` fences it
+(the answer is its cue to exit 0) and starts the round that seats the reserved spare; a drain releases the host's spares first. Refusals
 answer the operator with one line and leave the job as it was.
 """
 
@@ -40,6 +40,7 @@ from deadpool.protocol.messages import (
     ProcessExited,
     Role,
     Stop,
+    Takeover,
 )
 from deadpool.protocol.view import View
 
@@ -111,6 +112,9 @@ def test_a_move_asks_the_member_to_leave_and_its_leaving_seats_the_reserved_spar
     holds = {member: job.to(member, Hold) for member in ("m0", "m1", "m2", "m3", "sa", "sb")}
     assert {m: [(h.step, h.moving) for h in told] for m, told in holds.items() if told} == {
         m: [(7, "m1")] for m in ("m0", "m2", "m3")}, "every other seat holds after step 7; spares are not told"
+    takeovers = {member: job.to(member, Takeover) for member in ("m0", "m1", "m2", "m3", "sa", "sb")}
+    assert {m: [(t.step, t.moving) for t in told] for m, told in takeovers.items() if told} == {"sb": [(7, "m1")]}, \
+        "the reserved spare, and only it, fetches the seat's state of step 7 as the seats end it"
     assert job.coordinator.status(job.now)["moves"][0]["leaves_after"] == 7
     job.handle(LeaveAt("m0", job.view.epoch, 7))
     assert job.of(Event.REJECTED)[-1]["detail"] == "LeaveAt from a member not asked to move"
