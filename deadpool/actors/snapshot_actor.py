@@ -56,7 +56,7 @@ __all__ = ["CHUNK_BYTES", "Command", "SnapshotActor"]
 Command = LocalReady | Fetch | PrepareReady | ViewChanged | PrepareArrived | Drain
 Restored = concurrent.futures.Future[Fetched]
 PARKED = 16  # peer messages from a newer view kept until that view arrives
-COPYING_WAIT_S = 2.0  # a slice of a step this member is finishing or copying waits this long for its snapshot
+COPYING_WAIT_S = 2.0  # a part of a step this member is finishing or copying waits this long for its snapshot
 FINISHING_WAIT_S = 120.0  # ... and one of a step it is still in (a move's Takeover asks as the step begins)
 COPYING = 16  # at most this many such requests wait at once; more are answered at once
 
@@ -110,7 +110,7 @@ class SnapshotActor:
         self._parked: deque[Bulk] = deque(maxlen=PARKED)
         self._fetches: dict[tuple[int, int, RestorePart, bool], Restored] = {}
         self._own: dict[int, Slot] = {}  # this member's local snapshot slots, by index (peers ask for slices)
-        self._copying: list[RestoreRequest] = []  # slices asked for a step whose snapshot is still being copied
+        self._copying: list[RestoreRequest] = []  # parts asked for of a step whose snapshot is not taken yet
         self._tasks: asyncio.TaskGroup | None = None  # owns every send, so none outlives the actor
         self._replies: set[asyncio.Task[None]] = set()  # restore replies not yet handed to the transport
         self._sender: asyncio.Task[None] | None = None
@@ -486,9 +486,10 @@ class SnapshotActor:
     def _own_part(self, seat: int, step: int | None, world: int, part: RestorePart,
                   shared: bool = False) -> tuple[SnapshotHeader, list[Frame]] | str:
         """This member's slice of the replicated region in its own snapshot of `step` (None: the newest), or the
-        whole snapshot (`part` HELD), copied now (the slot is reused by a later capture), or, for a `shared` asker
-        on this host, named in the slot file whose head says it holds it (the asker reads it there); why not as
-        a str."""
+        whole snapshot (`part` HELD), copied now (the slot is reused by a later capture), or, a slice for a
+        `shared` asker on this host, named in the slot file whose head says it holds it (the asker reads it
+        there; not the whole snapshot, asked of a member that moves away: its files go when it exits); why not
+        as a str."""
         held = [slot for slot in self._own.values() if slot.complete and slot.manifest is not None
                 and (slot.seat, slot.world) == (seat, world) and step in (None, slot.step)]
         slot = max(held, key=lambda s: s.sequence, default=None)
@@ -498,7 +499,8 @@ class SnapshotActor:
         sequence, served, manifest = slot.sequence, slot.step, slot.manifest
         size = manifest.replicated // world if part == RestorePart.SLICE else slot.nbytes
         view_epoch = self._view.epoch if self._view else 0
-        if shared and slot.shm_path and slot.head is not None and shm.read_head(slot.head) is not None:
+        if shared and part == RestorePart.SLICE and slot.shm_path and slot.head is not None and \
+                shm.read_head(slot.head) is not None:
             return SnapshotHeader(self._member, view_epoch, seat, served, size, manifest.encode(),
                                   shm_path=slot.shm_path, shm_offset=shm.HEAD_BYTES + slot.nbytes - size), []
         data = bytes(slot.payload()[slot.nbytes - size :])
@@ -528,7 +530,8 @@ class SnapshotActor:
         if older is not None:
             _fail(older, RestoreFailed(f"restore of seat {fetch.seat} step {fetch.step} asked for again"))
         self._fetches[key] = fetch.future
-        shared = shared and bool(self._shm_dir) and view.hosts.get(fetch.member, "") == view.hosts.get(self._member)
+        shared = shared and fetch.part == RestorePart.SLICE and bool(self._shm_dir) and \
+            view.hosts.get(fetch.member, "") == view.hosts.get(self._member)
         request = RestoreRequest(self._member, view.epoch, fetch.seat, fetch.step, self._transport.address,
                                  fetch.part, fetch.newest, shared, fetch.finishing)
         self._spawn(self._request_restore(fetch, addr, request))
@@ -570,10 +573,10 @@ class SnapshotActor:
 
     def _read_shared(self, reply: RestoreReply, header: SnapshotHeader,
                      frames: list[memoryview]) -> list[memoryview] | str:
-        """A part a same-host seat named in its slot file, copied out of it, if the slot's head says, before
+        """A slice a same-host seat named in its slot file, copied out of it, if the slot's head says, before
         and after the copy, that the sender published its snapshot of that step there; why not as a str."""
-        if frames:
-            return "a shared reply carries no payload"
+        if reply.part != RestorePart.SLICE or frames:
+            return "a shared reply is for a slice and carries no payload"
         try:
             mapping = shm.map_readonly(header.shm_path, self._shm_dir, header.shm_offset, header.nbytes, None)
         except shm.ShmRefused as err:

@@ -287,7 +287,7 @@ class RestoreRequest:
     reply_to: str  # bulk address for the reply
     part: RestorePart = RestorePart.HELD  # what of the snapshot is asked for
     newest: bool = False  # the newest complete copy held, whatever `step` says (a spare's prefetch)
-    shared: bool = False  # the requester can read a same-host shared-memory slot itself (the reply may name it)
+    shared: bool = False  # the requester can read a same-host shared-memory slot itself (a SLICE's reply may name it)
     finishing: bool = False  # every seat finishes `step` (a move's): a seat in it, or before it, answers once it has
 
 

@@ -2,8 +2,8 @@
 
 A move asks the member to leave (``Leave``); its ``LeaveAt`` has every other seat told to hold after that step
 (``Hold``) and the reserved spare told to fetch the seat's state of it (``Takeover``); its ``Leaving`` fences it
-(the answer is its cue to exit 0) and starts the round that seats the reserved spare; a drain releases the host's spares first. Refusals
-answer the operator with one line and leave the job as it was.
+(the answer is its cue to exit 0) and starts the round that seats the reserved spare; a drain releases the host's
+spares first. Refusals answer the operator with one line and leave the job as it was.
 """
 
 from __future__ import annotations
