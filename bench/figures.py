@@ -103,6 +103,10 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 Headline = tuple[str, str]  # (what, figure)
 
 
+def _interval(bounds: list[float] | None) -> str:
+    return f"{bounds[0]:.2f} to {bounds[1]:.2f}" if bounds else "none: one repetition"
+
+
 def recovery(run: Run) -> tuple[list[str], list[Headline]]:
     rows = run.rows
     config = run.data.get("config", {})
@@ -138,6 +142,14 @@ def recovery(run: Run) -> tuple[list[str], list[Headline]]:
         lines += table(["system", "detect", "pause", "commit", "restore", "first step"],
                        [[r["system"], *(fmt(r.get(p)) for p in ("detect_s", "pause_s", "commit_s", "restore_s",
                                                                  "first_step_s"))] for r in phased])
+    move = next((r for r in rows if r["system"].startswith("DeadPool planned move") and r.get("recovery_s")),
+                None)
+    kills = (("vs_boundary_kill", "a kill at a step boundary"), ("vs_allreduce_kill", "a kill in the all-reduce"))
+    ratios = [f"{move[key]:.2f}x {what}'s (95% interval {_interval(move.get(key + '_ci95'))}, "
+              f"{move[key + '_pairs']} repetitions)" for key, what in kills if move is not None and key in move]
+    if ratios:
+        lines += ["", "The planned move's time lost over a kill's, repetition by repetition (each pair ran in the same "
+                  "round; geometric means): " + "; ".join(ratios) + ".", ""]
     for note in run.data.get("notes", []):
         lines.append(f"- {note}")
     plot = run.path.with_suffix(".png")
@@ -147,13 +159,15 @@ def recovery(run: Run) -> tuple[list[str], list[Headline]]:
     heads: list[Headline] = []
     torchft = next((r for r in rows if r["system"] == "TorchFT" and r.get("recovery_s")), None)
     kill = next((r for r in rows if r["system"] == "DeadPool hot-swap" and r.get("recovery_s")), None)
-    move = next((r for r in rows if r["system"].startswith("DeadPool planned move") and r.get("recovery_s")), None)
     if move is not None:
         inside = next((r for r in rows if r["system"].endswith("kill in the all-reduce") and r.get("lost_s")), None)
         repairs = [f"{r['lost_s']:.2f} s for a kill {where}" for r, where in ((kill, "at a step boundary"),
                                                                                (inside, "in the all-reduce"))
                    if r is not None and r.get("lost_s") is not None]
         against = f"; {' and '.join(repairs)} in the same run" if repairs else ""
+        if "vs_boundary_kill" in move:
+            against += (f" (per repetition, {move['vs_boundary_kill']:.2f}x the boundary kill's, 95% interval "
+                        f"{_interval(move.get('vs_boundary_kill_ci95'))})")
         heads.append(("planned move, `deadpool move` (GPT demo, 4 ranks + 1 spare)",
                       f"**{fmt(move.get('lost_s'), '.2f')} s** lost against the failure-free pace, "
                       f"{fmt(move.get('steps_recomputed'), 'g')} steps recomputed{against}"))

@@ -28,9 +28,10 @@ step every rank finished before the kill or move to the first one after, less on
 step), steps recomputed, total wall time of the run with one failure, and the failure-free median
 step time as a ratio to plain DDP; for DeadPool's rows, where the recovery went (``detect_s``,
 ``pause_s``, ``commit_s``, ``restore_s``, ``first_step_s``: see ``phases``),
-printed under the table and in ``--json``.  Medians over ``--repeat`` runs (3 by default).  ``--json`` prints the
-rows (``--json PATH`` writes them with the date, machine and commit: docs/results/); ``--plot OUT.png`` draws every
-system's step timeline.
+printed under the table and in ``--json``; for the move, its time lost over each kill's, repetition by
+repetition (``vs_boundary_kill``, ``vs_allreduce_kill``: geometric means with 95% intervals).  Medians over
+``--repeat`` runs (3 by default).  ``--json`` prints the rows (``--json PATH`` writes them with the date,
+machine and commit: docs/results/); ``--plot OUT.png`` draws every system's step timeline.
 
 ``--at boundary,allreduce,backward`` adds DeadPool rows with the same kill inside step 20 (``--chaos ... at=``).
 
@@ -60,6 +61,7 @@ sys.path.insert(0, str(REPO))
 from bench import results  # noqa: E402
 from bench.baselines._common import read_events  # noqa: E402  (the baselines' own files: not DeadPool events)
 from bench.baselines.restart_baseline import run_restart_baseline  # noqa: E402
+from bench.overhead_injob import ratio_ci  # noqa: E402
 from deadpool.events import schema  # noqa: E402
 
 STEPS, KILL_RANK, KILL_STEP, WORLD = 40, 2, 20, 4
@@ -279,7 +281,8 @@ def measure(systems: set[str], repeat: int, root: Path,
         return round(statistics.median(values), 3) if values else None
 
     ddp_step = med(runs["plain DDP|False"], "median_step_s")
-    rows, timelines = [], {}
+    rows: list[dict[str, Any]] = []
+    timelines: dict[str, Any] = {}
     for name in dict.fromkeys(n for n, _, _ in plan if n != "plain DDP"):
         shared = runs[f"{AUDITED}|False"] if name == FAULTY else []  # an audited job's failure-free run
         ok_runs = runs[f"{name}|False"] or shared or runs["DeadPool hot-swap|False"]
@@ -302,16 +305,35 @@ def measure(systems: set[str], repeat: int, root: Path,
             **{phase: med(kill_runs, phase) for phase in PHASES if med(kill_runs, phase) is not None},
             "runs_ok": f"{sum(1 for r in kill_runs if r.get('ok', r.get('finished')))}/{len(kill_runs)}",
         })
+        if step:  # each repetition's, in order (None where the run gave no gap): the move's ratios pair them
+            rows[-1]["lost_s_runs"] = [round(r["gap_s"] - step, 3) if "gap_s" in r else None for r in kill_runs]
         if errors := [r["error"] for r in kill_runs if "error" in r]:
             rows[-1]["errors"] = errors
         if kill_runs and kill_runs[0].get("timeline"):
             timelines[name] = kill_runs[0]
+    move = next((row for row in rows if row["system"] == MOVE), None)
+    for name, key in (("DeadPool hot-swap", "vs_boundary_kill"), (f"DeadPool hot-swap, {AT_NAMES['allreduce']}",
+                                                                   "vs_allreduce_kill")):
+        repair = next((row for row in rows if row["system"] == name), None)
+        if move is not None and repair is not None:
+            move.update(_paired_ratio(key, move.get("lost_s_runs", []), repair.get("lost_s_runs", [])))
     torchft = next((r["recovery_s"] for r in rows if r["system"] == "TorchFT" and r["recovery_s"]), None)
     for row in rows:
         if row["system"].startswith("DeadPool") and torchft and row["recovery_s"] is not None:
             row["vs_torchft"] = round(row["recovery_s"] / torchft, 3)  # the issue's bound: at most 0.75
     notes.append(f"plain DDP (torch DDP, no checkpoints) median step: {ddp_step} s")
     return rows, timelines, notes
+
+
+def _paired_ratio(key: str, moves: list[float | None], kills: list[float | None]) -> dict[str, Any]:
+    """The move's time lost over a kill's, repetition by repetition (the two ran in the same round): their
+    geometric mean as `key`, its 95% interval as `key`_ci95 and the pairs counted (none: {})."""
+    ratios = [m / k for m, k in zip(moves, kills, strict=False) if m is not None and k is not None and m > 0 and k > 0]
+    if not ratios:
+        return {}
+    mean, low, high = ratio_ci(ratios)
+    return {key: round(mean, 3), f"{key}_ci95": [round(low, 3), round(high, 3)] if len(ratios) > 1 else None,
+            f"{key}_pairs": len(ratios)}
 
 
 def plot(timelines: dict[str, Any], out: str) -> None:
@@ -353,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, timelines, notes = measure(set(args.systems.split(",")), args.repeat, root, kill_points)
     if args.save:
         Path(args.save).write_text(json.dumps(rows, indent=2) + "\n")
+    move = next((row for row in rows if row["system"] == MOVE), None)
     if args.json and args.json != "-":
         results.write(args.json, "recovery", rows, notes, repeat=args.repeat,
                       config={"world": WORLD, "steps": STEPS, "kill_rank": KILL_RANK, "kill_step": KILL_STEP})
@@ -371,6 +394,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{row['system']}: " + ", ".join(f"{p} {row[p]}" for p in PHASES if p in row)
                       + f" (failure-free step {row['failure_free_step_s']} s, {row['beyond_step_s']} s beyond it"
                       + (f"; {row['vs_torchft']}x TorchFT's recovery" if "vs_torchft" in row else "") + ")")
+        for key, what in (("vs_boundary_kill", "a kill at a step boundary"), ("vs_allreduce_kill", "a kill in the "
+                                                                                                  "all-reduce")):
+            if move is not None and key in move:
+                print(f"the move's time lost over {what}'s, per repetition: {move[key]}x (geometric mean of "
+                      f"{move[key + '_pairs']}; 95% interval {move[key + '_ci95']})")
         for note in notes:
             print(note)
     if args.plot:
