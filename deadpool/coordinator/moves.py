@@ -3,13 +3,14 @@
 An operator asks (``deadpool move``, ``deadpool drain``) or a host's launcher does on a preemption notice.
 The coordinator checks the request (``decisions.check_moves``: the seats exist, none is moving already,
 there are spares enough where they may go), reserves a spare per seat and tells each moving member to
-leave (``Leave``). The member answers with the step it is in (``LeaveAt``), and every other seat is told
-to hold at that step's end (``Hold``); each says when it is there (``Holding``). The reserved spare is told
-too (``Takeover``): it fetches the seat's state of that step as the seats end it. The member stops after
-that step, waits until its buddy confirmed its snapshot of it and says so (``Leaving``). Once every seat has
-ended the step, the member is fenced (it exits 0 on that) and its seat is replaced as a dead one's is, by a
-round whose Prepare names the reserved spare; every seat holds that step's snapshot, so the job resumes
-after it. A drain first takes the host's spares out of the pool (they are released, as at the job's end).
+leave (``Leave``). The member answers with the step it leaves after (``LeaveAt``: the one it is in, or the
+next when that one is nearly over), and every other seat is told to hold at that step's end (``Hold``);
+each says when it is there (``Holding``). The reserved spare is told too (``Takeover``): it fetches the
+seat's state of that step as the seats end it. The member stops after that step, waits until its buddy
+confirmed its snapshot of it and says so (``Leaving``). Once every seat has ended the step, the member is
+fenced (it exits 0 on that) and its seat is replaced as a dead one's is, by a round whose Prepare names the
+reserved spare; every seat holds that step's snapshot, so the job resumes after it. A drain first takes the
+host's spares out of the pool (they are released, as at the job's end).
 """
 
 from __future__ import annotations

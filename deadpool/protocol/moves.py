@@ -27,7 +27,8 @@ class Leave:
 
 @immutable
 class LeaveAt:
-    """A member told to leave will stop after `step` (the step it is in, or the next one if it was between two)."""
+    """A member told to leave will stop after `step` (the step it is in, or the next one if it was between two or
+    near the end of the one it is in)."""
 
     sender: str  # member id
     epoch: int  # the view it is in
