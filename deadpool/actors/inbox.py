@@ -82,7 +82,7 @@ class Drain:
 class Shutdown:
     """Posted (through the handoff) by ``RuntimeThread.stop``: end the runtime thread after what came before."""
 
-    linger: bool = False  # snapshot parts already sent to peers still leave (a moved member's, for its spare)
+    linger_s: float = 0.0  # snapshot parts already sent to peers still leave within this (a moved member's)
 
 
 L = TypeVar("L")

@@ -236,7 +236,7 @@ class RuntimeThread:
         """
         assert self._membership is not None and self._snapshots is not None and self._stop_event is not None
         if isinstance(message, Shutdown):
-            self._bulk_linger = max(30.0, self._config.send_timeout) if message.linger else 0.0
+            self._bulk_linger = message.linger_s
             self._snapshots.inbox.post(Drain(self._stop_event.set))
         elif isinstance(message, (LocalReady, Fetch, PrepareReady, Drain)):
             self._snapshots.inbox.post(message)
@@ -263,7 +263,7 @@ class RuntimeThread:
         sent to peers have left too (within the same bound)."""
         if self._loop is not None and not self._stopped.is_set():
             try:
-                self._handoff.post(Shutdown(linger))
+                self._handoff.post(Shutdown(timeout if linger else 0.0))
             except RuntimeError:
                 pass
         self._stopped.wait(timeout)

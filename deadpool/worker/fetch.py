@@ -139,8 +139,7 @@ class PeerFetch:
             CollectiveAborted: a newer view interrupted the wait.
             RestoreFailed: a part is not held (yet) or does not fit; WaitTimeout: not all answered in time.
         """
-        asked = [(seat, RestorePart.HELD, view.buddy_member(seat)),
-                 *((other, RestorePart.SLICE, view.seats[other]) for other in range(view.world_size) if other != seat)]
+        asked = [(seat, RestorePart.HELD, view.buddy_member(seat)), *self._seated_slices(view, seat)]
         fetched = self.wait(view.epoch, f"of seat {seat} at step {step}", asked, self._ask(step, asked))
         return self.assemble(seat, view.world_size, asked, fetched)
 
@@ -203,8 +202,12 @@ class PeerFetch:
         """What a move's spare asks for when told it takes `seat` of `held`: the seat's snapshot from the member that
         moves away (alive, it answers once it has taken it, and exits only once the answer has left), the other
         seats' slices from their members."""
-        return [(seat, RestorePart.HELD, held.seats[seat]),
-                *((other, RestorePart.SLICE, held.seats[other]) for other in range(held.world_size) if other != seat)]
+        return [(seat, RestorePart.HELD, held.seats[seat]), *PeerFetch._seated_slices(held, seat)]
+
+    @staticmethod
+    def _seated_slices(view: View, seat: int) -> list[Asked]:
+        """Every other seat's slice, from the member in that seat."""
+        return [(other, RestorePart.SLICE, view.seats[other]) for other in range(view.world_size) if other != seat]
 
     def start_takeover(self, seat: int, step: int, held: View) -> Prefetch:
         """A move's Takeover reserved this spare for `seat`, whose member leaves after `step`: ask now for that
