@@ -144,7 +144,8 @@ def recovery(run: Run) -> tuple[list[str], list[Headline]]:
                                                                  "first_step_s"))] for r in phased])
     move = next((r for r in rows if r["system"].startswith("DeadPool planned move") and r.get("recovery_s")),
                 None)
-    kills = (("vs_boundary_kill", "a kill at a step boundary"), ("vs_allreduce_kill", "a kill in the all-reduce"))
+    kills = (("vs_boundary_kill", "a kill at a step boundary"), ("vs_random_kill", "a kill at an instant spread over "
+             "a step"), ("vs_allreduce_kill", "a kill in the all-reduce"))
     ratios = [f"{move[key]:.2f}x {what}'s (95% interval {_interval(move.get(key + '_ci95'))}, "
               f"{move[key + '_pairs']} repetitions)" for key, what in kills if move is not None and key in move]
     if ratios:
@@ -160,10 +161,13 @@ def recovery(run: Run) -> tuple[list[str], list[Headline]]:
     torchft = next((r for r in rows if r["system"] == "TorchFT" and r.get("recovery_s")), None)
     kill = next((r for r in rows if r["system"] == "DeadPool hot-swap" and r.get("recovery_s")), None)
     if move is not None:
-        inside = next((r for r in rows if r["system"].endswith("kill in the all-reduce") and r.get("lost_s")), None)
-        repairs = [f"{r['lost_s']:.2f} s for a kill {where}" for r, where in ((kill, "at a step boundary"),
-                                                                               (inside, "in the all-reduce"))
-                   if r is not None and r.get("lost_s") is not None]
+        def lost(ending: str) -> dict[str, Any] | None:
+            return next((r for r in rows if r["system"].endswith(ending) and r.get("lost_s")), None)
+
+        repairs = [f"{r['lost_s']:.2f} s for a kill {where}" for r, where in (
+            (kill, "at a step boundary"), (lost("kill at an instant spread over a step"), "at an instant spread over "
+                                                                                "a step"),
+            (lost("kill in the all-reduce"), "in the all-reduce")) if r is not None and r.get("lost_s") is not None]
         against = f"; {' and '.join(repairs)} in the same run" if repairs else ""
         if "vs_boundary_kill" in move:
             against += (f" (per repetition, {move['vs_boundary_kill']:.2f}x the boundary kill's, 95% interval "

@@ -33,11 +33,14 @@ repetition (``vs_boundary_kill``, ``vs_allreduce_kill``: geometric means with 95
 ``--repeat`` runs (3 by default).  ``--json`` prints the rows (``--json PATH`` writes them with the date,
 machine and commit: docs/results/); ``--plot OUT.png`` draws every system's step timeline.
 
-``--at boundary,allreduce,backward`` adds DeadPool rows with the same kill inside step 20 (``--chaos ... at=``).
+``--at boundary,allreduce,backward`` adds DeadPool rows with the same kill inside step 20 (``--chaos ... at=``);
+``--at random`` one whose SIGKILL this process sends, as a failure lands: repetition r of n at (r + 0.5) / n
+of a step after every rank finished step 19 (``kill_phase`` says where it landed), so that the row's runs
+spread over the step and their time lost is what a failure costs on average (``vs_random_kill``).
 
     python bench/recovery.py [--repeat 3] [--json [PATH]] [--plot recovery.png]
                              [--systems deadpool,move,audit,sdc,sharded,torchrun,torchft]
-                             [--at boundary,allreduce,backward]
+                             [--at boundary,allreduce,backward,random]
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -110,22 +114,28 @@ def phases(events: list[schema.Line], kill_ts: float, kill_epoch: int) -> dict[s
 
 
 def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/train_gpt.py",),
-                 at: str = "boundary", move: bool = False, audit: bool = False, chaos: str = "") -> dict[str, Any]:
-    """One DeadPool job of `demo` (script and arguments), killed `at` a chaos point of the kill step, or with
-    rank KILL_RANK moved (`move`) once every rank finished the step before it; the same numbers as the
-    baselines' drivers report, timed from the kill or from the moment the moving seat left."""
+                 at: str = "boundary", move: bool = False, audit: bool = False, chaos: str = "",
+                 phase: float = 0.5) -> dict[str, Any]:
+    """One DeadPool job of `demo` (script and arguments), killed `at` a chaos point of the kill step (``random``:
+    by this process, `phase` of a step after every rank finished the step before it), or with rank KILL_RANK
+    moved (`move`) then; the same numbers as the baselines' drivers report, timed from the kill or from the
+    moment the moving seat left."""
     workdir.mkdir(parents=True, exist_ok=True)
     events_path = workdir / "events.jsonl"
     command = [sys.executable, "-m", "deadpool", "launch", "--no-progress", "--events", str(events_path),
                "--nproc", str(WORLD), "--spares", "1", *(("--audit",) if audit else ())]
-    if kill and not move:
+    external = kill and at == RANDOM  # a SIGKILL from outside, as a failure lands: no chaos point
+    if kill and not move and not external:
         command += ["--chaos", chaos or f"kill:rank={KILL_RANK}:step={KILL_STEP}" + ("" if at == "boundary" else
                                                                                       f":at={at}")]
     command += [str(REPO / demo[0]), *demo[1:], "--steps", str(STEPS)]
     started = time.monotonic()
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    killed: list[float] = []  # when this process sent the SIGKILL
     if move:
         _move_when(events_path, job)
+    elif external:
+        killed = _kill_when(events_path, job, phase)
     stdout, stderr = job.communicate(timeout=600)
     proc = subprocess.CompletedProcess(command, job.returncode, stdout, stderr)
     total = time.monotonic() - started
@@ -142,9 +152,11 @@ def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/trai
     kills: list[schema.ChaosInjected | schema.SeatLeft] = [r for r in events if isinstance(r, schema.ChaosInjected)]
     if move:
         kills = [r for r in events if isinstance(r, schema.SeatLeft)]
-    if kills:
-        kill_ts = kills[0].ts
-        kill_epoch = max((s[2] for s in steps if s[0] <= kill_ts), default=0) if move else kills[0].epoch or 0
+    kill_times = killed or [r.ts for r in kills]
+    if kill_times:
+        kill_ts = kill_times[0]
+        kill_epoch = max((s[2] for s in steps if s[0] <= kill_ts), default=0) if move or external else \
+            kills[0].epoch or 0
         # Steps every rank finished in the view the kill hit (some may have finished just after the kill),
         # and the first step every rank finished under the view that replaced it.
         last_before = max((s[1] for s in steps if s[2] == kill_epoch), default=-1)
@@ -158,10 +170,31 @@ def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/trai
         swap = [r for r in events if isinstance(r, schema.SwapCompleted)]
         result["swap_recovery_s"] = swap[0].recovery_s if swap else None
         result.update(phases(events, kill_ts, kill_epoch))
+        if external and progress is not None and "median_step_s" in result:  # where in its step the kill landed
+            result["kill_phase"] = round((kill_ts - progress) / result["median_step_s"], 3)
     result["timeline"] = [(round(ts - steps[0][0], 3), step) for ts, step, _ in steps] if steps else []
-    if kills and steps:
-        result["kill_at_s"] = round(kills[0].ts - steps[0][0], 3)
+    if kill_times and steps:
+        result["kill_at_s"] = round(kill_times[0] - steps[0][0], 3)
     return result
+
+
+def _kill_when(events_path: Path, job: subprocess.Popen[str], phase: float) -> list[float]:
+    """SIGKILL seat KILL_RANK's worker (its pid from the coordinator's ``member_joined`` line) `phase` of a step (the
+    job's median so far) after every rank finished step KILL_STEP - 1; the kill's time, or [] if it never came."""
+    deadline = time.monotonic() + 300
+    while job.poll() is None and time.monotonic() < deadline:
+        events = schema.read(events_path) if events_path.exists() else []
+        steps = _all_ranks_finished(events)
+        if any(step >= KILL_STEP - 1 for _, step, _ in steps):
+            gaps = [b[0] - a[0] for a, b in itertools.pairwise(steps) if b[1] == a[1] + 1 and b[2] == a[2]]
+            pid = next(r.pid for r in events if isinstance(r, schema.MemberJoined) and r.source_process ==
+                       "coordinator" and r.role == "active" and r.seat_hint == KILL_RANK)
+            time.sleep(phase * statistics.median(gaps))
+            killed = time.time()
+            os.kill(pid, signal.SIGKILL)  # a worker of the job this process started
+            return [killed]
+        time.sleep(0.02)
+    return []
 
 
 def _move_when(events_path: Path, job: subprocess.Popen[str]) -> None:
@@ -207,7 +240,9 @@ def _timeline_from(result: dict[str, Any], workdir: Path) -> None:
             result["kill_at_s"] = round(kills[0] - steps[0][0], 3)
 
 
-AT_NAMES = {"allreduce": "kill in the all-reduce", "backward": "kill in backward"}
+RANDOM = "random"  # a SIGKILL sent from outside at an instant spread over the step, one phase per repetition
+AT_NAMES = {"allreduce": "kill in the all-reduce", "backward": "kill in backward",
+            RANDOM: "kill at an instant spread over a step"}
 
 
 def measure(systems: set[str], repeat: int, root: Path,
@@ -226,7 +261,11 @@ def measure(systems: set[str], repeat: int, root: Path,
             name = "DeadPool hot-swap" + (f", {AT_NAMES[at]}" if at in AT_NAMES else "")
             if at != "boundary":  # the same failure-free run: its step time is the row's too
                 plan.append((name, False, None))
-            plan.append((name, True, lambda w, at=at: run_deadpool(True, w, at=at)))
+            # A kill from outside lands at a spread of instants, one per repetition in turn: (r + 0.5) / repeat
+            # of a step after the step before the kill step, for r = 0, 1, ...
+            spread = [(r + 0.5) / repeat for r in range(repeat)]
+            plan.append((name, True, lambda w, at=at, spread=spread: run_deadpool(True, w, at=at,
+                                                                                  phase=spread.pop(0))))
     if "move" in systems:
         plan.append((MOVE, False, None))  # the failure-free run is DeadPool hot-swap's
         plan.append((MOVE, True, lambda w: run_deadpool(True, w, move=True)))
@@ -307,13 +346,16 @@ def measure(systems: set[str], repeat: int, root: Path,
         })
         if step:  # each repetition's, in order (None where the run gave no gap): the move's ratios pair them
             rows[-1]["lost_s_runs"] = [round(r["gap_s"] - step, 3) if "gap_s" in r else None for r in kill_runs]
+        if any("kill_phase" in r for r in kill_runs):  # where each repetition's kill landed in its step
+            rows[-1]["kill_phases"] = [r.get("kill_phase") for r in kill_runs]
         if errors := [r["error"] for r in kill_runs if "error" in r]:
             rows[-1]["errors"] = errors
         if kill_runs and kill_runs[0].get("timeline"):
             timelines[name] = kill_runs[0]
     move = next((row for row in rows if row["system"] == MOVE), None)
     for name, key in (("DeadPool hot-swap", "vs_boundary_kill"), (f"DeadPool hot-swap, {AT_NAMES['allreduce']}",
-                                                                   "vs_allreduce_kill")):
+                                                                   "vs_allreduce_kill"),
+                      (f"DeadPool hot-swap, {AT_NAMES[RANDOM]}", "vs_random_kill")):
         repair = next((row for row in rows if row["system"] == name), None)
         if move is not None and repair is not None:
             move.update(_paired_ratio(key, move.get("lost_s_runs", []), repair.get("lost_s_runs", [])))
@@ -364,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", default="")
     parser.add_argument("--save", default="", help="also write the rows (the --json list) to this file")
     parser.add_argument("--at", default="boundary",
-                        help="where DeadPool's kill hits step 20, one row each: boundary,allreduce,backward")
+                        help="where DeadPool's kill hits step 20, one row each: boundary,allreduce,backward,random")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -394,8 +436,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{row['system']}: " + ", ".join(f"{p} {row[p]}" for p in PHASES if p in row)
                       + f" (failure-free step {row['failure_free_step_s']} s, {row['beyond_step_s']} s beyond it"
                       + (f"; {row['vs_torchft']}x TorchFT's recovery" if "vs_torchft" in row else "") + ")")
-        for key, what in (("vs_boundary_kill", "a kill at a step boundary"), ("vs_allreduce_kill", "a kill in the "
-                                                                                                  "all-reduce")):
+        for key, what in (("vs_boundary_kill", "a kill at a step boundary"),
+                          ("vs_allreduce_kill", "a kill in the all-reduce"),
+                          ("vs_random_kill", "a kill at an instant spread over a step")):
             if move is not None and key in move:
                 print(f"the move's time lost over {what}'s, per repetition: {move[key]}x (geometric mean of "
                       f"{move[key + '_pairs']}; 95% interval {move[key + '_ci95']})")
