@@ -168,10 +168,12 @@ def recovery(run: Run) -> tuple[list[str], list[Headline]]:
             (kill, "at a step boundary"), (lost("kill at an instant spread over a step"), "at an instant spread over "
                                                                                 "a step"),
             (lost("kill in the all-reduce"), "in the all-reduce")) if r is not None and r.get("lost_s") is not None]
-        against = f"; {' and '.join(repairs)} in the same run" if repairs else ""
-        if "vs_boundary_kill" in move:
-            against += (f" (per repetition, {move['vs_boundary_kill']:.2f}x the boundary kill's, 95% interval "
-                        f"{_interval(move.get('vs_boundary_kill_ci95'))})")
+        listed = ", ".join(repairs[:-1]) + (" and " if len(repairs) > 1 else "") + (repairs[-1] if repairs else "")
+        against = f"; {listed} in the same run" if repairs else ""
+        paired = [f"{move[key]:.2f}x the {which} kill's, 95% interval {_interval(move.get(key + '_ci95'))}"
+                  for key, which in (("vs_boundary_kill", "boundary"), ("vs_random_kill", "spread")) if key in move]
+        if paired:
+            against += f" (per repetition, {'; '.join(paired)})"
         heads.append(("planned move, `deadpool move` (GPT demo, 4 ranks + 1 spare)",
                       f"**{fmt(move.get('lost_s'), '.2f')} s** lost against the failure-free pace, "
                       f"{fmt(move.get('steps_recomputed'), 'g')} steps recomputed{against}"))

@@ -29,14 +29,16 @@ step), steps recomputed, total wall time of the run with one failure, and the fa
 step time as a ratio to plain DDP; for DeadPool's rows, where the recovery went (``detect_s``,
 ``pause_s``, ``commit_s``, ``restore_s``, ``first_step_s``: see ``phases``),
 printed under the table and in ``--json``; for the move, its time lost over each kill's, repetition by
-repetition (``vs_boundary_kill``, ``vs_allreduce_kill``: geometric means with 95% intervals).  Medians over
+repetition (``vs_boundary_kill``, ``vs_allreduce_kill``, ``vs_random_kill``: geometric means with 95% intervals).
+Medians over
 ``--repeat`` runs (3 by default).  ``--json`` prints the rows (``--json PATH`` writes them with the date,
 machine and commit: docs/results/); ``--plot OUT.png`` draws every system's step timeline.
 
 ``--at boundary,allreduce,backward`` adds DeadPool rows with the same kill inside step 20 (``--chaos ... at=``);
 ``--at random`` one whose SIGKILL this process sends, as a failure lands: repetition r of n at (r + 0.5) / n
-of a step after every rank finished step 19 (``kill_phase`` says where it landed), so that the row's runs
-spread over the step and their time lost is what a failure costs on average (``vs_random_kill``).
+of a step after every rank finished step 19, so that the row's runs spread over the step and their time lost
+is what a failure costs on average.  ``kill_phases`` says where each landed: the fraction of a step after the
+last step every rank finished before the repair (below 0 where the others still finished the step it hit).
 
     python bench/recovery.py [--repeat 3] [--json [PATH]] [--plot recovery.png]
                              [--systems deadpool,move,audit,sdc,sharded,torchrun,torchft]
