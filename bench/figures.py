@@ -164,10 +164,11 @@ def recovery(run: Run) -> tuple[list[str], list[Headline]]:
         def lost(ending: str) -> dict[str, Any] | None:
             return next((r for r in rows if r["system"].endswith(ending) and r.get("lost_s")), None)
 
-        repairs = [f"{r['lost_s']:.2f} s for a kill {where}" for r, where in (
-            (kill, "at a step boundary"), (lost("kill at an instant spread over a step"), "at an instant spread over "
-                                                                                "a step"),
-            (lost("kill in the all-reduce"), "in the all-reduce")) if r is not None and r.get("lost_s") is not None]
+        kinds = ((kill, "at a step boundary"), (lost("kill at an instant spread over a step"),
+                                                "at an instant spread over a step"),
+                 (lost("kill in the all-reduce"), "in the all-reduce"))
+        repairs = [f"{r['lost_s']:.2f} s for a kill {where}" for r, where in kinds
+                   if r is not None and r.get("lost_s") is not None]
         listed = ", ".join(repairs[:-1]) + (" and " if len(repairs) > 1 else "") + (repairs[-1] if repairs else "")
         against = f"; {listed} in the same run" if repairs else ""
         paired = [f"{move[key]:.2f}x the {which} kill's, 95% interval {_interval(move.get(key + '_ci95'))}"

@@ -30,9 +30,8 @@ step time as a ratio to plain DDP; for DeadPool's rows, where the recovery went 
 ``pause_s``, ``commit_s``, ``restore_s``, ``first_step_s``: see ``phases``),
 printed under the table and in ``--json``; for the move, its time lost over each kill's, repetition by
 repetition (``vs_boundary_kill``, ``vs_allreduce_kill``, ``vs_random_kill``: geometric means with 95% intervals).
-Medians over
-``--repeat`` runs (3 by default).  ``--json`` prints the rows (``--json PATH`` writes them with the date,
-machine and commit: docs/results/); ``--plot OUT.png`` draws every system's step timeline.
+Medians over ``--repeat`` runs (3 by default).  ``--json`` prints the rows (``--json PATH`` writes them with the
+date, machine and commit: docs/results/); ``--plot OUT.png`` draws every system's step timeline.
 
 ``--at boundary,allreduce,backward`` adds DeadPool rows with the same kill inside step 20 (``--chaos ... at=``);
 ``--at random`` one whose SIGKILL this process sends, as a failure lands: repetition r of n at (r + 0.5) / n
