@@ -86,6 +86,11 @@ def _all_ranks_finished(events: list[schema.Line]) -> list[tuple[float, int, int
     return sorted((max(ts), step, epoch) for (epoch, step), ts in finished.items() if len(ts) >= WORLD)
 
 
+def _step_gaps(steps: list[tuple[float, int, int]]) -> list[float]:
+    """The times between consecutive steps every seat finished under the same view (``_all_ranks_finished``'s)."""
+    return [b[0] - a[0] for a, b in itertools.pairwise(steps) if a[2] == b[2] and b[1] == a[1] + 1]
+
+
 LLAMA = ("demos/train_llama.py", "--fsdp", "--tp", "2")  # the sharded row: FSDP2 x TP on a 2x2 mesh
 PHASES = ("detect_s", "pause_s", "commit_s", "restore_s", "first_step_s")
 
@@ -147,7 +152,7 @@ def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/trai
         failed = [r for r in events if isinstance(r, schema.JobFailed)]
         tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         result["error"] = (failed[0].detail or failed[0].reason) if failed else tail
-    same_epoch_gaps = [b[0] - a[0] for a, b in itertools.pairwise(steps) if a[2] == b[2] and b[1] == a[1] + 1]
+    same_epoch_gaps = _step_gaps(steps)
     if same_epoch_gaps:
         result["median_step_s"] = round(statistics.median(same_epoch_gaps), 4)
     kills: list[schema.ChaosInjected | schema.SeatLeft] = [r for r in events if isinstance(r, schema.ChaosInjected)]
@@ -179,38 +184,42 @@ def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/trai
     return result
 
 
-def _kill_when(events_path: Path, job: subprocess.Popen[str], phase: float) -> list[float]:
-    """SIGKILL seat KILL_RANK's worker (its pid from the coordinator's ``member_joined`` line) `phase` of a step (the
-    job's median so far) after every rank finished step KILL_STEP - 1; the kill's time, or [] if it never came."""
-    deadline = time.monotonic() + 300
-    while job.poll() is None and time.monotonic() < deadline:
-        events = schema.read(events_path) if events_path.exists() else []
-        steps = _all_ranks_finished(events)
-        if any(step >= KILL_STEP - 1 for _, step, _ in steps):
-            gaps = [b[0] - a[0] for a, b in itertools.pairwise(steps) if b[1] == a[1] + 1 and b[2] == a[2]]
-            pid = next(r.pid for r in events if isinstance(r, schema.MemberJoined) and r.source_process ==
-                       "coordinator" and r.role == "active" and r.seat_hint == KILL_RANK)
-            time.sleep(phase * statistics.median(gaps))
-            killed = time.time()
-            os.kill(pid, signal.SIGKILL)  # a worker of the job this process started
-            return [killed]
-        time.sleep(0.02)
-    return []
-
-
-def _move_when(events_path: Path, job: subprocess.Popen[str]) -> None:
-    """``deadpool move --rank KILL_RANK`` once every rank finished step KILL_STEP - 1 (the job's own address)."""
+def _before_kill_step(events_path: Path, job: subprocess.Popen[str], poll: float) -> list[schema.Line]:
+    """The job's events once every rank finished step KILL_STEP - 1, read every `poll` seconds ([]: the job ended, or
+    300 s passed, first)."""
     deadline = time.monotonic() + 300
     while job.poll() is None and time.monotonic() < deadline:
         events = schema.read(events_path) if events_path.exists() else []
         if any(step >= KILL_STEP - 1 for _, step, _ in _all_ranks_finished(events)):
-            address = next(r.address for r in events if isinstance(r, schema.CoordinatorStarted))
-            moved = subprocess.run([sys.executable, "-m", "deadpool", "move", "--rank", str(KILL_RANK),
-                                    "--coordinator", address], capture_output=True, text=True, timeout=60, cwd=REPO)
-            if moved.returncode:
-                print(f"deadpool move failed: {moved.stderr.strip()}", file=sys.stderr, flush=True)
-            return
-        time.sleep(0.05)
+            return events
+        time.sleep(poll)
+    return []
+
+
+def _kill_when(events_path: Path, job: subprocess.Popen[str], phase: float) -> list[float]:
+    """SIGKILL seat KILL_RANK's worker (its pid from the coordinator's ``member_joined`` line) `phase` of a step (the
+    job's median so far) after every rank finished step KILL_STEP - 1; the kill's time, or [] if it never came."""
+    events = _before_kill_step(events_path, job, 0.02)
+    if not events:
+        return []
+    pid = next(r.pid for r in events if isinstance(r, schema.MemberJoined) and r.source_process == "coordinator"
+               and r.role == "active" and r.seat_hint == KILL_RANK)
+    time.sleep(phase * statistics.median(_step_gaps(_all_ranks_finished(events))))
+    killed = time.time()
+    os.kill(pid, signal.SIGKILL)  # a worker of the job this process started
+    return [killed]
+
+
+def _move_when(events_path: Path, job: subprocess.Popen[str]) -> None:
+    """``deadpool move --rank KILL_RANK`` once every rank finished step KILL_STEP - 1 (the job's own address)."""
+    events = _before_kill_step(events_path, job, 0.05)
+    if not events:
+        return
+    address = next(r.address for r in events if isinstance(r, schema.CoordinatorStarted))
+    moved = subprocess.run([sys.executable, "-m", "deadpool", "move", "--rank", str(KILL_RANK),
+                            "--coordinator", address], capture_output=True, text=True, timeout=60, cwd=REPO)
+    if moved.returncode:
+        print(f"deadpool move failed: {moved.stderr.strip()}", file=sys.stderr, flush=True)
 
 
 def _timeline_from(result: dict[str, Any], workdir: Path) -> None:
