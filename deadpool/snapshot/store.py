@@ -30,7 +30,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -343,15 +343,21 @@ class SnapshotStore:
         return sum(slot.arena.numel() for slot in self._slots if slot.arena is not None)
 
     @staticmethod
-    def restore_arena(slot: Slot) -> tuple[Manifest, torch.Tensor]:
+    def restore_arena(slot: Slot, kept: Collection[int] = ()) -> tuple[Manifest, torch.Tensor]:
         """A full arena with what the snapshot holds in place, to complete (replicated slices) and load from.
 
         When the snapshot holds all of it (no replicated region), that is the slot's own arena, not a copy:
-        valid until the slot's next capture, and only read (``materialize`` clones out of it)."""
+        valid until the slot's next capture, and only read (``materialize`` clones out of it).  So is its
+        start, the seat's own state, when every tensor but the `kept` ones (by manifest index: the caller
+        takes them live, ``TrackedState.unchanged``) lies there: the replicated region is then never read."""
         assert slot.arena is not None and slot.manifest is not None
-        if held_ranges(slot.manifest, slot.seat, slot.world) == [(0, slot.manifest.nbytes)]:
-            return slot.manifest, slot.arena[: max(slot.manifest.nbytes, 1)]
-        return slot.manifest, expand(slot.manifest, [slot.payload()], slot.seat, slot.world)
+        manifest = slot.manifest
+        if held_ranges(manifest, slot.seat, slot.world) == [(0, manifest.nbytes)]:
+            return manifest, slot.arena[: max(manifest.nbytes, 1)]
+        if kept and all(spec.offset + spec.nbytes <= manifest.replicated_at
+                        for index, spec in enumerate(manifest.tensors) if index not in kept):
+            return manifest, slot.arena[: max(manifest.replicated_at, 1)]  # held ranges are packed from 0
+        return manifest, expand(manifest, [slot.payload()], slot.seat, slot.world)
 
     def close(self) -> None:
         """Stop the copy thread and remove the slot files (the memory stays mapped for whoever holds it)."""

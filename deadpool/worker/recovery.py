@@ -466,8 +466,9 @@ class Recovery:
         if held is None:
             raise RestoreFailed(f"no local snapshot of step {view.resume_step} "
                                 f"(held: {self._snapshots.complete_steps()})")
-        restored = self._snapshots.restore_arena(held)
-        unchanged = self._tracked.unchanged(restored[0]) if self._holds_resume_state(view, seat) else None
+        assert held.manifest is not None  # complete
+        unchanged = self._tracked.unchanged(held.manifest) if self._holds_resume_state(view, seat) else None
+        restored = self._snapshots.restore_arena(held, unchanged or ())
         if unchanged is None and restored[0].replicated:
             return SlicesPlan(self._tracked, held, self._fetch.slices_into(view, seat, *restored))
         return LocalPlan(self._tracked, held, restored, unchanged or {})

@@ -119,6 +119,14 @@ def test_each_seat_copies_its_slice_of_replicated_state_and_the_slices_rebuild_i
                 full = materialize(manifest, arena)
                 assert torch.equal(full["own"], own) and full["step"] == step  # private part: whole
                 arenas.append((arena, first, last))
+                # A survivor keeping its live replicated tensors reads only its own state: the slot's, uncopied.
+                replicated = {i for i, spec in enumerate(manifest.tensors) if spec.offset >= manifest.replicated_at}
+                _, own_part = store.restore_arena(slot, kept=replicated)
+                assert own_part.data_ptr() == slot.arena.data_ptr() and own_part.numel() == manifest.replicated_at
+                kept = materialize(manifest, own_part, {i: torch.zeros(0) for i in replicated})
+                assert torch.equal(kept["own"], own) and kept["step"] == step
+                _, whole = store.restore_arena(slot, kept=set(list(replicated)[1:]))  # one replicated tensor read
+                assert whole.numel() == manifest.nbytes and whole.data_ptr() != slot.arena.data_ptr()
             assert manifest.replicated and manifest.replicated_at > 0
             rebuilt = arenas[0][0].clone()
             for arena, first, last in arenas:  # what the restore's all-gather does
