@@ -145,12 +145,16 @@ def recovery(run: Run) -> tuple[list[str], list[Headline]]:
     move = next((r for r in rows if r["system"].startswith("DeadPool planned move") and r.get("recovery_s")),
                 None)
     kills = (("vs_boundary_kill", "a kill at a step boundary"), ("vs_random_kill", "a kill at an instant spread over "
-             "a step"), ("vs_allreduce_kill", "a kill in the all-reduce"))
+             "a step"), ("vs_allreduce_kill", "a kill in the all-reduce"), ("vs_hang", "a hang at a step boundary"))
     ratios = [f"{move[key]:.2f}x {what}'s (95% interval {_interval(move.get(key + '_ci95'))}, "
-              f"{move[key + '_pairs']} repetitions)" for key, what in kills if move is not None and key in move]
+              f"{move[key + '_pairs']} repetitions" + (f"; mean over mean {move[key + '_means']:.2f}x, "
+                                                        f"{_interval(move.get(key + '_means_ci95'))}"
+                                                        if key + "_means" in move else "") + ")"
+              for key, what in kills if move is not None and key in move]
     if ratios:
-        lines += ["", "The planned move's time lost over a kill's, repetition by repetition (each pair ran in the same "
-                  "round; geometric means): " + "; ".join(ratios) + ".", ""]
+        lines += ["", "The planned move's time lost over a failure's, repetition by repetition (each pair ran in the "
+                  "same round; geometric means), and the move's mean over the failure's: " + "; ".join(ratios) + ".",
+                  ""]
     for note in run.data.get("notes", []):
         lines.append(f"- {note}")
     plot = run.path.with_suffix(".png")

@@ -29,7 +29,8 @@ step), steps recomputed, total wall time of the run with one failure, and the fa
 step time as a ratio to plain DDP; for DeadPool's rows, where the recovery went (``detect_s``,
 ``pause_s``, ``commit_s``, ``restore_s``, ``first_step_s``: see ``phases``),
 printed under the table and in ``--json``; for the move, its time lost over each kill's, repetition by
-repetition (``vs_boundary_kill``, ``vs_allreduce_kill``, ``vs_random_kill``: geometric means with 95% intervals).
+repetition (``vs_boundary_kill``, ``vs_allreduce_kill``, ``vs_random_kill``, ``vs_hang``: geometric means with 95%
+intervals).
 Medians over ``--repeat`` runs (3 by default).  ``--json`` prints the rows (``--json PATH`` writes them with the
 date, machine and commit: docs/results/); ``--plot OUT.png`` draws every system's step timeline.
 
@@ -38,10 +39,12 @@ date, machine and commit: docs/results/); ``--plot OUT.png`` draws every system'
 of a step after every rank finished step 19, so that the row's runs spread over the step and their time lost
 is what a failure costs on average.  ``kill_phases`` says where each landed: the fraction of a step after the
 last step every rank finished before the repair (below 0 where the others still finished the step it hit).
+``--at hang`` stops rank 2 (SIGSTOP) at the start of step 20 instead: alive but silent, as a host that stops
+answering is, it is found by its missed heartbeats (``--failure-timeout``) or by a peer's collective timing out.
 
     python bench/recovery.py [--repeat 3] [--json [PATH]] [--plot recovery.png]
                              [--systems deadpool,move,audit,sdc,sharded,torchrun,torchft]
-                             [--at boundary,allreduce,backward,random]
+                             [--at boundary,allreduce,backward,random,hang]
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import signal
 import statistics
@@ -66,7 +70,7 @@ sys.path.insert(0, str(REPO))
 from bench import results  # noqa: E402
 from bench.baselines._common import read_events  # noqa: E402  (the baselines' own files: not DeadPool events)
 from bench.baselines.restart_baseline import run_restart_baseline  # noqa: E402
-from bench.overhead_injob import ratio_ci  # noqa: E402
+from bench.overhead_injob import ratio_ci, t95  # noqa: E402
 from deadpool.events import schema  # noqa: E402
 
 STEPS, KILL_RANK, KILL_STEP, WORLD = 40, 2, 20, 4
@@ -132,8 +136,9 @@ def run_deadpool(kill: bool, workdir: Path, demo: tuple[str, ...] = ("demos/trai
                "--nproc", str(WORLD), "--spares", "1", *(("--audit",) if audit else ())]
     external = kill and at == RANDOM  # a SIGKILL from outside, as a failure lands: no chaos point
     if kill and not move and not external:
-        command += ["--chaos", chaos or f"kill:rank={KILL_RANK}:step={KILL_STEP}" + ("" if at == "boundary" else
-                                                                                      f":at={at}")]
+        command += ["--chaos", chaos or (f"stop:rank={KILL_RANK}:step={KILL_STEP}" if at == HANG else
+                                         f"kill:rank={KILL_RANK}:step={KILL_STEP}" + ("" if at == "boundary" else
+                                                                                      f":at={at}"))]
     command += [str(REPO / demo[0]), *demo[1:], "--steps", str(STEPS)]
     started = time.monotonic()
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
@@ -251,8 +256,13 @@ def _timeline_from(result: dict[str, Any], workdir: Path) -> None:
 
 
 RANDOM = "random"  # a SIGKILL sent from outside at an instant spread over the step, one phase per repetition
+HANG = "hang"  # a SIGSTOP at the step's start: the member hangs, as a host that stops answering does
 AT_NAMES = {"allreduce": "kill in the all-reduce", "backward": "kill in backward",
-            RANDOM: "kill at an instant spread over a step"}
+            RANDOM: "kill at an instant spread over a step", HANG: "hang at a step boundary"}
+# The failure repairs the move's time lost is compared with: (its ratio's key, the repair's row, in words).
+REPAIRS = (("vs_boundary_kill", "DeadPool hot-swap", "a kill at a step boundary"),
+           *((f"vs_{at}" if at == HANG else f"vs_{at}_kill", f"DeadPool hot-swap, {AT_NAMES[at]}", f"a {AT_NAMES[at]}")
+             for at in ("allreduce", RANDOM, HANG)))
 
 
 def measure(systems: set[str], repeat: int, root: Path,
@@ -363,12 +373,11 @@ def measure(systems: set[str], repeat: int, root: Path,
         if kill_runs and kill_runs[0].get("timeline"):
             timelines[name] = kill_runs[0]
     move = next((row for row in rows if row["system"] == MOVE), None)
-    for name, key in (("DeadPool hot-swap", "vs_boundary_kill"), (f"DeadPool hot-swap, {AT_NAMES['allreduce']}",
-                                                                   "vs_allreduce_kill"),
-                      (f"DeadPool hot-swap, {AT_NAMES[RANDOM]}", "vs_random_kill")):
+    for key, name, _ in REPAIRS:
         repair = next((row for row in rows if row["system"] == name), None)
         if move is not None and repair is not None:
             move.update(_paired_ratio(key, move.get("lost_s_runs", []), repair.get("lost_s_runs", [])))
+            move.update(_mean_ratio(f"{key}_means", move.get("lost_s_runs", []), repair.get("lost_s_runs", [])))
     torchft = next((r["recovery_s"] for r in rows if r["system"] == "TorchFT" and r["recovery_s"]), None)
     for row in rows:
         if row["system"].startswith("DeadPool") and torchft and row["recovery_s"] is not None:
@@ -386,6 +395,21 @@ def _paired_ratio(key: str, moves: list[float | None], kills: list[float | None]
     mean, low, high = ratio_ci(ratios)
     return {key: round(mean, 3), f"{key}_ci95": [round(low, 3), round(high, 3)] if len(ratios) > 1 else None,
             f"{key}_pairs": len(ratios)}
+
+
+def _mean_ratio(key: str, moves: list[float | None], kills: list[float | None]) -> dict[str, Any]:
+    """The move's mean time lost over a repair's mean (what a repair costs on average, whichever instant its
+    failure hits: the spread kill's repetitions differ by design, so pairing them says less), as `key`, with its
+    95% interval (delta method on the log of the ratio, t with the fewer runs less one degrees of freedom) as
+    `key`_ci95 (none with fewer than two runs either side: {})."""
+    top, bottom = [m for m in moves if m is not None], [k for k in kills if k is not None]
+    if len(top) < 2 or len(bottom) < 2 or statistics.fmean(top) <= 0 or statistics.fmean(bottom) <= 0:
+        return {}
+    m, k = statistics.fmean(top), statistics.fmean(bottom)
+    spread = math.sqrt(statistics.variance(top) / (len(top) * m * m)
+                       + statistics.variance(bottom) / (len(bottom) * k * k))
+    half = t95(min(len(top), len(bottom)) - 1) * spread
+    return {key: round(m / k, 3), f"{key}_ci95": [round(m / k * math.exp(-half), 3), round(m / k * math.exp(half), 3)]}
 
 
 def plot(timelines: dict[str, Any], out: str) -> None:
@@ -416,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", default="")
     parser.add_argument("--save", default="", help="also write the rows (the --json list) to this file")
     parser.add_argument("--at", default="boundary",
-                        help="where DeadPool's kill hits step 20, one row each: boundary,allreduce,backward,random")
+                        help="where DeadPool's kill hits step 20, one row each: boundary,allreduce,backward,random; "
+                             "hang: a SIGSTOP at its start")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -446,12 +471,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{row['system']}: " + ", ".join(f"{p} {row[p]}" for p in PHASES if p in row)
                       + f" (failure-free step {row['failure_free_step_s']} s, {row['beyond_step_s']} s beyond it"
                       + (f"; {row['vs_torchft']}x TorchFT's recovery" if "vs_torchft" in row else "") + ")")
-        for key, what in (("vs_boundary_kill", "a kill at a step boundary"),
-                          ("vs_allreduce_kill", "a kill in the all-reduce"),
-                          ("vs_random_kill", "a kill at an instant spread over a step")):
+        for key, _, what in REPAIRS:
             if move is not None and key in move:
                 print(f"the move's time lost over {what}'s, per repetition: {move[key]}x (geometric mean of "
-                      f"{move[key + '_pairs']}; 95% interval {move[key + '_ci95']})")
+                      f"{move[key + '_pairs']}; 95% interval {move[key + '_ci95']}); mean over mean: "
+                      f"{move.get(key + '_means')}x (95% interval {move.get(key + '_means_ci95')})")
         for note in notes:
             print(note)
     if args.plot:
