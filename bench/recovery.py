@@ -30,7 +30,7 @@ step time as a ratio to plain DDP; for DeadPool's rows, where the recovery went 
 ``pause_s``, ``commit_s``, ``restore_s``, ``first_step_s``: see ``phases``),
 printed under the table and in ``--json``; for the move, its time lost over each kill's, repetition by
 repetition (``vs_boundary_kill``, ``vs_allreduce_kill``, ``vs_random_kill``, ``vs_hang``: geometric means with 95%
-intervals).
+intervals), and its mean over each repair's mean (the same keys with ``_means``).
 Medians over ``--repeat`` runs (3 by default).  ``--json`` prints the rows (``--json PATH`` writes them with the
 date, machine and commit: docs/results/); ``--plot OUT.png`` draws every system's step timeline.
 
