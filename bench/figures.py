@@ -102,6 +102,14 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 Headline = tuple[str, str]  # (what, figure)
 
+# The failure repairs a planned move is compared with, as bench/recovery.py's REPAIRS names them (here in the
+# order the pages list them): the move's ratio key, the repair's row, the failure in words.
+REPAIRS = (("vs_boundary_kill", "DeadPool hot-swap", "a kill at a step boundary"),
+           ("vs_random_kill", "DeadPool hot-swap, kill at an instant spread over a step",
+            "a kill at an instant spread over a step"),
+           ("vs_allreduce_kill", "DeadPool hot-swap, kill in the all-reduce", "a kill in the all-reduce"),
+           ("vs_hang", "DeadPool hot-swap, hang at a step boundary", "a hang at a step boundary"))
+
 
 def _interval(bounds: list[float] | None) -> str:
     return f"{bounds[0]:.2f} to {bounds[1]:.2f}" if bounds else "none: one repetition"
@@ -144,13 +152,11 @@ def recovery(run: Run) -> tuple[list[str], list[Headline]]:
                                                                  "first_step_s"))] for r in phased])
     move = next((r for r in rows if r["system"].startswith("DeadPool planned move") and r.get("recovery_s")),
                 None)
-    kills = (("vs_boundary_kill", "a kill at a step boundary"), ("vs_random_kill", "a kill at an instant spread over "
-             "a step"), ("vs_allreduce_kill", "a kill in the all-reduce"), ("vs_hang", "a hang at a step boundary"))
     ratios = [f"{move[key]:.2f}x {what}'s (95% interval {_interval(move.get(key + '_ci95'))}, "
               f"{move[key + '_pairs']} repetitions" + (f"; mean over mean {move[key + '_means']:.2f}x, "
                                                         f"{_interval(move.get(key + '_means_ci95'))}"
                                                         if key + "_means" in move else "") + ")"
-              for key, what in kills if move is not None and key in move]
+              for key, _, what in REPAIRS if move is not None and key in move]
     if ratios:
         lines += ["", "The planned move's time lost over a failure's, repetition by repetition (each pair ran in the "
                   "same round; geometric means), and the move's mean over the failure's: " + "; ".join(ratios) + ".",
@@ -163,17 +169,10 @@ def recovery(run: Run) -> tuple[list[str], list[Headline]]:
                   "", f"The plot is `{plot.name}`, drawn by the same run (`--plot`)."]
     heads: list[Headline] = []
     torchft = next((r for r in rows if r["system"] == "TorchFT" and r.get("recovery_s")), None)
-    kill = next((r for r in rows if r["system"] == "DeadPool hot-swap" and r.get("recovery_s")), None)
     if move is not None:
-        def lost(ending: str) -> dict[str, Any] | None:
-            return next((r for r in rows if r["system"].endswith(ending) and r.get("lost_s")), None)
-
-        kinds = ((kill, "a kill at a step boundary"),
-                 (lost("kill at an instant spread over a step"), "a kill at an instant spread over a step"),
-                 (lost("kill in the all-reduce"), "a kill in the all-reduce"),
-                 (lost("hang at a step boundary"), "a hang at a step boundary"))
-        repairs = [f"{r['lost_s']:.2f} s for {what}" for r, what in kinds
-                   if r is not None and r.get("lost_s") is not None]
+        found = ((next((r for r in rows if r["system"] == row and r.get("lost_s")), None), what)
+                 for _, row, what in REPAIRS)
+        repairs = [f"{r['lost_s']:.2f} s for {what}" for r, what in found if r is not None]
         listed = ", ".join(repairs[:-1]) + (" and " if len(repairs) > 1 else "") + (repairs[-1] if repairs else "")
         against = f"; {listed} in the same run" if repairs else ""
         # The spread kill's repetitions differ by design (one instant each): its mean is what a failure costs.
